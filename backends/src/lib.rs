@@ -1,0 +1,1 @@
+//! kvtwin-backends (thin until its issue lands).

@@ -1,0 +1,1 @@
+//! kvtwin-sim (thin until its issue lands).

@@ -1,0 +1,28 @@
+//! kvtwin: a KV-cache block manager for LLM inference, built simulation first.
+//!
+//! This crate is the sans-IO core shared by the simulator (`kvtwin-sim`) and the real
+//! backends (`kvtwin-backends`): ids and hashes, the block state machine
+//! (Reset → Partial → Complete → Registered), per-tier block pools with eviction policies,
+//! the tier [`manager::Manager`] generic over [`hardware::Hardware`], the KV event outbox,
+//! memory layouts and the MRDN v1 wire frame.
+//!
+//! Architecture invariants (see ARCHITECTURE.md):
+//! - the core never does I/O, never spawns threads and never reads a clock: time is handed
+//!   in as [`ids::Timestamp`];
+//! - the only block states are Reset, Partial, Complete and Registered;
+//! - the registry of every tier can be rebuilt from the emitted events alone;
+//! - nothing observable depends on hash-map iteration order.
+
+pub mod block;
+pub mod events;
+pub mod fabric;
+pub mod hardware;
+pub mod ids;
+pub mod manager;
+pub mod phase;
+pub mod pool;
+pub mod sync;
+pub mod testing;
+pub mod tier;
+pub mod tokens;
+pub mod wire;

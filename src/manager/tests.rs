@@ -1,0 +1,431 @@
+//! Unit tests of the manager with `TestHardware`.
+
+use super::*;
+use crate::block::BlockIdentity;
+use crate::events::RegistryReplica;
+use crate::ids::{LocalBlockHash, WorkerId};
+use crate::pool::EvictionPolicyKind;
+use crate::testing::{TestHardware, TransferTiming};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn tier(tier: Tier, capacity: usize, offload: OffloadPolicy) -> TierConfig {
+    TierConfig {
+        tier,
+        capacity_blocks: capacity,
+        eviction: EvictionPolicyKind::Lru,
+        offload,
+    }
+}
+
+fn config(tiers: Vec<TierConfig>, onboard: OnboardPolicy) -> ManagerConfig {
+    ManagerConfig {
+        worker_id: WorkerId::new(1),
+        dp_rank: 0,
+        block_size_tokens: 16,
+        bytes_per_block: 1 << 20,
+        tiers,
+        onboard,
+        max_inflight_transfers: 64,
+    }
+}
+
+fn manager(tiers: Vec<TierConfig>, timing: TransferTiming) -> Manager<TestHardware> {
+    Manager::new(
+        TestHardware::new(timing),
+        config(tiers, OnboardPolicy::Always),
+    )
+    .unwrap()
+}
+
+fn chain(seed: u64, n: u64) -> Vec<BlockIdentity> {
+    BlockIdentity::chain(
+        &(0..n)
+            .map(|i| LocalBlockHash::new(seed * 1000 + i))
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn hashes(ids: &[BlockIdentity]) -> Vec<SequenceHash> {
+    ids.iter().map(|i| i.sequence_hash).collect()
+}
+
+/// Computes and registers `ids` on device, then lets go of them.
+fn compute(m: &mut Manager<TestHardware>, ids: &[BlockIdentity], now: Timestamp) {
+    let blocks = m.allocate(ids.len(), now).unwrap();
+    let complete = blocks
+        .into_iter()
+        .zip(ids)
+        .map(|(b, id)| b.apply_identity(*id))
+        .collect();
+    let registered = m.register(complete, now);
+    m.device().release(registered);
+}
+
+fn drain(m: &mut Manager<TestHardware>, now: Timestamp) -> Vec<ManagerOutput> {
+    m.handle_completions(now);
+    std::iter::from_fn(|| m.poll_output()).collect()
+}
+
+fn at(ms: u64) -> Timestamp {
+    Timestamp::from_nanos(ms * 1_000_000)
+}
+
+#[test]
+fn config_validation_names_the_problem() {
+    let no_device = config(
+        vec![tier(Tier::Host, 4, OffloadPolicy::None)],
+        OnboardPolicy::Always,
+    );
+    assert_eq!(no_device.validate(), Err(ManagerConfigError::NoDeviceTier));
+    let out_of_order = config(
+        vec![
+            tier(Tier::Device, 4, OffloadPolicy::None),
+            tier(Tier::Disk, 4, OffloadPolicy::None),
+            tier(Tier::Host, 4, OffloadPolicy::None),
+        ],
+        OnboardPolicy::Always,
+    );
+    assert_eq!(
+        out_of_order.validate(),
+        Err(ManagerConfigError::TierOrder(Tier::Host))
+    );
+    let nowhere = config(
+        vec![tier(Tier::Device, 4, OffloadPolicy::WriteThrough)],
+        OnboardPolicy::Always,
+    );
+    assert_eq!(
+        nowhere.validate(),
+        Err(ManagerConfigError::NoLowerTier(Tier::Device))
+    );
+    let watermark = config(
+        vec![
+            tier(
+                Tier::Device,
+                4,
+                OffloadPolicy::WriteBack {
+                    low_watermark_blocks: 4,
+                },
+            ),
+            tier(Tier::Host, 4, OffloadPolicy::None),
+        ],
+        OnboardPolicy::Always,
+    );
+    assert!(matches!(
+        watermark.validate(),
+        Err(ManagerConfigError::WatermarkTooHigh { .. })
+    ));
+}
+
+#[test]
+fn write_through_copies_registered_blocks_down_every_tier() {
+    let mut m = manager(
+        vec![
+            tier(Tier::Device, 8, OffloadPolicy::WriteThrough),
+            tier(Tier::Host, 8, OffloadPolicy::WriteThrough),
+            tier(Tier::Disk, 8, OffloadPolicy::None),
+        ],
+        TransferTiming::Fixed(MS),
+    );
+    let ids = chain(1, 3);
+    compute(&mut m, &ids, at(0));
+    assert!(
+        drain(&mut m, at(0)).is_empty(),
+        "nothing finishes before its deadline"
+    );
+    let outputs = drain(&mut m, at(1));
+    assert!(matches!(
+        outputs[..],
+        [ManagerOutput::Offloaded {
+            from: Tier::Device,
+            to: Tier::Host,
+            blocks: 3
+        }]
+    ));
+    let outputs = drain(&mut m, at(2));
+    assert!(matches!(
+        outputs[..],
+        [ManagerOutput::Offloaded {
+            from: Tier::Host,
+            to: Tier::Disk,
+            blocks: 3
+        }]
+    ));
+    for t in [Tier::Host, Tier::Disk] {
+        assert_eq!(m.pool(t).unwrap().prefix_len(&hashes(&ids)), 3);
+    }
+    assert_eq!(m.stats().offloaded_blocks, [0, 3, 3, 0]);
+    assert_eq!(m.stats().bytes_submitted, 6 << 20);
+}
+
+#[test]
+fn lookup_plans_device_hits_then_lower_tier_onboards_then_compute() {
+    let mut m = manager(
+        vec![
+            tier(Tier::Device, 4, OffloadPolicy::WriteThrough),
+            tier(Tier::Host, 16, OffloadPolicy::None),
+        ],
+        TransferTiming::Instant,
+    );
+    let ids = chain(1, 6);
+    compute(&mut m, &ids[..4], at(0));
+    let _ = drain(&mut m, at(0));
+    // Another request takes the device: blocks 2 and 3 (the leaves) are evicted first.
+    let other = chain(2, 2);
+    compute(&mut m, &other, at(1));
+    let _ = drain(&mut m, at(1));
+    let plan = m.lookup(&hashes(&ids), at(2));
+    assert_eq!(plan.device_blocks().len(), 2);
+    assert_eq!(plan.onboard_count(Tier::Host), 2);
+    assert_eq!(plan.blocks_to_compute(), 2);
+}
+
+#[test]
+fn onboarding_brings_lower_tier_hits_to_device_and_reports_them_in_order() {
+    let mut m = manager(
+        vec![
+            tier(Tier::Device, 4, OffloadPolicy::WriteThrough),
+            tier(Tier::Host, 16, OffloadPolicy::None),
+        ],
+        TransferTiming::Fixed(MS),
+    );
+    let ids = chain(1, 4);
+    compute(&mut m, &ids, at(0));
+    let _ = drain(&mut m, at(1));
+    compute(&mut m, &chain(2, 4), at(2));
+    let _ = drain(&mut m, at(3));
+    assert_eq!(
+        m.device().prefix_len(&hashes(&ids)),
+        0,
+        "evicted from device"
+    );
+    let mut plan = m.lookup(&hashes(&ids), at(4));
+    assert_eq!(plan.onboard_count(Tier::Host), 4);
+    assert_eq!(m.start_onboard(RequestId::new(7), &mut plan, at(4)), Ok(1));
+    assert!(plan.onboard_blocks().is_empty());
+    assert!(drain(&mut m, at(4)).is_empty());
+    let outputs = drain(&mut m, at(5));
+    let [ManagerOutput::OnboardComplete {
+        request,
+        blocks,
+        failed_blocks,
+    }] = &outputs[..]
+    else {
+        panic!("expected one OnboardComplete, got {outputs:?}");
+    };
+    assert_eq!((*request, *failed_blocks), (RequestId::new(7), 0));
+    assert_eq!(
+        blocks
+            .iter()
+            .map(ImmutableBlock::sequence_hash)
+            .collect::<Vec<_>>(),
+        hashes(&ids)
+    );
+    assert!(blocks.iter().all(|b| b.tier() == Tier::Device));
+    assert_eq!(m.stats().onboarded_blocks[Tier::Host.index()], 4);
+}
+
+#[test]
+fn failed_onboarding_reports_the_blocks_to_compute_and_leaks_nothing() {
+    let mut m = manager(
+        vec![
+            tier(Tier::Device, 4, OffloadPolicy::WriteThrough),
+            tier(Tier::Host, 16, OffloadPolicy::None),
+        ],
+        TransferTiming::Instant,
+    );
+    let ids = chain(1, 4);
+    compute(&mut m, &ids, at(0));
+    let _ = drain(&mut m, at(0));
+    compute(&mut m, &chain(2, 4), at(0));
+    let _ = drain(&mut m, at(0));
+    let mut plan = m.lookup(&hashes(&ids), at(1));
+    m.hardware_mut().fail_next(1);
+    m.start_onboard(RequestId::new(1), &mut plan, at(1))
+        .unwrap();
+    let outputs = drain(&mut m, at(1));
+    assert!(
+        matches!(&outputs[..], [ManagerOutput::OnboardComplete { blocks, failed_blocks: 4, .. }] if blocks.is_empty())
+    );
+    drop(plan);
+    let counts = m.device().check_invariants();
+    assert_eq!(counts.active, 0);
+    assert_eq!(m.stats().onboard_failed_blocks, 4);
+}
+
+/// Device (4) and host (4) hold chain 2, disk holds chains 1 and 2; disk costs
+/// `disk_per_block` to read, recomputing costs 10 µs a block.
+fn chain_one_only_on_disk(disk_per_block: Duration) -> Manager<TestHardware> {
+    let hardware = TestHardware::new(TransferTiming::Instant)
+        .with_transfer_cost(Tier::Host, Duration::from_micros(1), 1 << 20)
+        .with_transfer_cost(Tier::Disk, disk_per_block, 1 << 20)
+        .with_recompute_cost(Duration::from_micros(10));
+    let tiers = vec![
+        tier(Tier::Device, 4, OffloadPolicy::WriteThrough),
+        tier(Tier::Host, 4, OffloadPolicy::WriteThrough),
+        tier(Tier::Disk, 16, OffloadPolicy::None),
+    ];
+    let mut m = Manager::new(hardware, config(tiers, OnboardPolicy::CostAware)).unwrap();
+    compute(&mut m, &chain(1, 4), at(0));
+    let _ = drain(&mut m, at(0));
+    compute(&mut m, &chain(2, 4), at(0));
+    let _ = drain(&mut m, at(0));
+    m
+}
+
+#[test]
+fn cost_aware_onboarding_recomputes_when_the_transfer_is_slower() {
+    let ids = hashes(&chain(1, 4));
+    let mut m = chain_one_only_on_disk(Duration::from_micros(50));
+    assert_eq!(m.pool(Tier::Host).unwrap().prefix_len(&ids), 0);
+    assert_eq!(m.pool(Tier::Disk).unwrap().prefix_len(&ids), 4);
+    let plan = m.lookup(&ids, at(1));
+    assert_eq!(plan.onboard_blocks().len(), 0);
+    assert_eq!(plan.recomputed_hits(), 4);
+    assert_eq!(plan.blocks_to_compute(), 4);
+    assert_eq!(m.stats().recomputed_hit_blocks, 4);
+}
+
+#[test]
+fn cost_aware_onboarding_reads_the_disk_when_that_is_faster() {
+    let ids = hashes(&chain(1, 4));
+    let mut m = chain_one_only_on_disk(Duration::from_micros(5));
+    let plan = m.lookup(&ids, at(1));
+    assert_eq!(plan.onboard_count(Tier::Disk), 4);
+    assert_eq!(plan.recomputed_hits(), 0);
+    assert_eq!(plan.blocks_to_compute(), 0);
+}
+
+#[test]
+fn write_back_copies_the_coldest_blocks_before_they_are_evicted() {
+    let mut m = manager(
+        vec![
+            tier(
+                Tier::Device,
+                4,
+                OffloadPolicy::WriteBack {
+                    low_watermark_blocks: 2,
+                },
+            ),
+            tier(Tier::Host, 16, OffloadPolicy::None),
+        ],
+        TransferTiming::Fixed(MS),
+    );
+    let ids = chain(1, 4);
+    compute(&mut m, &ids, at(0));
+    // All four are cached, none free: the next poll writes the two coldest (the leaves)
+    // back, and they land a millisecond later.
+    assert!(drain(&mut m, at(0)).is_empty());
+    assert_eq!(m.transfers_in_flight(), 1);
+    let outputs = drain(&mut m, at(1));
+    assert!(
+        matches!(
+            outputs[..],
+            [ManagerOutput::Offloaded {
+                from: Tier::Device,
+                to: Tier::Host,
+                blocks: 2
+            }]
+        ),
+        "{outputs:?}"
+    );
+    let host = m.pool(Tier::Host).unwrap();
+    assert!(host.contains(ids[3].sequence_hash) && host.contains(ids[2].sequence_hash));
+    assert!(!host.contains(ids[0].sequence_hash));
+    // The written-back blocks are the next victims.
+    let _blocks = m.allocate(2, at(1)).unwrap();
+    assert_eq!(m.device().prefix_len(&hashes(&ids)), 2);
+}
+
+#[test]
+fn events_rebuild_every_tier_registry() {
+    let mut m = manager(
+        vec![
+            tier(Tier::Device, 4, OffloadPolicy::WriteThrough),
+            tier(Tier::Host, 6, OffloadPolicy::None),
+        ],
+        TransferTiming::Instant,
+    );
+    let mut replica = RegistryReplica::new();
+    for seed in 0..5 {
+        compute(&mut m, &chain(seed, 3), at(seed));
+        let _ = drain(&mut m, at(seed));
+        for event in m.take_events() {
+            replica.apply(&event).unwrap();
+        }
+    }
+    for t in [Tier::Device, Tier::Host] {
+        let registry: BTreeSet<SequenceHash> = m
+            .pool(t)
+            .unwrap()
+            .snapshot()
+            .registered
+            .keys()
+            .copied()
+            .collect();
+        assert_eq!(&registry, replica.hashes(t), "{t}");
+    }
+    m.reset_cache(at(10)).unwrap();
+    let events = m.take_events();
+    assert_eq!(
+        events.last().map(|e| &e.data),
+        Some(&KvCacheEventData::Cleared)
+    );
+    for event in &events {
+        replica.apply(event).unwrap();
+    }
+    assert!(replica.hashes(Tier::Device).is_empty() && replica.hashes(Tier::Host).is_empty());
+}
+
+#[test]
+fn reset_cache_refuses_while_blocks_are_referenced() {
+    let mut m = manager(
+        vec![tier(Tier::Device, 4, OffloadPolicy::None)],
+        TransferTiming::Instant,
+    );
+    let ids = chain(1, 1);
+    let blocks = m.allocate(1, at(0)).unwrap();
+    let held = m.register(
+        blocks
+            .into_iter()
+            .map(|b| b.apply_identity(ids[0]))
+            .collect(),
+        at(0),
+    );
+    assert!(matches!(
+        m.reset_cache(at(0)),
+        Err(ClearError::InUse {
+            tier: Tier::Device,
+            ..
+        })
+    ));
+    drop(held);
+    assert_eq!(m.reset_cache(at(0)), Ok(()));
+}
+
+#[test]
+fn onboarding_refuses_cleanly_when_the_device_is_full() {
+    let mut m = manager(
+        vec![
+            tier(Tier::Device, 2, OffloadPolicy::WriteThrough),
+            tier(Tier::Host, 8, OffloadPolicy::None),
+        ],
+        TransferTiming::Instant,
+    );
+    let ids = chain(1, 2);
+    compute(&mut m, &ids, at(0));
+    let _ = drain(&mut m, at(0));
+    compute(&mut m, &chain(2, 2), at(0));
+    let _ = drain(&mut m, at(0));
+    let _hold = m.allocate(1, at(0)).unwrap();
+    let mut plan = m.lookup(&hashes(&ids), at(0));
+    assert_eq!(plan.onboard_blocks().len(), 2);
+    let error = m
+        .start_onboard(RequestId::new(1), &mut plan, at(0))
+        .unwrap_err();
+    assert!(matches!(
+        error,
+        OnboardError::Alloc(AllocError::Exhausted { requested: 2, .. })
+    ));
+    assert_eq!(plan.onboard_blocks().len(), 2, "the plan is unchanged");
+}

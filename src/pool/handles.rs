@@ -1,0 +1,284 @@
+//! RAII handles to a pool's blocks.
+//!
+//! Owns: [`MutableBlock`] (exclusive; states Reset, Partial, Complete as the type
+//! parameter, so a transition that is illegal in the current state does not compile) and
+//! [`ImmutableBlock`] (shared; state Registered). Dropping a `MutableBlock` returns its
+//! block to the free stack; dropping the last `ImmutableBlock` of a block makes it cached.
+//! Handles may be dropped on any thread.
+//! Never: hold a lock across a call into user code.
+
+use super::{PoolInner, PoolShared};
+use crate::block::{BlockError, BlockIdentity, BlockState, Complete, MutableState, Partial, Reset};
+use crate::ids::{BlockId, SequenceHash};
+use crate::phase::Phase;
+use crate::sync::{lock, Arc};
+use crate::tier::Tier;
+use crate::tokens::{HashSeed, Token, TokenBlock};
+use std::fmt;
+
+/// An exclusively held block that is not registered; `S` is its state.
+pub struct MutableBlock<S: MutableState = Reset> {
+    // `None` once the block has been handed on (to a new state or to the registry), so
+    // that drop returns it to the pool exactly once.
+    pool: Option<Arc<PoolShared>>,
+    id: BlockId,
+    state: S,
+}
+
+impl<S: MutableState> MutableBlock<S> {
+    /// The block's index in its pool.
+    pub fn block_id(&self) -> BlockId {
+        self.id
+    }
+
+    /// The pool's tier.
+    pub fn tier(&self) -> Tier {
+        self.shared().config.tier
+    }
+
+    /// The block's state.
+    pub fn state(&self) -> BlockState {
+        S::STATE
+    }
+
+    fn shared(&self) -> &Arc<PoolShared> {
+        self.pool
+            .as_ref()
+            .expect("a live handle always has its pool")
+    }
+
+    fn block_size(&self) -> usize {
+        self.shared().config.block_size_tokens
+    }
+
+    pub(super) fn belongs_to(&self, pool: &Arc<PoolShared>) -> bool {
+        self.pool.as_ref().is_some_and(|own| Arc::ptr_eq(own, pool))
+    }
+
+    fn into_state<T: MutableState>(mut self, state: T) -> MutableBlock<T> {
+        MutableBlock {
+            pool: self.pool.take(),
+            id: self.id,
+            state,
+        }
+    }
+
+    /// Partial / Complete → Reset: drops the contents, keeps the block.
+    pub fn reset(self) -> MutableBlock<Reset> {
+        self.into_state(Reset)
+    }
+}
+
+impl MutableBlock<Reset> {
+    pub(super) fn new(pool: Arc<PoolShared>, id: BlockId) -> Self {
+        Self {
+            pool: Some(pool),
+            id,
+            state: Reset,
+        }
+    }
+
+    /// Reset → Partial: starts filling the block that follows `parent` (none for the first
+    /// block of a sequence), hashing with `seed` (LoRA / salt).
+    pub fn init_sequence(
+        self,
+        parent: Option<BlockIdentity>,
+        seed: HashSeed,
+    ) -> MutableBlock<Partial> {
+        let partial = Partial::start(self.block_size(), seed, parent);
+        self.into_state(partial)
+    }
+
+    /// Reset → Complete from a full token block; its size must be the pool's block size.
+    pub fn apply_token_block(
+        self,
+        block: &TokenBlock,
+    ) -> Result<MutableBlock<Complete>, (Self, BlockError)> {
+        let block_size = self.block_size();
+        if block.tokens().len() != block_size {
+            let error = BlockError::SizeMismatch {
+                got: block.tokens().len(),
+                block_size,
+            };
+            return Err((self, error));
+        }
+        Ok(
+            self.into_state(Complete::from_identity(BlockIdentity::of_token_block(
+                block,
+            ))),
+        )
+    }
+
+    /// Reset → Complete with an identity computed elsewhere: an onboarded or offloaded copy
+    /// of a registered block, or a block of a hash-only trace.
+    pub fn apply_identity(self, identity: BlockIdentity) -> MutableBlock<Complete> {
+        self.into_state(Complete::from_identity(identity))
+    }
+}
+
+impl MutableBlock<Partial> {
+    /// Partial → Partial: appends as many tokens as fit; returns how many were taken.
+    pub fn add_tokens(&mut self, tokens: &[Token]) -> usize {
+        self.state.add_tokens(tokens)
+    }
+
+    /// Partial → Partial: removes the last `count` tokens.
+    pub fn pop_tokens(&mut self, count: usize) -> Result<(), BlockError> {
+        self.state.pop_tokens(count)
+    }
+
+    /// The tokens so far.
+    pub fn tokens(&self) -> &[Token] {
+        self.state.tokens()
+    }
+
+    /// Whether the block is full.
+    pub fn is_full(&self) -> bool {
+        self.state.is_full()
+    }
+
+    /// Partial → Complete; requires a full block, otherwise the block comes back with
+    /// [`BlockError::NotFull`].
+    pub fn commit(mut self) -> Result<MutableBlock<Complete>, (Self, BlockError)> {
+        let pool = self.pool.take();
+        let id = self.id;
+        let partial = std::mem::replace(
+            &mut self.state,
+            Partial::start(0, HashSeed::default(), None),
+        );
+        match partial.commit() {
+            Ok(complete) => Ok(MutableBlock {
+                pool,
+                id,
+                state: complete,
+            }),
+            Err((partial, error)) => Err((
+                MutableBlock {
+                    pool,
+                    id,
+                    state: partial,
+                },
+                error,
+            )),
+        }
+    }
+}
+
+impl MutableBlock<Complete> {
+    /// The identity the block will be registered under.
+    pub fn identity(&self) -> &BlockIdentity {
+        self.state.identity()
+    }
+
+    /// Hands the block to the registry: the handle no longer returns it on drop.
+    pub(super) fn into_registration(mut self) -> (BlockId, BlockIdentity) {
+        self.pool = None;
+        (self.id, *self.state.identity())
+    }
+}
+
+impl<S: MutableState> Drop for MutableBlock<S> {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            let mut inner: crate::sync::MutexGuard<'_, PoolInner> = lock(&pool.inner);
+            inner.return_mutable(self.id);
+        }
+    }
+}
+
+impl<S: MutableState> fmt::Debug for MutableBlock<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MutableBlock")
+            .field("id", &self.id)
+            .field("state", &S::STATE)
+            .finish()
+    }
+}
+
+/// A reference to a registered block. Clones share the block; it becomes cached (and
+/// evictable) when the last reference drops.
+pub struct ImmutableBlock {
+    pool: Option<Arc<PoolShared>>,
+    id: BlockId,
+    identity: BlockIdentity,
+}
+
+impl ImmutableBlock {
+    pub(super) fn new(pool: Arc<PoolShared>, id: BlockId, identity: BlockIdentity) -> Self {
+        Self {
+            pool: Some(pool),
+            id,
+            identity,
+        }
+    }
+
+    /// The block's index in its pool.
+    pub fn block_id(&self) -> BlockId {
+        self.id
+    }
+
+    /// What the block is registered as.
+    pub fn identity(&self) -> &BlockIdentity {
+        &self.identity
+    }
+
+    /// The registry key.
+    pub fn sequence_hash(&self) -> SequenceHash {
+        self.identity.sequence_hash
+    }
+
+    /// The pool's tier.
+    pub fn tier(&self) -> Tier {
+        self.shared().config.tier
+    }
+
+    /// Tags the block with `phase` for the priority eviction policy.
+    pub fn set_phase(&self, phase: Phase) {
+        lock(&self.shared().inner).set_phase(self.id, phase);
+    }
+
+    fn shared(&self) -> &Arc<PoolShared> {
+        self.pool
+            .as_ref()
+            .expect("a live handle always has its pool")
+    }
+
+    pub(super) fn belongs_to(&self, pool: &Arc<PoolShared>) -> bool {
+        self.pool.as_ref().is_some_and(|own| Arc::ptr_eq(own, pool))
+    }
+
+    /// Stops the handle from releasing on drop (the caller releases under its own lock).
+    pub(super) fn disarm(&mut self) -> BlockId {
+        self.pool = None;
+        self.id
+    }
+}
+
+impl Clone for ImmutableBlock {
+    fn clone(&self) -> Self {
+        let shared = self.shared();
+        lock(&shared.inner).acquire(self.id);
+        Self {
+            pool: Some(Arc::clone(shared)),
+            id: self.id,
+            identity: self.identity,
+        }
+    }
+}
+
+impl Drop for ImmutableBlock {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            lock(&pool.inner).release(self.id, super::Placement::Hot);
+        }
+    }
+}
+
+impl fmt::Debug for ImmutableBlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImmutableBlock")
+            .field("id", &self.id)
+            .field("sequence_hash", &self.identity.sequence_hash)
+            .finish()
+    }
+}

@@ -1,0 +1,743 @@
+//! One tier's block pool: fixed capacity, active and inactive blocks, the registry, lazy
+//! eviction and the pool's event outbox.
+//!
+//! Owns: every block of one tier from construction to drop. A block is always in exactly
+//! one place:
+//! - **free**: state Reset, in the free stack;
+//! - **active**: held through a handle, either a [`MutableBlock`] (Reset / Partial /
+//!   Complete, exclusive) or one or more [`ImmutableBlock`]s (Registered, refcount > 0);
+//! - **cached**: Registered with refcount 0, in the eviction policy's order.
+//!
+//! free + cached + active = capacity, always. Registered blocks are found by
+//! `SequenceHash`; registering a hash the pool already holds returns the existing block
+//! (deduplication: a hash is registered at most once per tier). A cached block keeps its
+//! hash until a new allocation needs it (lazy eviction, as vLLM), so a late prefix hit is
+//! free; only then is `Removed` emitted. `Stored` is emitted on registration.
+//!
+//! Thread safety: handles may be dropped on any thread, so all state sits behind one
+//! [`crate::sync::Mutex`] (loom-checked in `tests/loom_pool.rs`). Batch operations
+//! (`allocate`, `match_prefix`, `register_chain`, `release`) take the lock once.
+//! Never: move bytes, read a clock or talk to a transport.
+
+mod handles;
+mod list;
+pub mod policy;
+
+pub use handles::{ImmutableBlock, MutableBlock};
+pub use policy::{EvictionPolicy, EvictionPolicyKind, LruPolicy, Placement, PriorityPolicy};
+
+use crate::block::{BlockIdentity, Complete, Reset};
+use crate::events::{KvCacheEventData, StoredBlock};
+use crate::ids::{BlockId, SequenceHash};
+use crate::phase::Phase;
+use crate::sync::{lock, Arc, Mutex};
+use crate::tier::Tier;
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// How a pool is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// The tier the pool's blocks live in (stamped on its events).
+    pub tier: Tier,
+    /// Number of blocks, fixed for the pool's life.
+    pub capacity_blocks: usize,
+    /// Tokens per block.
+    pub block_size_tokens: usize,
+    /// Eviction order of cached blocks.
+    pub eviction: EvictionPolicyKind,
+}
+
+/// A pool could not be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PoolConfigError {
+    /// Zero blocks.
+    #[error("a pool needs at least one block")]
+    ZeroCapacity,
+    /// More blocks than a `BlockId` can name.
+    #[error("{0} blocks exceed the largest pool ({max})", max = MAX_POOL_BLOCKS)]
+    CapacityTooLarge(usize),
+    /// Zero tokens per block.
+    #[error("a block must hold at least one token")]
+    ZeroBlockSize,
+}
+
+/// The largest pool: ids must fit in `u32` with room for the lists' sentinels.
+pub const MAX_POOL_BLOCKS: usize = (u32::MAX - 16) as usize;
+
+/// Allocation failed; nothing was allocated.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AllocError {
+    /// Fewer free and cached blocks than requested: every other block is in use.
+    #[error("{tier} pool exhausted: {requested} blocks requested, {available} free or cached")]
+    Exhausted {
+        /// The pool's tier.
+        tier: Tier,
+        /// Blocks asked for.
+        requested: usize,
+        /// Free plus cached blocks.
+        available: usize,
+    },
+}
+
+/// `reset_cache` refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResetError {
+    /// Registered blocks are still referenced; they cannot be forgotten under their users.
+    #[error("{referenced} registered blocks are still referenced")]
+    InUse {
+        /// Referenced registered blocks.
+        referenced: usize,
+    },
+}
+
+/// Where the blocks are, right now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolCounts {
+    /// Fixed number of blocks.
+    pub capacity: usize,
+    /// Reset blocks nobody holds.
+    pub free: usize,
+    /// Registered blocks nobody holds (evictable, still findable).
+    pub cached: usize,
+    /// Blocks held through handles.
+    pub active: usize,
+}
+
+/// Cumulative counters since the pool was built.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolStats {
+    /// Blocks handed out by `allocate`.
+    pub allocated_blocks: u64,
+    /// Cached blocks evicted to satisfy allocations.
+    pub evicted_blocks: u64,
+    /// New registrations.
+    pub registered_blocks: u64,
+    /// Registrations answered with an existing block.
+    pub deduplicated_blocks: u64,
+    /// Blocks found by lookups while referenced.
+    pub hits_active_blocks: u64,
+    /// Blocks found by lookups while cached.
+    pub hits_cached_blocks: u64,
+    /// Allocation requests refused.
+    pub failed_allocations: u64,
+}
+
+/// A consistent copy of a pool's registry and counts (for tests and reports).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolSnapshot {
+    /// Block counts.
+    pub counts: PoolCounts,
+    /// Every registered hash with its refcount (0 = cached).
+    pub registered: BTreeMap<SequenceHash, u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    Mutable,
+    Registered,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    state: SlotState,
+    refcount: u32,
+    phase: Phase,
+    identity: BlockIdentity,
+}
+
+const EMPTY_IDENTITY: BlockIdentity = BlockIdentity {
+    sequence_hash: SequenceHash::new(0),
+    local_hash: crate::ids::LocalBlockHash::new(0),
+    parent: None,
+    position: 0,
+};
+
+#[derive(Debug)]
+pub(crate) struct PoolInner {
+    slots: Vec<Slot>,
+    free: Vec<BlockId>,
+    policy: Box<dyn EvictionPolicy>,
+    registry: FxHashMap<SequenceHash, BlockId>,
+    outbox: Vec<KvCacheEventData>,
+    stats: PoolStats,
+    tier: Tier,
+}
+
+impl PoolInner {
+    fn new(config: &PoolConfig) -> Self {
+        let capacity = config.capacity_blocks;
+        let slot = Slot {
+            state: SlotState::Free,
+            refcount: 0,
+            phase: Phase::default(),
+            identity: EMPTY_IDENTITY,
+        };
+        Self {
+            slots: vec![slot; capacity],
+            // Reversed so that blocks are handed out 0, 1, 2, ...: easier to read in traces.
+            free: (0..capacity as u32).rev().map(BlockId::new).collect(),
+            policy: config.eviction.build(capacity),
+            registry: FxHashMap::with_capacity_and_hasher(capacity, Default::default()),
+            outbox: Vec::new(),
+            stats: PoolStats::default(),
+            tier: config.tier,
+        }
+    }
+
+    fn available(&self) -> usize {
+        self.free.len() + self.policy.len()
+    }
+
+    /// Free → active, or cached → (evicted) → active.
+    fn take_block(&mut self) -> Option<BlockId> {
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                let victim = self.policy.pop_victim()?;
+                self.evict(victim);
+                victim
+            }
+        };
+        let slot = &mut self.slots[id.index()];
+        debug_assert_eq!(slot.state, SlotState::Free);
+        slot.state = SlotState::Mutable;
+        self.stats.allocated_blocks += 1;
+        Some(id)
+    }
+
+    /// Registered (cached, already out of the policy) → Reset; emits `Removed`.
+    fn evict(&mut self, id: BlockId) {
+        let slot = &mut self.slots[id.index()];
+        assert!(
+            slot.state == SlotState::Registered && slot.refcount == 0,
+            "evicting a block that is not cached: {id:?} {slot:?}"
+        );
+        let hash = slot.identity.sequence_hash;
+        slot.state = SlotState::Free;
+        slot.phase = Phase::default();
+        let removed = self.registry.remove(&hash);
+        debug_assert_eq!(removed, Some(id));
+        self.stats.evicted_blocks += 1;
+        self.push_removed(hash);
+    }
+
+    fn push_removed(&mut self, hash: SequenceHash) {
+        if let Some(KvCacheEventData::Removed { block_hashes, .. }) = self.outbox.last_mut() {
+            block_hashes.push(hash);
+            return;
+        }
+        self.outbox.push(KvCacheEventData::Removed {
+            block_hashes: vec![hash],
+            tier: self.tier,
+        });
+    }
+
+    fn push_stored(&mut self, identity: &BlockIdentity) {
+        let block = StoredBlock {
+            block_hash: identity.sequence_hash,
+            tokens_hash: identity.local_hash,
+        };
+        // Extend the previous Stored event when this block continues its chain: the
+        // router sees one event per chain, as from Dynamo's engines.
+        if let Some(KvCacheEventData::Stored { blocks, .. }) = self.outbox.last_mut() {
+            if identity.parent.is_some() && blocks.last().map(|b| b.block_hash) == identity.parent {
+                blocks.push(block);
+                return;
+            }
+        }
+        self.outbox.push(KvCacheEventData::Stored {
+            parent_hash: identity.parent,
+            blocks: vec![block],
+            tier: self.tier,
+        });
+    }
+
+    /// Active mutable → free.
+    fn return_mutable(&mut self, id: BlockId) {
+        let slot = &mut self.slots[id.index()];
+        assert_eq!(slot.state, SlotState::Mutable, "double return of {id:?}");
+        slot.state = SlotState::Free;
+        self.free.push(id);
+    }
+
+    /// Takes a reference to a registered block (cached → active if it was cached).
+    #[inline]
+    fn acquire(&mut self, id: BlockId) {
+        let slot = &mut self.slots[id.index()];
+        debug_assert_eq!(slot.state, SlotState::Registered);
+        if slot.refcount == 0 {
+            self.policy.remove(id);
+        }
+        slot.refcount = slot.refcount.checked_add(1).expect("refcount overflow");
+    }
+
+    /// A lookup found `id`: reference it and count the hit by where it was.
+    #[inline]
+    fn acquire_hit(&mut self, id: BlockId) -> BlockIdentity {
+        let slot = &self.slots[id.index()];
+        if slot.refcount == 0 {
+            self.stats.hits_cached_blocks += 1;
+        } else {
+            self.stats.hits_active_blocks += 1;
+        }
+        let identity = slot.identity;
+        self.acquire(id);
+        identity
+    }
+
+    /// Drops a reference; the last one makes the block cached.
+    #[inline]
+    fn release(&mut self, id: BlockId, placement: Placement) {
+        let slot = &mut self.slots[id.index()];
+        assert!(
+            slot.state == SlotState::Registered && slot.refcount > 0,
+            "refcount underflow on {id:?}: {slot:?}"
+        );
+        slot.refcount -= 1;
+        if slot.refcount == 0 {
+            let phase = slot.phase;
+            self.policy.insert(id, phase, placement);
+        }
+    }
+
+    /// Complete (mutable) → Registered, or the existing block of the same hash.
+    /// Returns the registered block and whether it was a duplicate.
+    fn register(&mut self, id: BlockId, identity: BlockIdentity) -> (BlockId, bool) {
+        if let Some(&existing) = self.registry.get(&identity.sequence_hash) {
+            self.acquire(existing);
+            self.return_mutable(id);
+            self.stats.deduplicated_blocks += 1;
+            return (existing, true);
+        }
+        let slot = &mut self.slots[id.index()];
+        assert_eq!(
+            slot.state,
+            SlotState::Mutable,
+            "registering a block not held mutably"
+        );
+        slot.state = SlotState::Registered;
+        slot.refcount = 1;
+        slot.identity = identity;
+        self.registry.insert(identity.sequence_hash, id);
+        self.stats.registered_blocks += 1;
+        self.push_stored(&identity);
+        (id, false)
+    }
+
+    fn set_phase(&mut self, id: BlockId, phase: Phase) {
+        let slot = &mut self.slots[id.index()];
+        if slot.phase == phase {
+            return;
+        }
+        slot.phase = phase;
+        if slot.refcount == 0 && self.policy.remove(id) {
+            self.policy.insert(id, phase, Placement::Hot);
+        }
+    }
+
+    fn counts(&self, capacity: usize) -> PoolCounts {
+        let free = self.free.len();
+        let cached = self.policy.len();
+        PoolCounts {
+            capacity,
+            free,
+            cached,
+            active: capacity - free - cached,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct PoolShared {
+    config: PoolConfig,
+    inner: Mutex<PoolInner>,
+}
+
+/// One tier's pool of blocks. Cheap to clone: clones share the same blocks.
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    shared: Arc<PoolShared>,
+}
+
+impl BlockPool {
+    /// A pool with every block free.
+    pub fn new(config: PoolConfig) -> Result<Self, PoolConfigError> {
+        if config.capacity_blocks == 0 {
+            return Err(PoolConfigError::ZeroCapacity);
+        }
+        if config.capacity_blocks > MAX_POOL_BLOCKS {
+            return Err(PoolConfigError::CapacityTooLarge(config.capacity_blocks));
+        }
+        if config.block_size_tokens == 0 {
+            return Err(PoolConfigError::ZeroBlockSize);
+        }
+        let inner = Mutex::new(PoolInner::new(&config));
+        Ok(Self {
+            shared: Arc::new(PoolShared { config, inner }),
+        })
+    }
+
+    /// The pool's configuration.
+    pub fn config(&self) -> &PoolConfig {
+        &self.shared.config
+    }
+
+    /// The pool's tier.
+    pub fn tier(&self) -> Tier {
+        self.shared.config.tier
+    }
+
+    /// Number of blocks.
+    pub fn capacity(&self) -> usize {
+        self.shared.config.capacity_blocks
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.shared.config.block_size_tokens
+    }
+
+    /// Takes `count` blocks in state Reset: free blocks first, then cached blocks in
+    /// eviction order (each eviction emits `Removed`). All or nothing.
+    pub fn allocate(&self, count: usize) -> Result<Vec<MutableBlock<Reset>>, AllocError> {
+        let mut inner = lock(&self.shared.inner);
+        let available = inner.available();
+        if count > available {
+            inner.stats.failed_allocations += 1;
+            return Err(AllocError::Exhausted {
+                tier: inner.tier,
+                requested: count,
+                available,
+            });
+        }
+        let mut blocks = Vec::with_capacity(count);
+        for _ in 0..count {
+            let id = inner
+                .take_block()
+                .expect("availability checked under the same lock");
+            blocks.push(MutableBlock::new(Arc::clone(&self.shared), id));
+        }
+        Ok(blocks)
+    }
+
+    /// Takes one block in state Reset (see [`BlockPool::allocate`]).
+    pub fn allocate_one(&self) -> Result<MutableBlock<Reset>, AllocError> {
+        let mut inner = lock(&self.shared.inner);
+        match inner.take_block() {
+            Some(id) => Ok(MutableBlock::new(Arc::clone(&self.shared), id)),
+            None => {
+                inner.stats.failed_allocations += 1;
+                Err(AllocError::Exhausted {
+                    tier: inner.tier,
+                    requested: 1,
+                    available: 0,
+                })
+            }
+        }
+    }
+
+    /// The longest prefix of `hashes` this pool holds, as references; cached blocks found
+    /// become active. Stops at the first miss.
+    pub fn match_prefix(&self, hashes: &[SequenceHash]) -> Vec<ImmutableBlock> {
+        let mut out = Vec::new();
+        self.match_prefix_into(hashes, &mut out);
+        out
+    }
+
+    /// [`BlockPool::match_prefix`] appending to `out`; returns the number of blocks found.
+    pub fn match_prefix_into(
+        &self,
+        hashes: &[SequenceHash],
+        out: &mut Vec<ImmutableBlock>,
+    ) -> usize {
+        let mut inner = lock(&self.shared.inner);
+        let start = out.len();
+        out.reserve(hashes.len());
+        for hash in hashes {
+            let Some(&id) = inner.registry.get(hash) else {
+                break;
+            };
+            let identity = inner.acquire_hit(id);
+            out.push(ImmutableBlock::new(Arc::clone(&self.shared), id, identity));
+        }
+        out.len() - start
+    }
+
+    /// A reference to the block registered under `hash`, if any.
+    pub fn get(&self, hash: SequenceHash) -> Option<ImmutableBlock> {
+        let mut inner = lock(&self.shared.inner);
+        let id = *inner.registry.get(&hash)?;
+        let identity = inner.acquire_hit(id);
+        Some(ImmutableBlock::new(Arc::clone(&self.shared), id, identity))
+    }
+
+    /// A reference to the block registered under `hash`, without counting a lookup hit:
+    /// for the manager pinning a block while it copies it to another tier.
+    pub fn pin(&self, hash: SequenceHash) -> Option<ImmutableBlock> {
+        let mut inner = lock(&self.shared.inner);
+        let id = *inner.registry.get(&hash)?;
+        inner.acquire(id);
+        let identity = inner.slots[id.index()].identity;
+        Some(ImmutableBlock::new(Arc::clone(&self.shared), id, identity))
+    }
+
+    /// Whether `hash` is registered here (touches nothing).
+    pub fn contains(&self, hash: SequenceHash) -> bool {
+        lock(&self.shared.inner).registry.contains_key(&hash)
+    }
+
+    /// How many leading `hashes` are registered here (touches nothing).
+    pub fn prefix_len(&self, hashes: &[SequenceHash]) -> usize {
+        let inner = lock(&self.shared.inner);
+        hashes
+            .iter()
+            .take_while(|h| inner.registry.contains_key(h))
+            .count()
+    }
+
+    /// Complete → Registered. If the hash is already registered, `block` returns to the
+    /// free blocks and the existing block is referenced instead (deduplication).
+    pub fn register(&self, block: MutableBlock<Complete>) -> ImmutableBlock {
+        self.register_reporting(block).0
+    }
+
+    /// [`BlockPool::register`], also telling whether the block was a duplicate.
+    pub fn register_reporting(&self, block: MutableBlock<Complete>) -> (ImmutableBlock, bool) {
+        assert!(
+            block.belongs_to(&self.shared),
+            "block registered in another pool"
+        );
+        let (id, identity) = block.into_registration();
+        let mut inner = lock(&self.shared.inner);
+        let (registered, duplicate) = inner.register(id, identity);
+        let identity = inner.slots[registered.index()].identity;
+        (
+            ImmutableBlock::new(Arc::clone(&self.shared), registered, identity),
+            duplicate,
+        )
+    }
+
+    /// Registers a chain parent first under one lock; consecutive blocks are published as
+    /// one `Stored` event.
+    pub fn register_chain(&self, blocks: Vec<MutableBlock<Complete>>) -> Vec<ImmutableBlock> {
+        let mut out = Vec::with_capacity(blocks.len());
+        let mut inner = lock(&self.shared.inner);
+        for block in blocks {
+            assert!(
+                block.belongs_to(&self.shared),
+                "block registered in another pool"
+            );
+            let (id, identity) = block.into_registration();
+            let (registered, _) = inner.register(id, identity);
+            let identity = inner.slots[registered.index()].identity;
+            out.push(ImmutableBlock::new(
+                Arc::clone(&self.shared),
+                registered,
+                identity,
+            ));
+        }
+        out
+    }
+
+    /// Drops references to a chain (parent first, as lookups return it) leaf first, under
+    /// one lock, so that among blocks released together the leaves are evicted first.
+    pub fn release(&self, blocks: Vec<ImmutableBlock>) {
+        self.release_placed(blocks, Placement::Hot);
+    }
+
+    /// Like [`BlockPool::release`], but blocks whose last reference this is become the
+    /// next to evict (used after a block was copied to a lower tier).
+    pub fn release_cold(&self, blocks: Vec<ImmutableBlock>) {
+        self.release_placed(blocks, Placement::Cold);
+    }
+
+    fn release_placed(&self, blocks: Vec<ImmutableBlock>, placement: Placement) {
+        let mut inner = lock(&self.shared.inner);
+        // Cold placement pushes to the front, so parent first there keeps leaves colder.
+        let ordered: Box<dyn Iterator<Item = ImmutableBlock>> = match placement {
+            Placement::Hot => Box::new(blocks.into_iter().rev()),
+            Placement::Cold => Box::new(blocks.into_iter()),
+        };
+        for mut block in ordered {
+            assert!(
+                block.belongs_to(&self.shared),
+                "block released into another pool"
+            );
+            let id = block.disarm();
+            inner.release(id, placement);
+        }
+    }
+
+    /// Tags registered blocks with `phase` (the priority policy orders by it); returns how
+    /// many of `hashes` were found.
+    pub fn set_phase(&self, hashes: &[SequenceHash], phase: Phase) -> usize {
+        let mut inner = lock(&self.shared.inner);
+        let mut found = 0;
+        for hash in hashes {
+            if let Some(&id) = inner.registry.get(hash) {
+                inner.set_phase(id, phase);
+                found += 1;
+            }
+        }
+        found
+    }
+
+    /// Up to `limit` cached blocks in the order they would be evicted.
+    pub fn coldest_cached(&self, limit: usize) -> Vec<BlockIdentity> {
+        self.coldest_cached_where(limit, |_| true)
+    }
+
+    /// Up to `limit` cached blocks accepted by `keep`, in the order they would be evicted.
+    /// `keep` runs under this pool's lock: it must not touch this pool.
+    pub fn coldest_cached_where(
+        &self,
+        limit: usize,
+        mut keep: impl FnMut(&BlockIdentity) -> bool,
+    ) -> Vec<BlockIdentity> {
+        let inner = lock(&self.shared.inner);
+        let mut out = Vec::new();
+        if limit == 0 {
+            return out;
+        }
+        inner.policy.visit_coldest(&mut |id| {
+            let identity = inner.slots[id.index()].identity;
+            if keep(&identity) {
+                out.push(identity);
+            }
+            if out.len() == limit {
+                std::ops::ControlFlow::Break(())
+            } else {
+                std::ops::ControlFlow::Continue(())
+            }
+        });
+        out
+    }
+
+    /// Registered blocks that are referenced (not cached).
+    pub fn referenced_registered(&self) -> usize {
+        let inner = lock(&self.shared.inner);
+        inner.registry.len() - inner.policy.len()
+    }
+
+    /// Forgets every cached block (emitting `Removed` for them); refuses while a
+    /// registered block is referenced. Returns the number of blocks forgotten.
+    pub fn reset_cache(&self) -> Result<usize, ResetError> {
+        let mut inner = lock(&self.shared.inner);
+        let referenced = inner.registry.len() - inner.policy.len();
+        if referenced > 0 {
+            return Err(ResetError::InUse { referenced });
+        }
+        let mut forgotten = 0;
+        while let Some(victim) = inner.policy.pop_victim() {
+            inner.evict(victim);
+            inner.free.push(victim);
+            forgotten += 1;
+        }
+        Ok(forgotten)
+    }
+
+    /// Takes the queued events, oldest first.
+    #[must_use]
+    pub fn take_events(&self) -> Vec<KvCacheEventData> {
+        std::mem::take(&mut lock(&self.shared.inner).outbox)
+    }
+
+    /// Number of queued events.
+    pub fn outbox_len(&self) -> usize {
+        lock(&self.shared.inner).outbox.len()
+    }
+
+    /// Where the blocks are now.
+    pub fn counts(&self) -> PoolCounts {
+        lock(&self.shared.inner).counts(self.capacity())
+    }
+
+    /// Cumulative counters.
+    pub fn stats(&self) -> PoolStats {
+        lock(&self.shared.inner).stats
+    }
+
+    /// The registry with refcounts, and the counts, taken under one lock.
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let inner = lock(&self.shared.inner);
+        let registered = inner
+            .registry
+            .iter()
+            .map(|(hash, id)| (*hash, inner.slots[id.index()].refcount))
+            .collect();
+        PoolSnapshot {
+            counts: inner.counts(self.capacity()),
+            registered,
+        }
+    }
+
+    /// Checks every internal invariant and panics with a description on the first broken
+    /// one (a broken invariant is a bug, not an input error). Returns the counts.
+    pub fn check_invariants(&self) -> PoolCounts {
+        let inner = lock(&self.shared.inner);
+        let capacity = self.capacity();
+        let (mut free, mut cached, mut active) = (0, 0, 0);
+        let mut in_free = vec![false; capacity];
+        for id in &inner.free {
+            assert!(!in_free[id.index()], "{id:?} twice in the free stack");
+            in_free[id.index()] = true;
+        }
+        for (index, slot) in inner.slots.iter().enumerate() {
+            let id = BlockId::new(index as u32);
+            match slot.state {
+                SlotState::Free => {
+                    assert!(in_free[index], "free {id:?} missing from the free stack");
+                    free += 1;
+                }
+                SlotState::Mutable => {
+                    assert!(!in_free[index], "mutable {id:?} in the free stack");
+                    active += 1;
+                }
+                SlotState::Registered => {
+                    assert!(!in_free[index], "registered {id:?} in the free stack");
+                    assert_eq!(
+                        inner.registry.get(&slot.identity.sequence_hash),
+                        Some(&id),
+                        "registered {id:?} not in the registry under its hash"
+                    );
+                    if slot.refcount == 0 {
+                        cached += 1;
+                    } else {
+                        active += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(free, inner.free.len(), "free stack length");
+        assert_eq!(
+            cached,
+            inner.policy.len(),
+            "policy holds exactly the cached blocks"
+        );
+        assert_eq!(
+            inner.registry.len(),
+            inner
+                .slots
+                .iter()
+                .filter(|s| s.state == SlotState::Registered)
+                .count()
+        );
+        assert_eq!(free + cached + active, capacity);
+        PoolCounts {
+            capacity,
+            free,
+            cached,
+            active,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

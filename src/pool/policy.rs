@@ -1,0 +1,241 @@
+//! Eviction policies: the order in which a pool gives up cached blocks.
+//!
+//! Owns: the [`EvictionPolicy`] trait and its two implementations, [`LruPolicy`] and the
+//! phase-aware [`PriorityPolicy`], plus [`EvictionPolicyKind`] to choose one in config.
+//! A policy only orders *cached* blocks (registered, refcount 0); the pool tells it when a
+//! block becomes cached (`insert`) or is taken back (`remove`), and asks it for victims.
+//! Every operation is O(1) (index-linked lists), because prefix hits on cached blocks sit
+//! on the lookup hot path.
+//!
+//! "Leaves first": among blocks cached at the same moment, the pool inserts a chain leaf
+//! first (`BlockPool::release` does it), so a leaf is always colder than its parent.
+//! Never: decide *whether* a block is evictable (the pool does), or read a clock.
+
+use super::list::IndexLists;
+use crate::ids::BlockId;
+use crate::phase::Phase;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::ops::ControlFlow;
+
+/// Where a block enters the eviction order.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Placement {
+    /// As the most recently used block: evicted last.
+    Hot,
+    /// As the coldest block of its class: evicted next (a block already copied to a lower
+    /// tier, say).
+    Cold,
+}
+
+/// An eviction order over cached blocks.
+pub trait EvictionPolicy: Send + fmt::Debug {
+    /// The policy's name in reports.
+    fn name(&self) -> &'static str;
+    /// `block` became cached with `phase`.
+    fn insert(&mut self, block: BlockId, phase: Phase, placement: Placement);
+    /// `block` stopped being cached (a prefix hit took it, or it was invalidated); false
+    /// if the policy did not hold it.
+    fn remove(&mut self, block: BlockId) -> bool;
+    /// Takes the block to evict next.
+    fn pop_victim(&mut self) -> Option<BlockId>;
+    /// Number of cached blocks held.
+    fn len(&self) -> usize;
+    /// Whether no cached block is held.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Calls `visit` on cached blocks in the order they would be evicted, until it
+    /// returns `ControlFlow::Break`.
+    fn visit_coldest(&self, visit: &mut dyn FnMut(BlockId) -> ControlFlow<()>);
+
+    /// Appends up to `limit` blocks to `out` in the order they would be evicted.
+    fn coldest(&self, limit: usize, out: &mut Vec<BlockId>) {
+        if limit == 0 {
+            return;
+        }
+        let mut left = limit;
+        self.visit_coldest(&mut |id| {
+            out.push(id);
+            left -= 1;
+            if left == 0 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+    }
+}
+
+/// Which policy a pool uses.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub enum EvictionPolicyKind {
+    /// Least recently used first, leaves first.
+    #[default]
+    Lru,
+    /// Phase classes coldest first (finished reasoning, then active reasoning, then
+    /// prompt and output), LRU within a class.
+    Priority,
+}
+
+impl EvictionPolicyKind {
+    /// A policy of this kind for a pool of `capacity` blocks.
+    pub fn build(self, capacity: usize) -> Box<dyn EvictionPolicy> {
+        match self {
+            EvictionPolicyKind::Lru => Box::new(LruPolicy::new(capacity)),
+            EvictionPolicyKind::Priority => Box::new(PriorityPolicy::new(capacity)),
+        }
+    }
+}
+
+/// Least recently used first; phases are ignored.
+#[derive(Debug, Clone)]
+pub struct LruPolicy {
+    lists: IndexLists,
+}
+
+impl LruPolicy {
+    /// An empty policy for blocks `0..capacity`.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            lists: IndexLists::new(capacity, 1),
+        }
+    }
+}
+
+impl EvictionPolicy for LruPolicy {
+    fn name(&self) -> &'static str {
+        "lru"
+    }
+
+    #[inline]
+    fn insert(&mut self, block: BlockId, _phase: Phase, placement: Placement) {
+        match placement {
+            Placement::Hot => self.lists.push_back(0, block.get()),
+            Placement::Cold => self.lists.push_front(0, block.get()),
+        }
+    }
+
+    #[inline]
+    fn remove(&mut self, block: BlockId) -> bool {
+        self.lists.remove(block.get())
+    }
+
+    #[inline]
+    fn pop_victim(&mut self) -> Option<BlockId> {
+        self.lists.pop_front(0).map(BlockId::new)
+    }
+
+    fn len(&self) -> usize {
+        self.lists.len(0)
+    }
+
+    fn visit_coldest(&self, visit: &mut dyn FnMut(BlockId) -> ControlFlow<()>) {
+        for node in self.lists.iter(0) {
+            if visit(BlockId::new(node)).is_break() {
+                return;
+            }
+        }
+    }
+}
+
+/// Phase-aware: every `ThinkComplete` block goes before any `ThinkActive` block, which
+/// goes before any `OutputCritical` block; LRU within a phase (seed 004: finished
+/// reasoning is known cold).
+#[derive(Debug, Clone)]
+pub struct PriorityPolicy {
+    lists: IndexLists,
+}
+
+impl PriorityPolicy {
+    /// An empty policy for blocks `0..capacity`.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            lists: IndexLists::new(capacity, Phase::COLDEST_FIRST.len()),
+        }
+    }
+}
+
+impl EvictionPolicy for PriorityPolicy {
+    fn name(&self) -> &'static str {
+        "priority"
+    }
+
+    #[inline]
+    fn insert(&mut self, block: BlockId, phase: Phase, placement: Placement) {
+        let list = phase.eviction_rank();
+        match placement {
+            Placement::Hot => self.lists.push_back(list, block.get()),
+            Placement::Cold => self.lists.push_front(list, block.get()),
+        }
+    }
+
+    #[inline]
+    fn remove(&mut self, block: BlockId) -> bool {
+        self.lists.remove(block.get())
+    }
+
+    #[inline]
+    fn pop_victim(&mut self) -> Option<BlockId> {
+        (0..Phase::COLDEST_FIRST.len())
+            .find_map(|list| self.lists.pop_front(list))
+            .map(BlockId::new)
+    }
+
+    fn len(&self) -> usize {
+        (0..Phase::COLDEST_FIRST.len())
+            .map(|list| self.lists.len(list))
+            .sum()
+    }
+
+    fn visit_coldest(&self, visit: &mut dyn FnMut(BlockId) -> ControlFlow<()>) {
+        for list in 0..Phase::COLDEST_FIRST.len() {
+            for node in self.lists.iter(list) {
+                if visit(BlockId::new(node)).is_break() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn victims(policy: &mut dyn EvictionPolicy) -> Vec<u32> {
+        std::iter::from_fn(|| policy.pop_victim())
+            .map(BlockId::get)
+            .collect()
+    }
+
+    #[test]
+    fn lru_evicts_least_recently_inserted_first_and_cold_placement_first_of_all() {
+        let mut lru = LruPolicy::new(8);
+        for b in [3, 1, 2] {
+            lru.insert(BlockId::new(b), Phase::OutputCritical, Placement::Hot);
+        }
+        lru.insert(BlockId::new(7), Phase::OutputCritical, Placement::Cold);
+        assert!(lru.remove(BlockId::new(1)));
+        let mut order = Vec::new();
+        lru.coldest(10, &mut order);
+        assert_eq!(
+            order,
+            vec![BlockId::new(7), BlockId::new(3), BlockId::new(2)]
+        );
+        assert_eq!(victims(&mut lru), vec![7, 3, 2]);
+        assert!(lru.is_empty());
+    }
+
+    #[test]
+    fn priority_evicts_finished_reasoning_before_anything_else() {
+        let mut policy = PriorityPolicy::new(8);
+        policy.insert(BlockId::new(0), Phase::OutputCritical, Placement::Hot);
+        policy.insert(BlockId::new(1), Phase::ThinkActive, Placement::Hot);
+        policy.insert(BlockId::new(2), Phase::ThinkComplete, Placement::Hot);
+        policy.insert(BlockId::new(3), Phase::ThinkComplete, Placement::Hot);
+        policy.insert(BlockId::new(4), Phase::OutputCritical, Placement::Cold);
+        assert_eq!(policy.len(), 5);
+        assert_eq!(victims(&mut policy), vec![2, 3, 1, 4, 0]);
+    }
+}

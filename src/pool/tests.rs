@@ -1,0 +1,344 @@
+//! Unit tests of the pool: allocation, registration, deduplication, lazy eviction,
+//! policies and events.
+
+use super::*;
+use crate::block::BlockState;
+use crate::events::KvCacheEventData;
+use crate::ids::LocalBlockHash;
+use crate::tokens::HashSeed;
+
+fn pool(capacity: usize, eviction: EvictionPolicyKind) -> BlockPool {
+    BlockPool::new(PoolConfig {
+        tier: Tier::Device,
+        capacity_blocks: capacity,
+        block_size_tokens: 4,
+        eviction,
+    })
+    .unwrap()
+}
+
+fn chain(n: u64) -> Vec<BlockIdentity> {
+    let locals: Vec<LocalBlockHash> = (0..n).map(|i| LocalBlockHash::new(1000 + i)).collect();
+    BlockIdentity::chain(&locals)
+}
+
+fn register_chain(pool: &BlockPool, identities: &[BlockIdentity]) -> Vec<ImmutableBlock> {
+    let blocks = pool.allocate(identities.len()).unwrap();
+    let complete = blocks
+        .into_iter()
+        .zip(identities)
+        .map(|(b, id)| b.apply_identity(*id))
+        .collect();
+    pool.register_chain(complete)
+}
+
+fn hashes(identities: &[BlockIdentity]) -> Vec<SequenceHash> {
+    identities.iter().map(|i| i.sequence_hash).collect()
+}
+
+#[test]
+fn rejects_degenerate_configs() {
+    let config = PoolConfig {
+        tier: Tier::Host,
+        capacity_blocks: 0,
+        block_size_tokens: 4,
+        eviction: EvictionPolicyKind::Lru,
+    };
+    assert_eq!(
+        BlockPool::new(config).unwrap_err(),
+        PoolConfigError::ZeroCapacity
+    );
+    let config = PoolConfig {
+        capacity_blocks: 1,
+        block_size_tokens: 0,
+        ..config
+    };
+    assert_eq!(
+        BlockPool::new(config).unwrap_err(),
+        PoolConfigError::ZeroBlockSize
+    );
+}
+
+#[test]
+fn dropping_a_mutable_block_returns_it_free() {
+    let pool = pool(4, EvictionPolicyKind::Lru);
+    let blocks = pool.allocate(3).unwrap();
+    assert_eq!(
+        pool.counts(),
+        PoolCounts {
+            capacity: 4,
+            free: 1,
+            cached: 0,
+            active: 3
+        }
+    );
+    assert_eq!(blocks[0].state(), BlockState::Reset);
+    drop(blocks);
+    assert_eq!(
+        pool.check_invariants(),
+        PoolCounts {
+            capacity: 4,
+            free: 4,
+            cached: 0,
+            active: 0
+        }
+    );
+}
+
+#[test]
+fn allocation_is_all_or_nothing() {
+    let pool = pool(2, EvictionPolicyKind::Lru);
+    let held = pool.allocate(1).unwrap();
+    let error = pool.allocate(2).unwrap_err();
+    assert_eq!(
+        error,
+        AllocError::Exhausted {
+            tier: Tier::Device,
+            requested: 2,
+            available: 1
+        }
+    );
+    assert_eq!(pool.counts().active, 1);
+    assert_eq!(pool.stats().failed_allocations, 1);
+    drop(held);
+}
+
+#[test]
+fn fills_commits_and_registers_a_block_from_tokens() {
+    let pool = pool(2, EvictionPolicyKind::Lru);
+    let mut partial = pool
+        .allocate_one()
+        .unwrap()
+        .init_sequence(None, HashSeed::default());
+    assert_eq!(partial.add_tokens(&[1, 2, 3]), 3);
+    let (mut partial, error) = partial.commit().unwrap_err();
+    assert!(matches!(
+        error,
+        crate::block::BlockError::NotFull {
+            tokens: 3,
+            block_size: 4
+        }
+    ));
+    assert_eq!(partial.add_tokens(&[4, 5]), 1);
+    let complete = partial.commit().unwrap();
+    assert_eq!(
+        complete.identity().sequence_hash.get(),
+        14643705804678351452
+    );
+    let registered = pool.register(complete);
+    assert!(pool.contains(registered.sequence_hash()));
+    assert_eq!(pool.counts().active, 1);
+    drop(registered);
+    assert_eq!(
+        pool.check_invariants(),
+        PoolCounts {
+            capacity: 2,
+            free: 1,
+            cached: 1,
+            active: 0
+        }
+    );
+}
+
+#[test]
+fn duplicate_registration_returns_the_existing_block_and_frees_the_new_one() {
+    let pool = pool(4, EvictionPolicyKind::Lru);
+    let ids = chain(1);
+    let first = register_chain(&pool, &ids);
+    let second = pool.allocate_one().unwrap().apply_identity(ids[0]);
+    let (dup, duplicate) = pool.register_reporting(second);
+    assert!(duplicate);
+    assert_eq!(dup.block_id(), first[0].block_id());
+    assert_eq!(
+        pool.snapshot().registered.get(&ids[0].sequence_hash),
+        Some(&2)
+    );
+    assert_eq!(
+        pool.check_invariants(),
+        PoolCounts {
+            capacity: 4,
+            free: 3,
+            cached: 0,
+            active: 1
+        }
+    );
+    let events = pool.take_events();
+    assert_eq!(
+        events.len(),
+        1,
+        "a duplicate is not stored twice: {events:?}"
+    );
+}
+
+#[test]
+fn cached_blocks_keep_their_hash_until_reused_and_then_emit_removed() {
+    let pool = pool(2, EvictionPolicyKind::Lru);
+    let ids = chain(2);
+    pool.release(register_chain(&pool, &ids));
+    assert_eq!(pool.counts().cached, 2);
+    // A late prefix hit on a cached block is free.
+    let hit = pool.match_prefix(&hashes(&ids));
+    assert_eq!(hit.len(), 2);
+    assert_eq!(pool.stats().hits_cached_blocks, 2);
+    pool.release(hit);
+    let _ = pool.take_events();
+    // Reuse evicts the leaf first: it was released first.
+    let reused = pool.allocate_one().unwrap();
+    assert!(!pool.contains(ids[1].sequence_hash));
+    assert!(pool.contains(ids[0].sequence_hash));
+    let events = pool.take_events();
+    assert_eq!(
+        events,
+        vec![KvCacheEventData::Removed {
+            block_hashes: vec![ids[1].sequence_hash],
+            tier: Tier::Device
+        }]
+    );
+    drop(reused);
+    pool.check_invariants();
+}
+
+#[test]
+fn evicts_lru_unreferenced_block_first() {
+    let pool = pool(3, EvictionPolicyKind::Lru);
+    let a = chain(1);
+    let b: Vec<BlockIdentity> = BlockIdentity::chain(&[LocalBlockHash::new(7)]).to_vec();
+    let c: Vec<BlockIdentity> = BlockIdentity::chain(&[LocalBlockHash::new(8)]).to_vec();
+    pool.release(register_chain(&pool, &a));
+    pool.release(register_chain(&pool, &b));
+    pool.release(register_chain(&pool, &c));
+    // Touch a: b is now the least recently used.
+    pool.release(pool.match_prefix(&hashes(&a)));
+    let _block = pool.allocate_one().unwrap();
+    assert!(!pool.contains(b[0].sequence_hash));
+    assert!(pool.contains(a[0].sequence_hash) && pool.contains(c[0].sequence_hash));
+}
+
+#[test]
+fn prefix_match_stops_at_the_first_miss() {
+    let pool = pool(4, EvictionPolicyKind::Lru);
+    let ids = chain(3);
+    let held = register_chain(&pool, &ids[..2]);
+    let found = pool.match_prefix(&hashes(&ids));
+    assert_eq!(found.len(), 2);
+    assert_eq!(pool.prefix_len(&hashes(&ids)), 2);
+    let missing_first = [ids[2].sequence_hash, ids[0].sequence_hash];
+    assert!(pool.match_prefix(&missing_first).is_empty());
+    drop((held, found));
+    assert_eq!(pool.check_invariants().cached, 2);
+}
+
+#[test]
+fn consecutive_registrations_of_a_chain_form_one_stored_event() {
+    let pool = pool(4, EvictionPolicyKind::Lru);
+    let ids = chain(3);
+    let _held = register_chain(&pool, &ids);
+    let events = pool.take_events();
+    assert_eq!(events.len(), 1);
+    match &events[0] {
+        KvCacheEventData::Stored {
+            parent_hash,
+            blocks,
+            tier,
+        } => {
+            assert_eq!(*parent_hash, None);
+            assert_eq!(*tier, Tier::Device);
+            assert_eq!(
+                blocks.iter().map(|b| b.block_hash).collect::<Vec<_>>(),
+                hashes(&ids)
+            );
+        }
+        other => panic!("expected Stored, got {other:?}"),
+    }
+}
+
+#[test]
+fn priority_policy_evicts_finished_reasoning_first() {
+    let pool = pool(3, EvictionPolicyKind::Priority);
+    let answer = BlockIdentity::chain(&[LocalBlockHash::new(1)]);
+    let think = BlockIdentity::chain(&[LocalBlockHash::new(2)]);
+    let newest = BlockIdentity::chain(&[LocalBlockHash::new(3)]);
+    pool.release(register_chain(&pool, &answer));
+    let think_blocks = register_chain(&pool, &think);
+    think_blocks[0].set_phase(Phase::ThinkComplete);
+    pool.release(think_blocks);
+    pool.release(register_chain(&pool, &newest));
+    // LRU alone would evict `answer`; the priority policy takes the finished reasoning.
+    let _block = pool.allocate_one().unwrap();
+    assert!(!pool.contains(think[0].sequence_hash));
+    assert!(pool.contains(answer[0].sequence_hash));
+    // Re-tagging a cached block moves it between classes.
+    assert_eq!(
+        pool.set_phase(&[newest[0].sequence_hash], Phase::ThinkComplete),
+        1
+    );
+    let _block2 = pool.allocate_one().unwrap();
+    assert!(!pool.contains(newest[0].sequence_hash));
+    pool.check_invariants();
+}
+
+#[test]
+fn cold_release_makes_a_block_the_next_victim() {
+    let pool = pool(2, EvictionPolicyKind::Lru);
+    let a = BlockIdentity::chain(&[LocalBlockHash::new(1)]);
+    let b = BlockIdentity::chain(&[LocalBlockHash::new(2)]);
+    pool.release(register_chain(&pool, &a));
+    let b_blocks = register_chain(&pool, &b);
+    pool.release_cold(b_blocks);
+    assert_eq!(
+        pool.coldest_cached(2)
+            .iter()
+            .map(|i| i.sequence_hash)
+            .collect::<Vec<_>>(),
+        vec![b[0].sequence_hash, a[0].sequence_hash]
+    );
+}
+
+#[test]
+fn reset_cache_refuses_while_blocks_are_referenced_then_forgets_everything() {
+    let pool = pool(3, EvictionPolicyKind::Lru);
+    let ids = chain(2);
+    let held = register_chain(&pool, &ids);
+    assert_eq!(pool.reset_cache(), Err(ResetError::InUse { referenced: 2 }));
+    pool.release(held);
+    let _ = pool.take_events();
+    assert_eq!(pool.reset_cache(), Ok(2));
+    assert!(!pool.contains(ids[0].sequence_hash));
+    assert_eq!(pool.take_events().len(), 1);
+    assert_eq!(pool.check_invariants().free, 3);
+}
+
+#[test]
+fn clones_share_a_reference_count() {
+    let pool = pool(2, EvictionPolicyKind::Lru);
+    let ids = chain(1);
+    let block = register_chain(&pool, &ids).pop().unwrap();
+    let clone = block.clone();
+    drop(block);
+    assert_eq!(pool.counts().active, 1);
+    drop(clone);
+    assert_eq!(pool.counts().cached, 1);
+    pool.check_invariants();
+}
+
+#[test]
+fn handles_dropped_on_other_threads_return_their_blocks() {
+    let pool = pool(8, EvictionPolicyKind::Lru);
+    let ids = chain(4);
+    let registered = register_chain(&pool, &ids);
+    let mutable = pool.allocate(4).unwrap();
+    let worker = std::thread::spawn(move || {
+        drop(registered);
+        drop(mutable);
+    });
+    worker.join().unwrap();
+    assert_eq!(
+        pool.check_invariants(),
+        PoolCounts {
+            capacity: 8,
+            free: 4,
+            cached: 4,
+            active: 0
+        }
+    );
+}

@@ -1,0 +1,3 @@
+//! The `kvtwin` command line (thin until the front-end issue lands).
+
+fn main() {}
