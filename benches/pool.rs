@@ -9,6 +9,9 @@
 //!
 //! Inputs are fixed; run with `cargo bench --bench pool`.
 
+// criterion's group macros generate undocumented public functions.
+#![allow(missing_docs)]
+
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kvtwin::block::BlockIdentity;
 use kvtwin::ids::{LocalBlockHash, SequenceHash};
