@@ -18,6 +18,7 @@ pub mod events;
 pub mod fabric;
 pub mod hardware;
 pub mod ids;
+pub mod layout;
 pub mod manager;
 pub mod phase;
 pub mod pool;
