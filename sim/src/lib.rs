@@ -1,1 +1,20 @@
-//! kvtwin-sim (thin until its issue lands).
+//! kvtwin-sim: the deterministic discrete-event simulator around kvtwin's core.
+//!
+//! The same `Manager`, pools and events as the real backend run here on a
+//! [`hardware::SimHardware`] that completes transfers when their modelled time comes.
+//! Owns: the event queue ([`engine`]), the hardware model ([`hardware`]), workloads
+//! ([`workload`]: synthetic conversations and Mooncake traces), scenarios ([`scenario`],
+//! RON), the single-worker run loop and its report ([`run`]), and trace replay through
+//! one pool for cache sizing ([`cache`]).
+//!
+//! Invariant: a scenario and a seed fully determine a run: no wall clock, no unseeded
+//! randomness, ordered maps wherever iteration order is observable. Latencies it prints
+//! are predictions of the model, not measurements.
+//! Never: be a dependency of `kvtwin` itself.
+
+pub mod cache;
+pub mod engine;
+pub mod hardware;
+pub mod run;
+pub mod scenario;
+pub mod workload;

@@ -1,3 +1,195 @@
-//! The `kvtwin` command line (thin until the front-end issue lands).
+//! `kvtwin`: the command line.
+//!
+//! `kvtwin` alone (what `cargo run --release` runs) simulates `scenarios/default.ron` and
+//! prints its report; `kvtwin run` takes another scenario, seed or trace; `kvtwin cache`
+//! answers "how big must the cache be for this trace?". All logic lives in the libraries.
 
-fn main() {}
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use kvtwin::pool::EvictionPolicyKind;
+use kvtwin_sim::cache;
+use kvtwin_sim::run::simulate;
+use kvtwin_sim::scenario::{Scenario, WorkloadSpec};
+use kvtwin_sim::workload::{read_mooncake_trace, Request};
+use std::path::{Path, PathBuf};
+
+const DEFAULT_SCENARIO: &str = "scenarios/default.ron";
+
+#[derive(Parser)]
+#[command(
+    name = "kvtwin",
+    version,
+    about = "KV-cache block manager and digital twin of an LLM serving cluster"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Simulate a scenario and print its report.
+    Run {
+        /// The scenario file.
+        #[arg(default_value = DEFAULT_SCENARIO)]
+        scenario: PathBuf,
+        /// Replaces the scenario's seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Replaces the workload with a Mooncake-format trace.
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Also writes the report as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Replay a trace through one cache of each capacity and print the hit ratios.
+    Cache {
+        /// A Mooncake-format trace.
+        #[arg(long)]
+        trace: PathBuf,
+        /// Capacities to try, in blocks, comma separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        capacity_blocks: Vec<usize>,
+        /// Tokens per block.
+        #[arg(long, default_value_t = 512)]
+        block_tokens: usize,
+        /// Eviction policy.
+        #[arg(long, value_enum, default_value_t = Policy::Lru)]
+        policy: Policy,
+        /// Prints one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Policy {
+    Lru,
+    Priority,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run {
+        scenario: PathBuf::from(DEFAULT_SCENARIO),
+        seed: None,
+        trace: None,
+        json: None,
+    }) {
+        Command::Run {
+            scenario,
+            seed,
+            trace,
+            json,
+        } => run(&scenario, seed, trace, json),
+        Command::Cache {
+            trace,
+            capacity_blocks,
+            block_tokens,
+            policy,
+            json,
+        } => cache_sizes(&trace, &capacity_blocks, block_tokens, policy, json),
+    }
+}
+
+fn load_requests(
+    scenario: &Scenario,
+    scenario_path: &Path,
+    trace: Option<PathBuf>,
+) -> Result<Vec<Request>> {
+    if let Some(trace) = trace {
+        return read_mooncake_trace(&trace)
+            .with_context(|| format!("reading trace {}", trace.display()));
+    }
+    match &scenario.workload {
+        WorkloadSpec::Conversations(spec) => {
+            Ok(spec.generate(scenario.seed, scenario.worker.block_size_tokens))
+        }
+        WorkloadSpec::MooncakeTrace { path } => {
+            let path = scenario_path.parent().unwrap_or(Path::new(".")).join(path);
+            read_mooncake_trace(&path).with_context(|| format!("reading trace {}", path.display()))
+        }
+    }
+}
+
+fn run(
+    path: &Path,
+    seed: Option<u64>,
+    trace: Option<PathBuf>,
+    json: Option<PathBuf>,
+) -> Result<()> {
+    let mut scenario = Scenario::load(path).with_context(|| {
+        if path == Path::new(DEFAULT_SCENARIO) {
+            "run kvtwin from the repository root, or name a scenario: kvtwin run FILE".to_string()
+        } else {
+            format!("loading scenario {}", path.display())
+        }
+    })?;
+    if let Some(seed) = seed {
+        scenario.seed = seed;
+    }
+    let requests = load_requests(&scenario, path, trace)?;
+    eprintln!(
+        "kvtwin: simulating {} requests of {} ({})",
+        requests.len(),
+        scenario.name,
+        path.display()
+    );
+    let report = simulate(&scenario, &requests).context("building the worker")?;
+    println!("{report}");
+    if let Some(json) = json {
+        std::fs::write(&json, report.to_json() + "\n")
+            .with_context(|| format!("writing {}", json.display()))?;
+    }
+    if !report.events.rebuild_matches_pools {
+        bail!("invariant broken: replaying the events did not rebuild the pools' registries");
+    }
+    Ok(())
+}
+
+fn cache_sizes(
+    trace: &Path,
+    capacities: &[usize],
+    block_tokens: usize,
+    policy: Policy,
+    json: bool,
+) -> Result<()> {
+    let requests =
+        read_mooncake_trace(trace).with_context(|| format!("reading trace {}", trace.display()))?;
+    let eviction = match policy {
+        Policy::Lru => EvictionPolicyKind::Lru,
+        Policy::Priority => EvictionPolicyKind::Priority,
+    };
+    let mut rows = Vec::with_capacity(capacities.len());
+    for &capacity in capacities {
+        rows.push(
+            cache::replay(&requests, capacity, block_tokens, eviction)
+                .with_context(|| format!("capacity {capacity}"))?,
+        );
+    }
+    if json {
+        let rows: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{{\"capacity_blocks\":{},\"hit_blocks\":{:.6},\"hit_tokens\":{:.6}}}",
+                    r.capacity_blocks, r.hit_blocks, r.hit_tokens
+                )
+            })
+            .collect();
+        println!("{{\"rows\":[{}]}}", rows.join(","));
+    } else {
+        println!(
+            "{:>15} {:>10} {:>10}",
+            "capacity_blocks", "hit_blocks", "hit_tokens"
+        );
+        for row in rows {
+            println!(
+                "{:>15} {:>10.4} {:>10.4}",
+                row.capacity_blocks, row.hit_blocks, row.hit_tokens
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! Scenarios: everything a run needs, in one RON file.
+//!
+//! Owns: [`Scenario`] and its parts, strict parsing (`deny_unknown_fields`: a misspelt
+//! field is an error, not a default) and [`ScenarioError`], which names the file, the
+//! line and column, and what was wrong there.
+//! Never: run anything.
+
+use crate::hardware::HardwareProfile;
+use crate::workload::ConversationSpec;
+use kvtwin::ids::WorkerId;
+use kvtwin::manager::{ManagerConfig, ManagerConfigError, OnboardPolicy, TierConfig};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// One simulated worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSpec {
+    /// Tokens per block.
+    pub block_size_tokens: usize,
+    /// Bytes of one block (all layers).
+    pub bytes_per_block: u64,
+    /// Tiers, fastest first.
+    pub tiers: Vec<TierConfig>,
+    /// When lower-tier hits are onboarded.
+    pub onboard: OnboardPolicy,
+    /// Transfers in flight at most.
+    pub max_inflight_transfers: usize,
+}
+
+impl WorkerSpec {
+    /// The manager configuration of this worker.
+    pub fn manager_config(&self) -> ManagerConfig {
+        ManagerConfig {
+            worker_id: WorkerId::new(0),
+            dp_rank: 0,
+            block_size_tokens: self.block_size_tokens,
+            bytes_per_block: self.bytes_per_block,
+            tiers: self.tiers.clone(),
+            onboard: self.onboard,
+            max_inflight_transfers: self.max_inflight_transfers,
+        }
+    }
+}
+
+/// Where the requests come from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkloadSpec {
+    /// Synthetic multi-turn conversations.
+    Conversations(ConversationSpec),
+    /// A Mooncake-format trace; a relative path is taken from the scenario's folder.
+    MooncakeTrace {
+        /// The trace file.
+        path: PathBuf,
+    },
+}
+
+/// A simulation input.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Name for reports.
+    pub name: String,
+    /// The run's one seed.
+    pub seed: u64,
+    /// The node.
+    pub hardware: HardwareProfile,
+    /// The worker.
+    pub worker: WorkerSpec,
+    /// The requests.
+    pub workload: WorkloadSpec,
+}
+
+/// A scenario could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScenarioError {
+    /// The file could not be read.
+    #[error("{path}: {source}", path = path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The RON is malformed or does not fit the scenario's shape.
+    #[error("{path}:{line}:{column}: {source}", path = path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// What was wrong (names the field for unknown or missing fields).
+        source: ron::error::Error,
+    },
+    /// The worker configuration is not runnable.
+    #[error("{path}: worker: {source}", path = path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: ManagerConfigError,
+    },
+}
+
+impl Scenario {
+    /// Reads and validates the scenario at `path`.
+    pub fn load(path: &Path) -> Result<Self, ScenarioError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates scenario text; `path` is for error messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ScenarioError> {
+        let scenario: Scenario = ron::from_str(text).map_err(|error| ScenarioError::Parse {
+            path: path.to_owned(),
+            line: error.position.line,
+            column: error.position.col,
+            source: error.code,
+        })?;
+        scenario
+            .worker
+            .manager_config()
+            .validate()
+            .map_err(|source| ScenarioError::Invalid {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(scenario)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"(
+        name: "t",
+        seed: 1,
+        hardware: (
+            name: "h", pcie_bytes_per_s: 1, pcie_latency_ns: 1, nvme_read_bytes_per_s: 1,
+            nvme_write_bytes_per_s: 1, nvme_latency_ns: 1, nic_bytes_per_s: 1,
+            nic_latency_ns: 1, prefill_ns_per_token: 1, decode_ns_per_token: 1,
+            max_inflight_transfers: 4,
+        ),
+        worker: (
+            block_size_tokens: 16, bytes_per_block: 1024, onboard: CostAware,
+            max_inflight_transfers: 4,
+            tiers: [(tier: Device, capacity_blocks: 8)],
+        ),
+        workload: MooncakeTrace(path: "trace.jsonl"),
+    )"#;
+
+    #[test]
+    fn a_valid_scenario_parses() {
+        let scenario = Scenario::parse(GOOD, Path::new("good.ron")).unwrap();
+        assert_eq!(scenario.worker.tiers[0].capacity_blocks, 8);
+    }
+
+    #[test]
+    fn an_unknown_field_is_an_error_naming_file_line_and_field() {
+        let text = GOOD.replace("seed: 1,", "seed: 1,\n        sede: 2,");
+        let error = Scenario::parse(&text, Path::new("typo.ron")).unwrap_err();
+        let message = error.to_string();
+        assert!(message.starts_with("typo.ron:4:"), "{message}");
+        assert!(message.contains("sede"), "{message}");
+    }
+
+    #[test]
+    fn an_unrunnable_worker_is_an_error() {
+        let text = GOOD.replace("tier: Device", "tier: Host");
+        let error = Scenario::parse(&text, Path::new("bad.ron")).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                ScenarioError::Invalid {
+                    source: ManagerConfigError::NoDeviceTier,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+    }
+}

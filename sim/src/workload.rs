@@ -1,0 +1,251 @@
+//! Workloads: the requests a run replays.
+//!
+//! Owns: [`Request`], the synthetic multi-turn conversation generator
+//! ([`ConversationSpec`]) and the Mooncake trace reader ([`read_mooncake_trace`]).
+//! Synthetic workloads draw from one ChaCha stream seeded by the run seed, so the same
+//! seed gives the same requests. In a Mooncake trace each hash id is a 512-token block and
+//! equal ids at one position mean an identical prefix, so the ids serve as sequence hashes.
+//! Never: read a clock, or iterate anything unordered.
+
+use kvtwin::block::BlockIdentity;
+use kvtwin::ids::{LocalBlockHash, RequestId, SequenceHash, Timestamp};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// One inference request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Its id (arrival order).
+    pub id: RequestId,
+    /// When it arrives.
+    pub arrival: Timestamp,
+    /// Its prompt's full blocks, first block first.
+    pub blocks: Vec<BlockIdentity>,
+    /// Prompt tokens (the last block may be partial, so this can exceed blocks × size).
+    pub input_tokens: u64,
+    /// Tokens to generate.
+    pub output_tokens: u64,
+}
+
+/// Multi-turn conversations sharing a few system prompts: each conversation starts at a
+/// Poisson arrival, every turn resends the whole history plus a new user message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConversationSpec {
+    /// Conversations in the run.
+    pub conversations: u32,
+    /// Distinct system prompts they share.
+    pub system_prompts: u32,
+    /// Blocks of each system prompt.
+    pub system_prompt_blocks: u32,
+    /// Turns per conversation, inclusive range.
+    pub turns: (u32, u32),
+    /// New blocks per turn (user message plus the previous answer), inclusive range.
+    pub blocks_per_turn: (u32, u32),
+    /// Tokens generated per turn, inclusive range.
+    pub output_tokens: (u32, u32),
+    /// Mean time between conversation starts.
+    pub mean_interarrival_ms: u64,
+    /// Mean time between a conversation's turns.
+    pub mean_think_time_ms: u64,
+}
+
+fn exponential_ns(rng: &mut ChaCha8Rng, mean_ms: u64) -> u64 {
+    // Inverse CDF of the exponential distribution; 1 - u is in (0, 1].
+    let u: f64 = rng.gen();
+    let sample = -(1.0 - u).ln() * mean_ms as f64 * 1e6;
+    sample.min(u64::MAX as f64 / 4.0) as u64
+}
+
+fn range(rng: &mut ChaCha8Rng, (low, high): (u32, u32)) -> u32 {
+    rng.gen_range(low.min(high)..=high.max(low))
+}
+
+impl ConversationSpec {
+    /// The requests, ordered by arrival (ties by conversation, then turn).
+    pub fn generate(&self, seed: u64, block_size_tokens: usize) -> Vec<Request> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let prompts: Vec<Vec<BlockIdentity>> = (0..self.system_prompts.max(1))
+            .map(|p| {
+                let locals: Vec<LocalBlockHash> = (0..self.system_prompt_blocks)
+                    .map(|i| LocalBlockHash::new((u64::from(p) << 32) | u64::from(i)))
+                    .collect();
+                BlockIdentity::chain(&locals)
+            })
+            .collect();
+        let mut next_local = 1u64 << 48;
+        let mut requests = Vec::new();
+        let mut start_ns = 0u64;
+        for _ in 0..self.conversations {
+            start_ns += exponential_ns(&mut rng, self.mean_interarrival_ms);
+            let prompt = &prompts[rng.gen_range(0..prompts.len())];
+            let mut history = prompt.clone();
+            let mut at = start_ns;
+            for turn in 0..range(&mut rng, self.turns) {
+                if turn > 0 {
+                    at += exponential_ns(&mut rng, self.mean_think_time_ms);
+                }
+                for _ in 0..range(&mut rng, self.blocks_per_turn) {
+                    let next =
+                        BlockIdentity::chained(history.last(), LocalBlockHash::new(next_local));
+                    next_local += 1;
+                    history.push(next);
+                }
+                let input_tokens = (history.len() * block_size_tokens) as u64;
+                let output_tokens = u64::from(range(&mut rng, self.output_tokens));
+                requests.push((
+                    at,
+                    Request {
+                        id: RequestId::new(0),
+                        arrival: Timestamp::from_nanos(at),
+                        blocks: history.clone(),
+                        input_tokens,
+                        output_tokens,
+                    },
+                ));
+            }
+        }
+        requests.sort_by_key(|(at, _)| *at);
+        requests
+            .into_iter()
+            .enumerate()
+            .map(|(i, (_, mut request))| {
+                request.id = RequestId::new(i as u64);
+                request
+            })
+            .collect()
+    }
+}
+
+/// A trace could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TraceError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A line is not a trace record.
+    #[error("{path}:{line}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// Why.
+        source: serde_json::Error,
+    },
+}
+
+#[derive(Deserialize)]
+struct MooncakeRecord {
+    timestamp: u64,
+    input_length: u64,
+    output_length: u64,
+    hash_ids: Vec<u64>,
+}
+
+/// Reads a Mooncake-format trace (JSON lines of `timestamp` in ms, `input_length`,
+/// `output_length`, `hash_ids`). Blank lines are skipped; any other bad line is an error
+/// naming it.
+pub fn read_mooncake_trace(path: &Path) -> Result<Vec<Request>, TraceError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut requests = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let record: MooncakeRecord =
+            serde_json::from_str(line).map_err(|source| TraceError::Parse {
+                path: path.to_owned(),
+                line: index + 1,
+                source,
+            })?;
+        let mut blocks: Vec<BlockIdentity> = Vec::with_capacity(record.hash_ids.len());
+        for (position, id) in record.hash_ids.iter().enumerate() {
+            blocks.push(BlockIdentity {
+                sequence_hash: SequenceHash::new(*id),
+                local_hash: LocalBlockHash::new(*id),
+                parent: blocks.last().map(|b| b.sequence_hash),
+                position: position as u32,
+            });
+        }
+        requests.push(Request {
+            id: RequestId::new(requests.len() as u64),
+            arrival: Timestamp::from_nanos(record.timestamp.saturating_mul(1_000_000)),
+            blocks,
+            input_tokens: record.input_length,
+            output_tokens: record.output_length,
+        });
+    }
+    Ok(requests)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> ConversationSpec {
+        ConversationSpec {
+            conversations: 20,
+            system_prompts: 3,
+            system_prompt_blocks: 4,
+            turns: (1, 4),
+            blocks_per_turn: (1, 3),
+            output_tokens: (10, 100),
+            mean_interarrival_ms: 100,
+            mean_think_time_ms: 1_000,
+        }
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_requests_and_another_seed_does_not() {
+        assert_eq!(spec().generate(7, 16), spec().generate(7, 16));
+        assert_ne!(spec().generate(7, 16), spec().generate(8, 16));
+    }
+
+    #[test]
+    fn conversations_share_system_prompts_and_grow_their_history() {
+        let requests = spec().generate(1, 16);
+        assert!(requests.windows(2).all(|w| w[0].arrival <= w[1].arrival));
+        let first_blocks: std::collections::BTreeSet<_> =
+            requests.iter().map(|r| r.blocks[0].sequence_hash).collect();
+        assert!(first_blocks.len() <= 3);
+        for request in &requests {
+            for pair in request.blocks.windows(2) {
+                assert_eq!(pair[1].parent, Some(pair[0].sequence_hash));
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_trace_line_is_an_error_naming_the_line() {
+        let dir = std::env::temp_dir().join(format!("kvtwin-trace-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.jsonl");
+        std::fs::write(&path, "{\"timestamp\":0,\"input_length\":600,\"output_length\":5,\"hash_ids\":[1,2]}\n\nnot json\n").unwrap();
+        let error = read_mooncake_trace(&path).unwrap_err();
+        assert!(
+            matches!(error, TraceError::Parse { line: 3, .. }),
+            "{error}"
+        );
+        std::fs::write(
+            &path,
+            "{\"timestamp\":2,\"input_length\":600,\"output_length\":5,\"hash_ids\":[1,2]}\n",
+        )
+        .unwrap();
+        let requests = read_mooncake_trace(&path).unwrap();
+        assert_eq!(requests[0].blocks[1].parent, Some(SequenceHash::new(1)));
+        assert_eq!(requests[0].arrival, Timestamp::from_nanos(2_000_000));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
