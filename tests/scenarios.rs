@@ -10,19 +10,39 @@ use kvtwin_sim::scenario::{Scenario, WorkloadSpec};
 #[test]
 fn every_scenario_runs_to_completion_and_its_events_rebuild_the_pools() {
     let dir = common::repo_root().join("scenarios");
-    let mut paths: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "ron")).collect();
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "ron"))
+        .collect();
     paths.sort();
     assert!(!paths.is_empty(), "no scenarios in {}", dir.display());
     for path in paths {
         let scenario = Scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
         let WorkloadSpec::Conversations(spec) = &scenario.workload else {
-            eprintln!("{}: trace workloads are replayed by the trace tests", path.display());
+            eprintln!(
+                "{}: trace workloads are replayed by the trace tests",
+                path.display()
+            );
             continue;
         };
         let requests = spec.generate(scenario.seed, scenario.worker.block_size_tokens);
         let report = simulate(&scenario, &requests).unwrap();
-        assert_eq!(report.completed + report.rejected_too_large, report.requests, "{}", path.display());
-        assert!(report.events.rebuild_matches_pools, "{}: events do not rebuild the pools", path.display());
-        assert!(report.blocks.total > 0, "{}: nothing was served", path.display());
+        assert_eq!(
+            report.completed + report.rejected_too_large,
+            report.requests,
+            "{}",
+            path.display()
+        );
+        assert!(
+            report.events.rebuild_matches_pools,
+            "{}: events do not rebuild the pools",
+            path.display()
+        );
+        assert!(
+            report.blocks.total > 0,
+            "{}: nothing was served",
+            path.display()
+        );
     }
 }

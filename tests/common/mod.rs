@@ -14,7 +14,10 @@ pub fn shared_dir(what: &str) -> Option<PathBuf> {
     if shared.is_dir() {
         return Some(shared);
     }
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true but ../shared is missing; {what} needs it");
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true but ../shared is missing; {what} needs it"
+    );
     eprintln!("skipping {what}: ../shared is not beside the repository");
     None
 }
