@@ -6,7 +6,9 @@
 //! - `lookup/{referenced,cached}/N`: `match_prefix` of N blocks that are still referenced
 //!   elsewhere, or only cached (refcount 0, in the LRU list). Only the lookup is timed;
 //!   the release that makes the next iteration find them cached again is not;
-//! - `lookup_release/cached/N`: lookup plus the leaf-first release, both timed.
+//! - `lookup_release/{referenced,cached}/N`: lookup plus the batch leaf-first release;
+//! - `lookup_drop/{referenced,cached}/N`: lookup plus a plain drop of the handles (the
+//!   shape of kvbm-logical's `match_blocks_*_hit` benchmarks).
 //!
 //! Inputs are fixed; run with `cargo bench --bench pool`.
 
@@ -116,16 +118,37 @@ fn bench_lookup(c: &mut Criterion) {
     }
     group.finish();
 
-    let mut group = c.benchmark_group("lookup_release");
-    for len in [8usize, 32, 128] {
-        group.throughput(Throughput::Elements(len as u64));
-        let pool = pool(4096);
-        let hashes = cached_chain(&pool, len, 0x5eed);
-        group.bench_with_input(BenchmarkId::new("cached", len), &hashes, |b, hashes| {
-            b.iter(|| pool.release(pool.match_prefix(black_box(hashes))))
-        });
+    // Lookup plus letting go, both timed: with the batch `release` (one lock, leaf
+    // first), and by plain `drop` of the returned Vec (one lock per handle), which is how
+    // kvbm-logical's `match_blocks` benchmarks measure it.
+    for (name, batch) in [("lookup_release", true), ("lookup_drop", false)] {
+        let mut group = c.benchmark_group(name);
+        for len in [8usize, 32, 128] {
+            group.throughput(Throughput::Elements(len as u64));
+            for referenced in [true, false] {
+                let pool = pool(4096);
+                let hashes = cached_chain(&pool, len, 0x5eed);
+                let holders = if referenced {
+                    pool.match_prefix(&hashes)
+                } else {
+                    Vec::new()
+                };
+                let id = BenchmarkId::new(if referenced { "referenced" } else { "cached" }, len);
+                group.bench_with_input(id, &hashes, |b, hashes| {
+                    b.iter(|| {
+                        let found = pool.match_prefix(black_box(hashes));
+                        if batch {
+                            pool.release(found);
+                        } else {
+                            drop(found);
+                        }
+                    })
+                });
+                drop(holders);
+            }
+        }
+        group.finish();
     }
-    group.finish();
 }
 
 criterion_group!(benches, bench_cycle, bench_lookup);

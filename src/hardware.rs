@@ -14,6 +14,7 @@
 use crate::fabric::Fabric;
 use crate::ids::{BlockId, Timestamp, TransferId};
 use crate::tier::Tier;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// A source of time. Only drivers and backends hold one; the core is handed `now`.
@@ -85,6 +86,77 @@ pub enum TransferError {
         /// The tier the bad bytes came from.
         tier: Tier,
     },
+}
+
+/// Transfers in flight ordered by their deadline: the bookkeeping every `Hardware` that
+/// knows its deadlines (the simulator, `TestHardware`) needs. Ids are unique; completions
+/// pop in deadline order, ties in submission order.
+#[derive(Clone, Debug, Default)]
+pub struct DeadlineQueue {
+    pending: BTreeSet<(Timestamp, TransferId)>,
+    next_id: u64,
+    max_in_flight: usize,
+}
+
+impl DeadlineQueue {
+    /// An empty queue admitting at most `max_in_flight` transfers.
+    pub fn new(max_in_flight: usize) -> Self {
+        Self {
+            pending: BTreeSet::new(),
+            next_id: 0,
+            max_in_flight,
+        }
+    }
+
+    /// Checks `request` against the contract (pairwise non-empty block lists) and the
+    /// bound, before the hardware models it.
+    pub fn admit(&self, request: &TransferRequest) -> Result<(), SubmitError> {
+        if request.src_blocks.len() != request.dst_blocks.len() || request.src_blocks.is_empty() {
+            return Err(SubmitError::Malformed {
+                src: request.src_blocks.len(),
+                dst: request.dst_blocks.len(),
+            });
+        }
+        if self.pending.len() >= self.max_in_flight {
+            return Err(SubmitError::QueueFull {
+                depth: self.pending.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Records an admitted transfer that finishes at `deadline`.
+    pub fn push(&mut self, deadline: Timestamp) -> TransferId {
+        let id = TransferId::new(self.next_id);
+        self.next_id += 1;
+        self.pending.insert((deadline, id));
+        id
+    }
+
+    /// The earliest transfer due by `now`, removed.
+    pub fn pop_due(&mut self, now: Timestamp) -> Option<TransferId> {
+        let &(deadline, id) = self.pending.first()?;
+        if deadline > now {
+            return None;
+        }
+        self.pending.remove(&(deadline, id));
+        Some(id)
+    }
+
+    /// When the earliest transfer is due.
+    pub fn next_deadline(&self) -> Option<Timestamp> {
+        self.pending.first().map(|(deadline, _)| *deadline)
+    }
+
+    /// Transfers in flight.
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Whether nothing is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
 }
 
 /// Disk-tier storage: extents of bytes with explicit durability (redb's

@@ -9,12 +9,13 @@
 
 use crate::fabric::InProcessFabric;
 use crate::hardware::{
-    Clock, Completion, Hardware, MemoryStorage, SubmitError, TransferError, TransferRequest,
+    Clock, Completion, DeadlineQueue, Hardware, MemoryStorage, SubmitError, TransferError,
+    TransferRequest,
 };
 use crate::ids::{Timestamp, TransferId};
 use crate::tier::Tier;
 use std::cell::Cell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// A clock that shows what it was last set to.
@@ -52,12 +53,9 @@ pub struct TestHardware {
     clock: ManualClock,
     fabric: InProcessFabric,
     storage: MemoryStorage,
-    next_id: u64,
-    // (deadline, id) orders completions by time, then by submission.
-    pending: BTreeSet<(Timestamp, TransferId)>,
+    queue: DeadlineQueue,
     outcomes: BTreeMap<TransferId, Result<(), TransferError>>,
     fail_next: usize,
-    max_in_flight: usize,
     submitted: Vec<TransferRequest>,
     transfer_cost_per_block: [Duration; 4],
     recompute_cost_per_block: Duration,
@@ -73,11 +71,9 @@ impl TestHardware {
             clock: ManualClock::default(),
             fabric: InProcessFabric::new(64 << 20),
             storage: MemoryStorage::new(),
-            next_id: 0,
-            pending: BTreeSet::new(),
+            queue: DeadlineQueue::new(1024),
             outcomes: BTreeMap::new(),
             fail_next: 0,
-            max_in_flight: 1024,
             submitted: Vec::new(),
             transfer_cost_per_block: [Duration::from_micros(1); 4],
             recompute_cost_per_block: Duration::from_micros(10),
@@ -106,7 +102,7 @@ impl TestHardware {
 
     /// Bounds the transfers in flight (beyond it `submit` answers `QueueFull`).
     pub fn with_max_in_flight(mut self, max: usize) -> Self {
-        self.max_in_flight = max;
+        self.queue = DeadlineQueue::new(max);
         self
     }
 
@@ -122,7 +118,7 @@ impl TestHardware {
 
     /// Transfers not yet completed.
     pub fn in_flight(&self) -> usize {
-        self.pending.len()
+        self.queue.len()
     }
 }
 
@@ -148,19 +144,7 @@ impl Hardware for TestHardware {
         request: TransferRequest,
         now: Timestamp,
     ) -> Result<TransferId, SubmitError> {
-        if request.src_blocks.len() != request.dst_blocks.len() || request.src_blocks.is_empty() {
-            return Err(SubmitError::Malformed {
-                src: request.src_blocks.len(),
-                dst: request.dst_blocks.len(),
-            });
-        }
-        if self.pending.len() >= self.max_in_flight {
-            return Err(SubmitError::QueueFull {
-                depth: self.pending.len(),
-            });
-        }
-        let id = TransferId::new(self.next_id);
-        self.next_id += 1;
+        self.queue.admit(&request)?;
         let deadline = match self.timing {
             TransferTiming::Instant => now,
             TransferTiming::Fixed(span) => now.saturating_add(span),
@@ -173,24 +157,20 @@ impl Hardware for TestHardware {
         } else {
             Ok(())
         };
-        self.pending.insert((deadline, id));
+        let id = self.queue.push(deadline);
         self.outcomes.insert(id, outcome);
         self.submitted.push(request);
         Ok(id)
     }
 
     fn poll_completion(&mut self, now: Timestamp) -> Option<Completion> {
-        let &(deadline, id) = self.pending.first()?;
-        if deadline > now {
-            return None;
-        }
-        self.pending.remove(&(deadline, id));
+        let id = self.queue.pop_due(now)?;
         let result = self.outcomes.remove(&id).unwrap_or(Ok(()));
         Some(Completion { id, result })
     }
 
     fn next_deadline(&self) -> Option<Timestamp> {
-        self.pending.first().map(|(deadline, _)| *deadline)
+        self.queue.next_deadline()
     }
 
     fn estimate_transfer(&self, src: Tier, _dst: Tier, bytes: u64) -> Duration {

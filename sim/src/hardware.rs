@@ -10,12 +10,13 @@
 //! Never: read a wall clock; every deadline derives from `now` arguments.
 
 use kvtwin::fabric::InProcessFabric;
-use kvtwin::hardware::{Clock, Completion, Hardware, MemoryStorage, SubmitError, TransferRequest};
+use kvtwin::hardware::{
+    Clock, Completion, DeadlineQueue, Hardware, MemoryStorage, SubmitError, TransferRequest,
+};
 use kvtwin::ids::{Timestamp, TransferId};
 use kvtwin::tier::Tier;
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// Bandwidths (bytes per second), latencies (nanoseconds) and compute costs of one
@@ -152,13 +153,13 @@ pub struct SimHardware {
     storage: MemoryStorage,
     busy_until: [Timestamp; 6],
     usage: [LinkUsage; 6],
-    pending: BTreeSet<(Timestamp, TransferId)>,
-    next_id: u64,
+    queue: DeadlineQueue,
 }
 
 impl SimHardware {
     /// A node with `profile`, for blocks of `block_size_tokens` tokens.
     pub fn new(profile: HardwareProfile, block_size_tokens: usize) -> Self {
+        let queue = DeadlineQueue::new(profile.max_inflight_transfers);
         Self {
             profile,
             block_size_tokens: block_size_tokens as u64,
@@ -167,8 +168,7 @@ impl SimHardware {
             storage: MemoryStorage::new(),
             busy_until: [Timestamp::ZERO; 6],
             usage: [LinkUsage::default(); 6],
-            pending: BTreeSet::new(),
-            next_id: 0,
+            queue,
         }
     }
 
@@ -238,17 +238,7 @@ impl Hardware for SimHardware {
         request: TransferRequest,
         now: Timestamp,
     ) -> Result<TransferId, SubmitError> {
-        if request.src_blocks.len() != request.dst_blocks.len() || request.src_blocks.is_empty() {
-            return Err(SubmitError::Malformed {
-                src: request.src_blocks.len(),
-                dst: request.dst_blocks.len(),
-            });
-        }
-        if self.pending.len() >= self.profile.max_inflight_transfers {
-            return Err(SubmitError::QueueFull {
-                depth: self.pending.len(),
-            });
-        }
+        self.queue.admit(&request)?;
         let links = path(request.src_tier, request.dst_tier);
         let (latency, wire) = self.spans(&links, request.bytes);
         // First come, first served: start when every link on the path is free.
@@ -264,23 +254,17 @@ impl Hardware for SimHardware {
             usage.busy_ns += wire.as_nanos() as u64;
             usage.transfers += 1;
         }
-        let id = TransferId::new(self.next_id);
-        self.next_id += 1;
-        self.pending.insert((wire_done.saturating_add(latency), id));
-        Ok(id)
+        Ok(self.queue.push(wire_done.saturating_add(latency)))
     }
 
     fn poll_completion(&mut self, now: Timestamp) -> Option<Completion> {
-        let &(deadline, id) = self.pending.first()?;
-        if deadline > now {
-            return None;
-        }
-        self.pending.remove(&(deadline, id));
-        Some(Completion { id, result: Ok(()) })
+        self.queue
+            .pop_due(now)
+            .map(|id| Completion { id, result: Ok(()) })
     }
 
     fn next_deadline(&self) -> Option<Timestamp> {
-        self.pending.first().map(|(deadline, _)| *deadline)
+        self.queue.next_deadline()
     }
 
     fn estimate_transfer(&self, src: Tier, dst: Tier, bytes: u64) -> Duration {
@@ -347,8 +331,7 @@ mod tests {
         // A transfer on the other direction does not wait.
         hw.submit(transfer(Tier::Device, Tier::Host, 1_000_000), t0)
             .unwrap();
-        let deadlines: Vec<u64> = hw.pending.iter().map(|(t, _)| t.as_nanos()).collect();
-        assert_eq!(deadlines, vec![1_001_000, 1_001_000, 2_001_000]);
+        assert_eq!(hw.next_deadline(), Some(Timestamp::from_nanos(1_001_000)));
         assert!(hw
             .poll_completion(Timestamp::from_nanos(1_000_999))
             .is_none());

@@ -588,11 +588,7 @@ impl<H: Hardware> Manager<H> {
                 let source_tier = sources.first().map_or(Tier::Device, ImmutableBlock::tier);
                 let outcome = match completion.result {
                     Ok(()) => {
-                        let complete = targets
-                            .into_iter()
-                            .zip(&sources)
-                            .map(|(target, source)| target.apply_identity(*source.identity()))
-                            .collect();
+                        let complete = copies_of(&sources, targets);
                         self.stats.onboarded_blocks[source_tier.index()] += sources.len() as u64;
                         Segment::Done(self.device().register_chain(complete))
                     }
@@ -620,11 +616,7 @@ impl<H: Hardware> Manager<H> {
                 let blocks = sources.len();
                 match completion.result {
                     Ok(()) => {
-                        let complete = targets
-                            .into_iter()
-                            .zip(&sources)
-                            .map(|(target, source)| target.apply_identity(*source.identity()))
-                            .collect();
+                        let complete = copies_of(&sources, targets);
                         let copies = self.pool_of(to).register_chain(complete);
                         self.stats.offloaded_blocks[to.index()] += blocks as u64;
                         self.outputs
@@ -752,6 +744,19 @@ impl<H: Hardware> Manager<H> {
         self.push_event(KvCacheEventData::Cleared);
         Ok(())
     }
+}
+
+/// The landed copies of `sources`: each target takes its source's identity
+/// (Reset → Complete), ready to register in the target's tier.
+fn copies_of(
+    sources: &[ImmutableBlock],
+    targets: Vec<MutableBlock<Reset>>,
+) -> Vec<MutableBlock<Complete>> {
+    targets
+        .into_iter()
+        .zip(sources)
+        .map(|(target, source)| target.apply_identity(*source.identity()))
+        .collect()
 }
 
 #[cfg(test)]
