@@ -6,9 +6,9 @@
 //! - `lookup/{referenced,cached}/N`: `match_prefix` of N blocks that are still referenced
 //!   elsewhere, or only cached (refcount 0, in the LRU list). Only the lookup is timed;
 //!   the release that makes the next iteration find them cached again is not;
-//! - `lookup_release/{referenced,cached}/N`: lookup plus the batch leaf-first release;
-//! - `lookup_drop/{referenced,cached}/N`: lookup plus a plain drop of the handles (the
-//!   shape of kvbm-logical's `match_blocks_*_hit` benchmarks).
+//! - `lookup_release/{referenced,cached}/N`: lookup plus dropping the returned chain (one
+//!   lock, leaf first): the shape of kvbm-logical's `match_blocks_*_hit` benchmarks;
+//! - `lookup_drop_each/{referenced,cached}/N`: lookup plus dropping handle by handle.
 //!
 //! Inputs are fixed; run with `cargo bench --bench pool`.
 
@@ -18,7 +18,7 @@
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kvtwin::block::BlockIdentity;
 use kvtwin::ids::{LocalBlockHash, SequenceHash};
-use kvtwin::pool::{BlockPool, EvictionPolicyKind, ImmutableBlock, PoolConfig};
+use kvtwin::pool::{BlockChain, BlockPool, EvictionPolicyKind, PoolConfig};
 use kvtwin::tier::Tier;
 use kvtwin::tokens::HashSeed;
 use std::time::{Duration, Instant};
@@ -79,20 +79,17 @@ fn bench_cycle(c: &mut Criterion) {
     group.finish();
 }
 
-fn timed_lookups(pool: &BlockPool, hashes: &[SequenceHash], iters: u64, held: bool) -> Duration {
-    let mut out: Vec<ImmutableBlock> = Vec::with_capacity(hashes.len());
+fn timed_lookups(pool: &BlockPool, hashes: &[SequenceHash], iters: u64) -> Duration {
+    let mut out = BlockChain::with_capacity(hashes.len());
     let mut total = Duration::ZERO;
     for _ in 0..iters {
         let start = Instant::now();
         let found = pool.match_prefix_into(black_box(hashes), &mut out);
         total += start.elapsed();
         assert_eq!(found, hashes.len());
-        if held {
-            out.clear();
-        } else {
-            pool.release(std::mem::take(&mut out));
-            out.reserve(hashes.len());
-        }
+        // Untimed: let go, so cached blocks are cached again for the next iteration.
+        drop(std::mem::take(&mut out));
+        out.reserve(hashes.len());
     }
     total
 }
@@ -105,7 +102,7 @@ fn bench_lookup(c: &mut Criterion) {
         let hashes = cached_chain(&referenced_pool, len, 0x5eed);
         let holders = referenced_pool.match_prefix(&hashes);
         group.bench_with_input(BenchmarkId::new("referenced", len), &hashes, |b, hashes| {
-            b.iter_custom(|iters| timed_lookups(&referenced_pool, hashes, iters, true))
+            b.iter_custom(|iters| timed_lookups(&referenced_pool, hashes, iters))
         });
         drop(holders);
         let cached_pool = pool(4096);
@@ -113,15 +110,15 @@ fn bench_lookup(c: &mut Criterion) {
         // Other cached blocks around them, so the LRU list is not trivially short.
         let _ = cached_chain(&cached_pool, 2048, 0xbeef_0000);
         group.bench_with_input(BenchmarkId::new("cached", len), &hashes, |b, hashes| {
-            b.iter_custom(|iters| timed_lookups(&cached_pool, hashes, iters, false))
+            b.iter_custom(|iters| timed_lookups(&cached_pool, hashes, iters))
         });
     }
     group.finish();
 
-    // Lookup plus letting go, both timed: with the batch `release` (one lock, leaf
-    // first), and by plain `drop` of the returned Vec (one lock per handle), which is how
-    // kvbm-logical's `match_blocks` benchmarks measure it.
-    for (name, batch) in [("lookup_release", true), ("lookup_drop", false)] {
+    // Lookup plus letting go, both timed: dropping the returned `BlockChain` (one lock,
+    // leaf first), which is how kvbm-logical's `match_blocks` benchmarks measure theirs;
+    // and dropping each handle on its own (one lock per handle) for comparison.
+    for (name, batch) in [("lookup_release", true), ("lookup_drop_each", false)] {
         let mut group = c.benchmark_group(name);
         for len in [8usize, 32, 128] {
             group.throughput(Throughput::Elements(len as u64));
@@ -131,16 +128,16 @@ fn bench_lookup(c: &mut Criterion) {
                 let holders = if referenced {
                     pool.match_prefix(&hashes)
                 } else {
-                    Vec::new()
+                    BlockChain::new()
                 };
                 let id = BenchmarkId::new(if referenced { "referenced" } else { "cached" }, len);
                 group.bench_with_input(id, &hashes, |b, hashes| {
                     b.iter(|| {
                         let found = pool.match_prefix(black_box(hashes));
                         if batch {
-                            pool.release(found);
-                        } else {
                             drop(found);
+                        } else {
+                            found.into_iter().for_each(drop);
                         }
                     })
                 });

@@ -14,7 +14,7 @@ use kvtwin::ids::{LocalBlockHash, RequestId, SequenceHash, Timestamp, WorkerId};
 use kvtwin::manager::{
     Manager, ManagerConfig, ManagerOutput, OffloadPolicy, OnboardPolicy, TierConfig,
 };
-use kvtwin::pool::{EvictionPolicyKind, ImmutableBlock, PoolCounts};
+use kvtwin::pool::{BlockChain, EvictionPolicyKind, ImmutableBlock, PoolCounts};
 use kvtwin::testing::{TestHardware, TransferTiming};
 use kvtwin::tier::Tier;
 use proptest::prelude::*;
@@ -175,7 +175,7 @@ struct Harness {
     device: RefTier,
     host: Option<RefTier>,
     write_through: bool,
-    requests: Vec<(Vec<ImmutableBlock>, Vec<SequenceHash>)>,
+    requests: Vec<(BlockChain, Vec<SequenceHash>)>,
     replica: RegistryReplica,
     now: u64,
     next_request: u64,

@@ -20,7 +20,7 @@ use kvtwin::events::{KvCacheEventData, RegistryReplica};
 use kvtwin::hardware::Hardware;
 use kvtwin::ids::{RequestId, SequenceHash, Timestamp};
 use kvtwin::manager::{Manager, ManagerConfigError, ManagerOutput};
-use kvtwin::pool::{ImmutableBlock, MutableBlock};
+use kvtwin::pool::{BlockChain, ImmutableBlock, MutableBlock};
 use kvtwin::tier::Tier;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -38,16 +38,16 @@ enum Event {
 #[derive(Debug)]
 enum State {
     Onboarding {
-        held: Vec<ImmutableBlock>,
+        held: BlockChain,
         device_hits: usize,
         onboard_tiers: Vec<Tier>,
     },
     Prefilling {
-        held: Vec<ImmutableBlock>,
+        held: BlockChain,
         computing: Vec<MutableBlock<Reset>>,
     },
     Decoding {
-        held: Vec<ImmutableBlock>,
+        held: BlockChain,
     },
 }
 
@@ -350,7 +350,7 @@ impl Sim<'_> {
     fn start_prefill(
         &mut self,
         i: usize,
-        held: Vec<ImmutableBlock>,
+        held: BlockChain,
         device_hits: usize,
         onboarded: [usize; 4],
     ) {

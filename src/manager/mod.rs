@@ -22,7 +22,9 @@ use crate::events::{KvCacheEvent, KvCacheEventData};
 use crate::hardware::{Completion, Hardware, SubmitError, TransferRequest};
 use crate::ids::{RequestId, SequenceHash, Timestamp, TransferId};
 use crate::phase::Phase;
-use crate::pool::{AllocError, BlockPool, ImmutableBlock, MutableBlock, PoolConfig, ResetError};
+use crate::pool::{
+    AllocError, BlockChain, BlockPool, ImmutableBlock, MutableBlock, PoolConfig, ResetError,
+};
 use crate::tier::Tier;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -101,7 +103,7 @@ pub struct ManagerStats {
 #[derive(Debug)]
 enum Segment {
     Pending,
-    Done(Vec<ImmutableBlock>),
+    Done(BlockChain),
     Failed(usize),
 }
 
@@ -430,11 +432,7 @@ impl<H: Hardware> Manager<H> {
 
     /// Registers computed device blocks (a chain, parent first) and, if the device tier
     /// writes through, starts copying them down.
-    pub fn register(
-        &mut self,
-        blocks: Vec<MutableBlock<Complete>>,
-        now: Timestamp,
-    ) -> Vec<ImmutableBlock> {
+    pub fn register(&mut self, blocks: Vec<MutableBlock<Complete>>, now: Timestamp) -> BlockChain {
         self.tick(now);
         assert!(
             blocks.iter().all(|b| b.tier() == Tier::Device),
@@ -442,7 +440,7 @@ impl<H: Hardware> Manager<H> {
         );
         let registered = self.device().register_chain(blocks);
         if self.offload_policy(Tier::Device) == OffloadPolicy::WriteThrough {
-            self.offload(Tier::Device, registered.clone(), now);
+            self.offload(Tier::Device, registered.clone().into_vec(), now);
         }
         registered
     }
@@ -622,7 +620,7 @@ impl<H: Hardware> Manager<H> {
                         self.outputs
                             .push_back(ManagerOutput::Offloaded { from, to, blocks });
                         if self.offload_policy(to) == OffloadPolicy::WriteThrough {
-                            self.offload(to, copies.clone(), now);
+                            self.offload(to, copies.clone().into_vec(), now);
                         }
                         self.pool_of(to).release(copies);
                         // A written-back block is clean now: it may go first.
@@ -656,7 +654,7 @@ impl<H: Hardware> Manager<H> {
         let Some(job) = self.onboarding.remove(&request) else {
             return;
         };
-        let mut blocks = Vec::new();
+        let mut blocks = BlockChain::new();
         let mut failed_blocks = 0;
         for segment in job.segments {
             match segment {

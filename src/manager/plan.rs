@@ -6,14 +6,14 @@
 //! Never: start transfers (the manager does).
 
 use crate::ids::RequestId;
-use crate::pool::ImmutableBlock;
+use crate::pool::{BlockChain, ImmutableBlock};
 use crate::tier::Tier;
 
 /// The answer to a prefix lookup: the query's blocks split, in prefix order, into blocks
 /// already on device, blocks to onboard from lower tiers, and blocks to compute.
 #[derive(Debug, Default)]
 pub struct LookupPlan {
-    pub(super) device: Vec<ImmutableBlock>,
+    pub(super) device: BlockChain,
     pub(super) onboard: Vec<ImmutableBlock>,
     pub(super) recomputed_hits: usize,
     pub(super) query_blocks: usize,
@@ -51,7 +51,7 @@ impl LookupPlan {
     }
 
     /// Gives up on onboarding: those blocks will be computed. Returns the device blocks.
-    pub fn into_device_blocks(mut self) -> Vec<ImmutableBlock> {
+    pub fn into_device_blocks(mut self) -> BlockChain {
         std::mem::take(&mut self.device)
     }
 }
@@ -60,12 +60,8 @@ impl Drop for LookupPlan {
     /// Lets go of the blocks leaf first (onboard blocks, then device blocks, each from the
     /// end), so that among them the leaves are evicted first.
     fn drop(&mut self) {
-        while let Some(block) = self.onboard.pop() {
-            drop(block);
-        }
-        while let Some(block) = self.device.pop() {
-            drop(block);
-        }
+        drop(BlockChain::from(std::mem::take(&mut self.onboard)));
+        drop(std::mem::take(&mut self.device));
     }
 }
 
@@ -78,7 +74,7 @@ pub enum ManagerOutput {
         /// The request.
         request: RequestId,
         /// The onboarded device blocks, in prefix order: the longest run that succeeded.
-        blocks: Vec<ImmutableBlock>,
+        blocks: BlockChain,
         /// Blocks of the plan that did not arrive (and must be computed).
         failed_blocks: usize,
     },

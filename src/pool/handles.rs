@@ -282,3 +282,126 @@ impl fmt::Debug for ImmutableBlock {
             .finish()
     }
 }
+
+/// References to a chain of registered blocks, parent first (as lookups and
+/// registrations return them).
+///
+/// Dropping a chain lets go of its blocks leaf first, under one lock per pool, so that
+/// among blocks released together the leaves are evicted before their parents: the
+/// eviction order is part of the type, not a convention callers must remember.
+#[derive(Debug, Default)]
+pub struct BlockChain {
+    blocks: Vec<ImmutableBlock>,
+}
+
+impl BlockChain {
+    /// An empty chain.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty chain with room for `capacity` blocks.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            blocks: Vec::with_capacity(capacity),
+        }
+    }
+
+    /// Appends a block (a child of the current last block).
+    pub fn push(&mut self, block: ImmutableBlock) {
+        self.blocks.push(block);
+    }
+
+    /// Reserves room for `additional` more blocks.
+    pub fn reserve(&mut self, additional: usize) {
+        self.blocks.reserve(additional);
+    }
+
+    /// The references as a plain vector; the caller takes over the release order.
+    pub fn into_vec(mut self) -> Vec<ImmutableBlock> {
+        std::mem::take(&mut self.blocks)
+    }
+
+    /// Lets go of the chain so that the blocks whose last reference this is become the
+    /// next to evict, leaves before parents (after they were copied to a lower tier).
+    pub fn release_cold(mut self) {
+        self.release(super::Placement::Cold);
+    }
+
+    fn release(&mut self, placement: super::Placement) {
+        let mut blocks = std::mem::take(&mut self.blocks);
+        // Hot placement appends to the eviction order, so release leaf first; cold
+        // placement prepends, so release parent first. Either way the leaf ends colder.
+        if placement == super::Placement::Hot {
+            blocks.reverse();
+        }
+        let mut rest = blocks.as_mut_slice();
+        while let Some(first) = rest.first() {
+            let pool = Arc::clone(first.shared());
+            let run = rest.iter().take_while(|b| b.belongs_to(&pool)).count();
+            let (same_pool, tail) = rest.split_at_mut(run);
+            let mut inner = lock(&pool.inner);
+            for block in same_pool {
+                let id = block.disarm();
+                inner.release(id, placement);
+            }
+            drop(inner);
+            rest = tail;
+        }
+    }
+}
+
+impl Drop for BlockChain {
+    fn drop(&mut self) {
+        if !self.blocks.is_empty() {
+            self.release(super::Placement::Hot);
+        }
+    }
+}
+
+impl std::ops::Deref for BlockChain {
+    type Target = [ImmutableBlock];
+
+    fn deref(&self) -> &[ImmutableBlock] {
+        &self.blocks
+    }
+}
+
+impl From<Vec<ImmutableBlock>> for BlockChain {
+    fn from(blocks: Vec<ImmutableBlock>) -> Self {
+        Self { blocks }
+    }
+}
+
+impl FromIterator<ImmutableBlock> for BlockChain {
+    fn from_iter<I: IntoIterator<Item = ImmutableBlock>>(iter: I) -> Self {
+        Self {
+            blocks: iter.into_iter().collect(),
+        }
+    }
+}
+
+impl Extend<ImmutableBlock> for BlockChain {
+    fn extend<I: IntoIterator<Item = ImmutableBlock>>(&mut self, iter: I) {
+        self.blocks.extend(iter);
+    }
+}
+
+impl Clone for BlockChain {
+    fn clone(&self) -> Self {
+        Self {
+            blocks: self.blocks.clone(),
+        }
+    }
+}
+
+impl IntoIterator for BlockChain {
+    type Item = ImmutableBlock;
+    type IntoIter = std::vec::IntoIter<ImmutableBlock>;
+
+    /// Hands the references over one by one, parent first; the caller takes over the
+    /// release order.
+    fn into_iter(self) -> Self::IntoIter {
+        self.into_vec().into_iter()
+    }
+}

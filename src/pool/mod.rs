@@ -23,7 +23,7 @@ mod handles;
 mod list;
 pub mod policy;
 
-pub use handles::{ImmutableBlock, MutableBlock};
+pub use handles::{BlockChain, ImmutableBlock, MutableBlock};
 pub use policy::{EvictionPolicy, EvictionPolicyKind, LruPolicy, Placement, PriorityPolicy};
 
 use crate::block::{BlockIdentity, Complete, Reset};
@@ -445,18 +445,14 @@ impl BlockPool {
 
     /// The longest prefix of `hashes` this pool holds, as references; cached blocks found
     /// become active. Stops at the first miss.
-    pub fn match_prefix(&self, hashes: &[SequenceHash]) -> Vec<ImmutableBlock> {
-        let mut out = Vec::new();
+    pub fn match_prefix(&self, hashes: &[SequenceHash]) -> BlockChain {
+        let mut out = BlockChain::new();
         self.match_prefix_into(hashes, &mut out);
         out
     }
 
     /// [`BlockPool::match_prefix`] appending to `out`; returns the number of blocks found.
-    pub fn match_prefix_into(
-        &self,
-        hashes: &[SequenceHash],
-        out: &mut Vec<ImmutableBlock>,
-    ) -> usize {
+    pub fn match_prefix_into(&self, hashes: &[SequenceHash], out: &mut BlockChain) -> usize {
         let mut inner = lock(&self.shared.inner);
         let start = out.len();
         out.reserve(hashes.len());
@@ -526,8 +522,8 @@ impl BlockPool {
 
     /// Registers a chain parent first under one lock; consecutive blocks are published as
     /// one `Stored` event.
-    pub fn register_chain(&self, blocks: Vec<MutableBlock<Complete>>) -> Vec<ImmutableBlock> {
-        let mut out = Vec::with_capacity(blocks.len());
+    pub fn register_chain(&self, blocks: Vec<MutableBlock<Complete>>) -> BlockChain {
+        let mut out = BlockChain::with_capacity(blocks.len());
         let mut inner = lock(&self.shared.inner);
         for block in blocks {
             assert!(
@@ -548,31 +544,15 @@ impl BlockPool {
 
     /// Drops references to a chain (parent first, as lookups return it) leaf first, under
     /// one lock, so that among blocks released together the leaves are evicted first.
-    pub fn release(&self, blocks: Vec<ImmutableBlock>) {
-        self.release_placed(blocks, Placement::Hot);
+    /// Dropping a [`BlockChain`] does the same; this also takes a plain `Vec`.
+    pub fn release(&self, blocks: impl Into<BlockChain>) {
+        drop(blocks.into());
     }
 
     /// Like [`BlockPool::release`], but blocks whose last reference this is become the
     /// next to evict (used after a block was copied to a lower tier).
-    pub fn release_cold(&self, blocks: Vec<ImmutableBlock>) {
-        self.release_placed(blocks, Placement::Cold);
-    }
-
-    fn release_placed(&self, blocks: Vec<ImmutableBlock>, placement: Placement) {
-        let mut inner = lock(&self.shared.inner);
-        // Cold placement pushes to the front, so parent first there keeps leaves colder.
-        let ordered: Box<dyn Iterator<Item = ImmutableBlock>> = match placement {
-            Placement::Hot => Box::new(blocks.into_iter().rev()),
-            Placement::Cold => Box::new(blocks.into_iter()),
-        };
-        for mut block in ordered {
-            assert!(
-                block.belongs_to(&self.shared),
-                "block released into another pool"
-            );
-            let id = block.disarm();
-            inner.release(id, placement);
-        }
+    pub fn release_cold(&self, blocks: impl Into<BlockChain>) {
+        blocks.into().release_cold();
     }
 
     /// Tags registered blocks with `phase` (the priority policy orders by it); returns how

@@ -22,7 +22,7 @@ fn chain(n: u64) -> Vec<BlockIdentity> {
     BlockIdentity::chain(&locals)
 }
 
-fn register_chain(pool: &BlockPool, identities: &[BlockIdentity]) -> Vec<ImmutableBlock> {
+fn register_chain(pool: &BlockPool, identities: &[BlockIdentity]) -> BlockChain {
     let blocks = pool.allocate(identities.len()).unwrap();
     let complete = blocks
         .into_iter()
@@ -312,7 +312,7 @@ fn reset_cache_refuses_while_blocks_are_referenced_then_forgets_everything() {
 fn clones_share_a_reference_count() {
     let pool = pool(2, EvictionPolicyKind::Lru);
     let ids = chain(1);
-    let block = register_chain(&pool, &ids).pop().unwrap();
+    let block = register_chain(&pool, &ids).into_vec().pop().unwrap();
     let clone = block.clone();
     drop(block);
     assert_eq!(pool.counts().active, 1);
@@ -340,5 +340,62 @@ fn handles_dropped_on_other_threads_return_their_blocks() {
             cached: 4,
             active: 0
         }
+    );
+}
+
+#[test]
+fn dropping_a_chain_releases_its_leaves_first() {
+    let pool = pool(4, EvictionPolicyKind::Lru);
+    let ids = chain(3);
+    drop(register_chain(&pool, &ids));
+    let order: Vec<SequenceHash> = pool
+        .coldest_cached(4)
+        .iter()
+        .map(|i| i.sequence_hash)
+        .collect();
+    assert_eq!(
+        order,
+        vec![
+            ids[2].sequence_hash,
+            ids[1].sequence_hash,
+            ids[0].sequence_hash
+        ]
+    );
+    // A cold release keeps the leaf coldest too.
+    pool.release_cold(pool.match_prefix(&hashes(&ids)));
+    let order: Vec<SequenceHash> = pool
+        .coldest_cached(4)
+        .iter()
+        .map(|i| i.sequence_hash)
+        .collect();
+    assert_eq!(
+        order,
+        vec![
+            ids[2].sequence_hash,
+            ids[1].sequence_hash,
+            ids[0].sequence_hash
+        ]
+    );
+}
+
+#[test]
+fn a_chain_spanning_two_pools_releases_into_each() {
+    let device = pool(2, EvictionPolicyKind::Lru);
+    let host = BlockPool::new(PoolConfig {
+        tier: Tier::Host,
+        ..*device.config()
+    })
+    .unwrap();
+    let ids = chain(2);
+    let mut mixed = register_chain(&device, &ids[..1]);
+    mixed.extend(register_chain(&host, &ids[1..]));
+    assert_eq!((device.counts().active, host.counts().active), (1, 1));
+    drop(mixed);
+    assert_eq!(
+        (
+            device.check_invariants().cached,
+            host.check_invariants().cached
+        ),
+        (1, 1)
     );
 }
