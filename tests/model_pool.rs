@@ -1,8 +1,9 @@
 //! Model test: the pools and the manager against a deliberately naive reference.
 //!
-//! Random request streams run on `Manager<TestHardware>` (instant transfers) and on a
-//! reference that keeps, per tier, a `BTreeMap` of refcounts, a `Vec` of cached hashes
-//! oldest first, and a free count. After every step: the counts, the registries with
+//! Random request streams (requests, finishes, phase tags, cache resets) run on
+//! `Manager<TestHardware>` (instant transfers; LRU or priority eviction; with or without a
+//! write-through host tier) and on a reference that keeps, per tier, a `BTreeMap` of
+//! refcounts, a `Vec` of cached hashes oldest first, phase tags, and a free count. After every step: the counts, the registries with
 //! their refcounts and the eviction order agree; free + cached + active = capacity per
 //! tier (and the pools' own `check_invariants` finds no block in two places); and
 //! replaying every emitted event rebuilds each tier's registry.
@@ -14,6 +15,7 @@ use kvtwin::ids::{LocalBlockHash, RequestId, SequenceHash, Timestamp, WorkerId};
 use kvtwin::manager::{
     Manager, ManagerConfig, ManagerOutput, OffloadPolicy, OnboardPolicy, TierConfig,
 };
+use kvtwin::phase::Phase;
 use kvtwin::pool::{BlockChain, EvictionPolicyKind, ImmutableBlock, PoolCounts};
 use kvtwin::testing::{TestHardware, TransferTiming};
 use kvtwin::tier::Tier;
@@ -33,8 +35,18 @@ fn chain(c: u64) -> Vec<BlockIdentity> {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Request { chain: u64, len: usize },
-    Finish { index: usize },
+    Request {
+        chain: u64,
+        len: usize,
+    },
+    Finish {
+        index: usize,
+    },
+    SetPhase {
+        chain: u64,
+        len: usize,
+        phase: Phase,
+    },
     ResetCache,
 }
 
@@ -42,6 +54,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => (0..CHAINS, 1..=CHAIN_LEN).prop_map(|(chain, len)| Op::Request { chain, len }),
         4 => any::<usize>().prop_map(|index| Op::Finish { index }),
+        2 => (0..CHAINS, 1..=CHAIN_LEN, prop::sample::select(Phase::COLDEST_FIRST.to_vec()))
+            .prop_map(|(chain, len, phase)| Op::SetPhase { chain, len, phase }),
         1 => Just(Op::ResetCache),
     ]
 }
@@ -51,11 +65,19 @@ struct Setup {
     device_blocks: usize,
     host_blocks: Option<usize>,
     device_offload: OffloadPolicy,
+    eviction: EvictionPolicyKind,
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
-    (2usize..10, prop::option::of(2usize..14), any::<bool>()).prop_map(
-        |(device, host, write_through)| Setup {
+    let eviction =
+        prop::sample::select(vec![EvictionPolicyKind::Lru, EvictionPolicyKind::Priority]);
+    (
+        2usize..10,
+        prop::option::of(2usize..14),
+        any::<bool>(),
+        eviction,
+    )
+        .prop_map(|(device, host, write_through, eviction)| Setup {
             device_blocks: device,
             host_blocks: host,
             device_offload: if write_through && host.is_some() {
@@ -63,26 +85,61 @@ fn setup() -> impl Strategy<Value = Setup> {
             } else {
                 OffloadPolicy::None
             },
-        },
-    )
+            eviction,
+        })
 }
 
-/// The naive reference of one tier.
+/// The naive reference of one tier: cached hashes in one list, oldest first; the
+/// priority policy evicts the oldest of the coldest phase present.
 #[derive(Debug, Default)]
 struct RefTier {
     capacity: usize,
     free: usize,
     mutable: usize,
     refcounts: BTreeMap<SequenceHash, u32>,
+    phases: BTreeMap<SequenceHash, Phase>,
     cached_oldest_first: Vec<SequenceHash>,
+    by_phase: bool,
 }
 
 impl RefTier {
-    fn new(capacity: usize) -> Self {
+    fn new(capacity: usize, eviction: EvictionPolicyKind) -> Self {
         Self {
             capacity,
             free: capacity,
+            by_phase: eviction == EvictionPolicyKind::Priority,
             ..Self::default()
+        }
+    }
+
+    fn rank(&self, hash: &SequenceHash) -> usize {
+        if self.by_phase {
+            self.phases
+                .get(hash)
+                .copied()
+                .unwrap_or_default()
+                .eviction_rank()
+        } else {
+            0
+        }
+    }
+
+    /// Cached hashes in the order they will be evicted.
+    fn eviction_order(&self) -> Vec<SequenceHash> {
+        let mut order = self.cached_oldest_first.clone();
+        order.sort_by_key(|h| self.rank(h));
+        order
+    }
+
+    fn set_phase(&mut self, hash: SequenceHash, phase: Phase) {
+        if !self.contains(hash) || self.phases.get(&hash).copied().unwrap_or_default() == phase {
+            return;
+        }
+        self.phases.insert(hash, phase);
+        // A re-tagged cached block becomes the newest of its (new) class.
+        if self.by_phase && self.cached_oldest_first.contains(&hash) {
+            self.cached_oldest_first.retain(|h| *h != hash);
+            self.cached_oldest_first.push(hash);
         }
     }
 
@@ -98,8 +155,10 @@ impl RefTier {
             if self.free > 0 {
                 self.free -= 1;
             } else {
-                let victim = self.cached_oldest_first.remove(0);
+                let victim = self.eviction_order()[0];
+                self.cached_oldest_first.retain(|h| *h != victim);
                 self.refcounts.remove(&victim);
+                self.phases.remove(&victim);
             }
             self.mutable += 1;
         }
@@ -167,6 +226,7 @@ impl RefTier {
         self.free += self.cached_oldest_first.len();
         self.cached_oldest_first.clear();
         self.refcounts.clear();
+        self.phases.clear();
     }
 }
 
@@ -186,14 +246,14 @@ impl Harness {
         let mut tiers = vec![TierConfig {
             tier: Tier::Device,
             capacity_blocks: setup.device_blocks,
-            eviction: EvictionPolicyKind::Lru,
+            eviction: setup.eviction,
             offload: setup.device_offload,
         }];
         if let Some(host) = setup.host_blocks {
             tiers.push(TierConfig {
                 tier: Tier::Host,
                 capacity_blocks: host,
-                eviction: EvictionPolicyKind::Lru,
+                eviction: setup.eviction,
                 offload: OffloadPolicy::None,
             });
         }
@@ -208,8 +268,10 @@ impl Harness {
         };
         Self {
             manager: Manager::new(TestHardware::new(TransferTiming::Instant), config).unwrap(),
-            device: RefTier::new(setup.device_blocks),
-            host: setup.host_blocks.map(RefTier::new),
+            device: RefTier::new(setup.device_blocks, setup.eviction),
+            host: setup
+                .host_blocks
+                .map(|blocks| RefTier::new(blocks, setup.eviction)),
             write_through: setup.device_offload == OffloadPolicy::WriteThrough,
             requests: Vec::new(),
             replica: RegistryReplica::new(),
@@ -233,6 +295,21 @@ impl Harness {
                 let (blocks, hashes) = self.requests.remove(index % self.requests.len());
                 self.manager.device().release(blocks);
                 self.device.release_chain(&hashes);
+            }
+            Op::SetPhase {
+                chain: c,
+                len,
+                phase,
+            } => {
+                let hashes: Vec<SequenceHash> =
+                    chain(c)[..len].iter().map(|i| i.sequence_hash).collect();
+                let now = self.now();
+                let found = self.manager.set_phase(&hashes, phase, now);
+                assert_eq!(
+                    found,
+                    hashes.iter().filter(|h| self.device.contains(**h)).count()
+                );
+                hashes.iter().for_each(|h| self.device.set_phase(*h, phase));
             }
             Op::ResetCache => {
                 let now = self.now();
@@ -374,10 +451,7 @@ impl Harness {
                 .iter()
                 .map(|i| i.sequence_hash)
                 .collect();
-            assert_eq!(
-                order, reference.cached_oldest_first,
-                "{tier} eviction order"
-            );
+            assert_eq!(order, reference.eviction_order(), "{tier} eviction order");
             let rebuilt: Vec<SequenceHash> = self.replica.hashes(tier).iter().copied().collect();
             let registered: Vec<SequenceHash> = snapshot.registered.keys().copied().collect();
             assert_eq!(rebuilt, registered, "{tier}: events rebuild the registry");

@@ -337,8 +337,8 @@ impl PoolInner {
             return;
         }
         slot.phase = phase;
-        if slot.refcount == 0 && self.policy.remove(id) {
-            self.policy.insert(id, phase, Placement::Hot);
+        if slot.refcount == 0 {
+            self.policy.reclassify(id, phase);
         }
     }
 

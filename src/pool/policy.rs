@@ -37,6 +37,9 @@ pub trait EvictionPolicy: Send + fmt::Debug {
     /// `block` stopped being cached (a prefix hit took it, or it was invalidated); false
     /// if the policy did not hold it.
     fn remove(&mut self, block: BlockId) -> bool;
+    /// The cached `block` was re-tagged with `phase`. A policy that orders by phase moves
+    /// it to the hot end of its new class; one that ignores phases leaves it in place.
+    fn reclassify(&mut self, block: BlockId, phase: Phase);
     /// Takes the block to evict next.
     fn pop_victim(&mut self) -> Option<BlockId>;
     /// Number of cached blocks held.
@@ -121,6 +124,8 @@ impl EvictionPolicy for LruPolicy {
         self.lists.remove(block.get())
     }
 
+    fn reclassify(&mut self, _block: BlockId, _phase: Phase) {}
+
     #[inline]
     fn pop_victim(&mut self) -> Option<BlockId> {
         self.lists.pop_front(0).map(BlockId::new)
@@ -173,6 +178,12 @@ impl EvictionPolicy for PriorityPolicy {
     #[inline]
     fn remove(&mut self, block: BlockId) -> bool {
         self.lists.remove(block.get())
+    }
+
+    fn reclassify(&mut self, block: BlockId, phase: Phase) {
+        if self.lists.remove(block.get()) {
+            self.lists.push_back(phase.eviction_rank(), block.get());
+        }
     }
 
     #[inline]
