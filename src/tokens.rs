@@ -26,7 +26,8 @@ const STACK_TOKENS: usize = 256;
 
 /// The seed of local (tokens-only) block hashes. Requests hashed with different seeds never
 /// share blocks: that is how LoRA adapters and tenants (cache salts) are kept apart.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
 pub struct HashSeed(u64);
 
 impl Default for HashSeed {
@@ -37,6 +38,11 @@ impl Default for HashSeed {
 }
 
 impl HashSeed {
+    /// A seed taken from configuration (STYLE: the hash seed comes from config).
+    pub const fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
     /// The seed of blocks computed with LoRA adapter `name`:
     /// `1337 wrapping_add xxh3_64(name, seed 0)`, as Dynamo derives it.
     pub fn for_lora(name: &str) -> Self {
@@ -97,16 +103,17 @@ pub fn chain_sequence_hash(parent: Option<SequenceHash>, local: LocalBlockHash) 
 }
 
 /// Local hashes of the full blocks of `tokens`, first block first; a trailing partial block
-/// is ignored.
-///
-/// # Panics
-/// If `block_size` is zero: a configuration bug, not an input error.
+/// is ignored. A `block_size` of zero has no full blocks: the result is empty (library
+/// functions do not panic on their inputs; `TokenBlockSequence::new` reports it as an
+/// error).
 pub fn compute_local_hashes(
     tokens: &[Token],
     block_size: usize,
     seed: HashSeed,
 ) -> Vec<LocalBlockHash> {
-    assert!(block_size > 0, "block size must be at least one token");
+    if block_size == 0 {
+        return Vec::new();
+    }
     tokens
         .chunks_exact(block_size)
         .map(|block| compute_local_hash(block, seed))
@@ -434,9 +441,8 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "block size must be at least one token")]
-    fn compute_local_hashes_panics_on_zero_block_size() {
-        let _ = compute_local_hashes(&[1, 2, 3], 0, HashSeed::default());
+    fn zero_block_size_has_no_full_blocks() {
+        assert!(compute_local_hashes(&[1, 2, 3], 0, HashSeed::default()).is_empty());
     }
 
     #[test]

@@ -309,7 +309,10 @@ impl Harness {
                     found,
                     hashes.iter().filter(|h| self.device.contains(**h)).count()
                 );
-                hashes.iter().for_each(|h| self.device.set_phase(*h, phase));
+                hashes
+                    .iter()
+                    .rev()
+                    .for_each(|h| self.device.set_phase(*h, phase));
             }
             Op::ResetCache => {
                 let now = self.now();

@@ -429,3 +429,77 @@ fn onboarding_refuses_cleanly_when_the_device_is_full() {
     ));
     assert_eq!(plan.onboard_blocks().len(), 2, "the plan is unchanged");
 }
+
+#[test]
+fn cost_aware_onboarding_cuts_between_a_cheap_host_run_and_a_slow_disk_run() {
+    let hardware = TestHardware::new(TransferTiming::Instant)
+        .with_transfer_cost(Tier::Host, Duration::from_micros(1), 1 << 20)
+        .with_transfer_cost(Tier::Disk, Duration::from_micros(50), 1 << 20)
+        .with_recompute_cost(Duration::from_micros(10));
+    let tiers = vec![
+        tier(Tier::Device, 4, OffloadPolicy::WriteThrough),
+        tier(Tier::Host, 4, OffloadPolicy::WriteThrough),
+        tier(Tier::Disk, 16, OffloadPolicy::None),
+    ];
+    let mut m = Manager::new(hardware, config(tiers, OnboardPolicy::CostAware)).unwrap();
+    let ids = chain(1, 4);
+    compute(&mut m, &ids, at(0));
+    let _ = drain(&mut m, at(0));
+    compute(&mut m, &chain(2, 4), at(0));
+    let _ = drain(&mut m, at(0));
+    // Bring the first two blocks back to host only: host = [1.0, 1.1, 2.2, 2.3].
+    let host = m.pool(Tier::Host).unwrap().clone();
+    let copies: Vec<_> = host
+        .allocate(2)
+        .unwrap()
+        .into_iter()
+        .zip(&ids[..2])
+        .map(|(b, id)| b.apply_identity(*id))
+        .collect();
+    drop(host.register_chain(copies));
+    let plan = m.lookup(&hashes(&ids), at(1));
+    // Host blocks at 1 µs beat recomputing at 10 µs; disk blocks at 50 µs do not.
+    assert_eq!(plan.onboard_count(Tier::Host), 2);
+    assert_eq!(plan.onboard_count(Tier::Disk), 0);
+    assert_eq!(plan.recomputed_hits(), 2);
+    assert_eq!(plan.blocks_to_compute(), 2);
+}
+
+#[test]
+fn write_back_with_the_priority_policy_offloads_finished_reasoning_first() {
+    let tiers = vec![
+        TierConfig {
+            tier: Tier::Device,
+            capacity_blocks: 6,
+            eviction: EvictionPolicyKind::Priority,
+            offload: OffloadPolicy::WriteBack {
+                low_watermark_blocks: 1,
+            },
+        },
+        tier(Tier::Host, 16, OffloadPolicy::None),
+    ];
+    let mut m = Manager::new(
+        TestHardware::new(TransferTiming::Instant),
+        config(tiers, OnboardPolicy::Always),
+    )
+    .unwrap();
+    let answer = chain(1, 2);
+    let thinking = chain(2, 2);
+    compute(&mut m, &answer, at(0));
+    compute(&mut m, &thinking, at(0));
+    // The reasoning finished: its blocks are known cold although they are the newest.
+    assert_eq!(
+        m.set_phase(&hashes(&thinking), Phase::ThinkComplete, at(1)),
+        2
+    );
+    assert!(drain(&mut m, at(1)).is_empty(), "two blocks are still free");
+    // Taking the last free blocks makes the next victim worth writing back.
+    let _held = m.allocate(2, at(2)).unwrap();
+    let _ = drain(&mut m, at(2));
+    let host = m.pool(Tier::Host).unwrap();
+    assert!(
+        host.contains(thinking[1].sequence_hash),
+        "the leaf of the finished reasoning went first"
+    );
+    assert_eq!(host.counts().cached, 1);
+}

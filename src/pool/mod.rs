@@ -556,11 +556,13 @@ impl BlockPool {
     }
 
     /// Tags registered blocks with `phase` (the priority policy orders by it); returns how
-    /// many of `hashes` were found.
+    /// many of `hashes` were found. `hashes` is a chain, parent first.
     pub fn set_phase(&self, hashes: &[SequenceHash], phase: Phase) -> usize {
         let mut inner = lock(&self.shared.inner);
         let mut found = 0;
-        for hash in hashes {
+        // Leaf first: re-tagged cached blocks join their class's hot end one by one, so
+        // the leaf must go in first to stay colder than its parent.
+        for hash in hashes.iter().rev() {
             if let Some(&id) = inner.registry.get(hash) {
                 inner.set_phase(id, phase);
                 found += 1;
