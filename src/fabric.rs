@@ -71,6 +71,7 @@ struct Slots {
     payloads: BTreeMap<u64, Vec<u8>>,
     next_handle: u64,
     in_flight_bytes: u64,
+    rejected_frames: u64,
 }
 
 /// An in-memory fabric bounded by bytes in flight; usable from several threads.
@@ -97,6 +98,11 @@ impl InProcessFabric {
         lock(&self.slots).in_flight_bytes
     }
 
+    /// Payloads refused because they were not valid MRDN frames.
+    pub fn rejected_frames(&self) -> u64 {
+        lock(&self.slots).rejected_frames
+    }
+
     /// Frames pushed and not yet pulled.
     pub fn len(&self) -> usize {
         lock(&self.slots).payloads.len()
@@ -110,9 +116,13 @@ impl InProcessFabric {
 
 impl Fabric for InProcessFabric {
     fn push(&self, payload: Vec<u8>) -> Result<FabricHandle, FabricError> {
-        wire::decode(&payload)?;
+        let valid = wire::decode(&payload).map(|_| ());
         let payload_bytes = payload.len() as u64;
         let mut slots = lock(&self.slots);
+        if let Err(error) = valid {
+            slots.rejected_frames += 1;
+            return Err(error.into());
+        }
         if slots.in_flight_bytes.saturating_add(payload_bytes) > self.capacity_bytes {
             return Err(FabricError::Full {
                 capacity_bytes: self.capacity_bytes,
@@ -193,6 +203,7 @@ mod tests {
             Err(FabricError::Frame(DecodeError::ChecksumMismatch))
         );
         assert!(fabric.is_empty());
+        assert_eq!(fabric.rejected_frames(), 1);
     }
 
     #[test]
