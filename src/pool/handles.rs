@@ -330,24 +330,28 @@ impl BlockChain {
 
     fn release(&mut self, placement: super::Placement) {
         let mut blocks = std::mem::take(&mut self.blocks);
-        // Hot placement appends to the eviction order, so release leaf first; cold
-        // placement prepends, so release parent first. Either way the leaf ends colder.
-        if placement == super::Placement::Hot {
-            blocks.reverse();
-        }
-        let mut rest = blocks.as_mut_slice();
-        while let Some(first) = rest.first() {
-            let pool = Arc::clone(first.shared());
-            let run = rest.iter().take_while(|b| b.belongs_to(&pool)).count();
-            let (same_pool, tail) = rest.split_at_mut(run);
-            let mut inner = lock(&pool.inner);
-            for block in same_pool {
-                let id = block.disarm();
-                inner.release(id, placement);
+        // Hot placement appends to the eviction order, so release leaf first (from the
+        // end); cold placement prepends, so release parent first. Either way the leaf
+        // ends colder. Indexing in place avoids moving the handles.
+        let len = blocks.len();
+        let at = |step: usize| {
+            if placement == super::Placement::Hot {
+                len - 1 - step
+            } else {
+                step
             }
-            drop(inner);
-            rest = tail;
+        };
+        let mut step = 0;
+        while step < len {
+            let pool = Arc::clone(blocks[at(step)].shared());
+            let mut inner = lock(&pool.inner);
+            while step < len && blocks[at(step)].belongs_to(&pool) {
+                let id = blocks[at(step)].disarm();
+                inner.release(id, placement);
+                step += 1;
+            }
         }
+        // Every handle is disarmed: dropping `blocks` only frees the buffer.
     }
 }
 

@@ -163,7 +163,7 @@ const EMPTY_IDENTITY: BlockIdentity = BlockIdentity {
 pub(crate) struct PoolInner {
     slots: Vec<Slot>,
     free: Vec<BlockId>,
-    policy: Box<dyn EvictionPolicy>,
+    policy: policy::BuiltinPolicy,
     registry: FxHashMap<SequenceHash, BlockId>,
     outbox: Vec<KvCacheEventData>,
     stats: PoolStats,
@@ -183,7 +183,7 @@ impl PoolInner {
             slots: vec![slot; capacity],
             // Reversed so that blocks are handed out 0, 1, 2, ...: easier to read in traces.
             free: (0..capacity as u32).rev().map(BlockId::new).collect(),
-            policy: config.eviction.build(capacity),
+            policy: policy::BuiltinPolicy::new(config.eviction, capacity),
             registry: FxHashMap::with_capacity_and_hasher(capacity, Default::default()),
             outbox: Vec::new(),
             stats: PoolStats::default(),
