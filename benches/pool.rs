@@ -80,7 +80,8 @@ fn bench_cycle(c: &mut Criterion) {
 }
 
 fn timed_lookups(pool: &BlockPool, hashes: &[SequenceHash], iters: u64) -> Duration {
-    let mut out = BlockChain::with_capacity(hashes.len());
+    let mut out = BlockChain::new();
+    out.reserve(hashes.len());
     let mut total = Duration::ZERO;
     for _ in 0..iters {
         let start = Instant::now();

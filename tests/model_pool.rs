@@ -16,7 +16,7 @@ use kvtwin::manager::{
     Manager, ManagerConfig, ManagerOutput, OffloadPolicy, OnboardPolicy, TierConfig,
 };
 use kvtwin::phase::Phase;
-use kvtwin::pool::{BlockChain, EvictionPolicyKind, ImmutableBlock, PoolCounts};
+use kvtwin::pool::{BlockChain, EvictionPolicyKind, PoolCounts};
 use kvtwin::testing::{TestHardware, TransferTiming};
 use kvtwin::tier::Tier;
 use proptest::prelude::*;
@@ -425,12 +425,7 @@ impl Harness {
         }
         self.manager.handle_completions(now);
         while self.manager.poll_output().is_some() {}
-        assert_eq!(
-            held.iter()
-                .map(ImmutableBlock::sequence_hash)
-                .collect::<Vec<_>>(),
-            hashes
-        );
+        assert_eq!(held.sequence_hashes().collect::<Vec<_>>(), hashes);
         self.requests.push((held, hashes));
     }
 

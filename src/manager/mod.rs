@@ -658,7 +658,7 @@ impl<H: Hardware> Manager<H> {
         let mut failed_blocks = 0;
         for segment in job.segments {
             match segment {
-                Segment::Done(done) if failed_blocks == 0 => blocks.extend(done),
+                Segment::Done(done) if failed_blocks == 0 => blocks.append(done),
                 // After a hole the prefix is broken: later copies stay cached on device
                 // (they are valid) but are not part of this request's prefix.
                 Segment::Done(done) => failed_blocks += done.len(),

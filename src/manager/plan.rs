@@ -21,7 +21,7 @@ pub struct LookupPlan {
 
 impl LookupPlan {
     /// Blocks already on device, leading the query.
-    pub fn device_blocks(&self) -> &[ImmutableBlock] {
+    pub fn device_blocks(&self) -> &BlockChain {
         &self.device
     }
 
@@ -60,7 +60,10 @@ impl Drop for LookupPlan {
     /// Lets go of the blocks leaf first (onboard blocks, then device blocks, each from the
     /// end), so that among them the leaves are evicted first.
     fn drop(&mut self) {
-        drop(BlockChain::from(std::mem::take(&mut self.onboard)));
+        // The onboard blocks may come from several tiers: one by one, deepest first.
+        while let Some(block) = self.onboard.pop() {
+            drop(block);
+        }
         drop(std::mem::take(&mut self.device));
     }
 }

@@ -214,14 +214,8 @@ fn onboarding_brings_lower_tier_hits_to_device_and_reports_them_in_order() {
         panic!("expected one OnboardComplete, got {outputs:?}");
     };
     assert_eq!((*request, *failed_blocks), (RequestId::new(7), 0));
-    assert_eq!(
-        blocks
-            .iter()
-            .map(ImmutableBlock::sequence_hash)
-            .collect::<Vec<_>>(),
-        hashes(&ids)
-    );
-    assert!(blocks.iter().all(|b| b.tier() == Tier::Device));
+    assert_eq!(blocks.sequence_hashes().collect::<Vec<_>>(), hashes(&ids));
+    assert_eq!(blocks.tier(), Some(Tier::Device));
     assert_eq!(m.stats().onboarded_blocks[Tier::Host.index()], 4);
 }
 

@@ -243,10 +243,6 @@ impl ImmutableBlock {
             .expect("a live handle always has its pool")
     }
 
-    pub(super) fn belongs_to(&self, pool: &Arc<PoolShared>) -> bool {
-        self.pool.as_ref().is_some_and(|own| Arc::ptr_eq(own, pool))
-    }
-
     /// Stops the handle from releasing on drop (the caller releases under its own lock).
     pub(super) fn disarm(&mut self) -> BlockId {
         self.pool = None;
@@ -283,15 +279,19 @@ impl fmt::Debug for ImmutableBlock {
     }
 }
 
-/// References to a chain of registered blocks, parent first (as lookups and
+/// References to a chain of registered blocks of one pool, parent first (as lookups and
 /// registrations return them).
 ///
-/// Dropping a chain lets go of its blocks leaf first, under one lock per pool, so that
-/// among blocks released together the leaves are evicted before their parents: the
-/// eviction order is part of the type, not a convention callers must remember.
-#[derive(Debug, Default)]
+/// A chain holds one reference per block but a single handle on its pool, so taking and
+/// letting go of a long prefix costs one lock and no per-block atomic operations.
+/// Dropping a chain lets go of its blocks leaf first, so that among blocks released
+/// together the leaves are evicted before their parents: the eviction order is part of
+/// the type, not a convention callers must remember.
+#[derive(Default)]
 pub struct BlockChain {
-    blocks: Vec<ImmutableBlock>,
+    // `None` until the chain is tied to a pool (always, once it holds a block).
+    pool: Option<Arc<PoolShared>>,
+    blocks: Vec<(BlockId, BlockIdentity)>,
 }
 
 impl BlockChain {
@@ -300,16 +300,26 @@ impl BlockChain {
         Self::default()
     }
 
-    /// An empty chain with room for `capacity` blocks.
-    pub fn with_capacity(capacity: usize) -> Self {
+    pub(super) fn for_pool(pool: &Arc<PoolShared>, capacity: usize) -> Self {
         Self {
+            pool: Some(Arc::clone(pool)),
             blocks: Vec::with_capacity(capacity),
         }
     }
 
-    /// Appends a block (a child of the current last block).
-    pub fn push(&mut self, block: ImmutableBlock) {
-        self.blocks.push(block);
+    /// Takes over one reference to `id` (the caller already counted it in the pool).
+    pub(super) fn push_counted(&mut self, id: BlockId, identity: BlockIdentity) {
+        debug_assert!(self.pool.is_some(), "a chain with blocks knows its pool");
+        self.blocks.push((id, identity));
+    }
+
+    /// Makes `pool` this chain's pool; panics if the chain already belongs to another
+    /// (a chain never spans pools: that would be a bug in the caller).
+    pub(super) fn adopt_pool(&mut self, pool: &Arc<PoolShared>) {
+        match &self.pool {
+            Some(own) => assert!(Arc::ptr_eq(own, pool), "a chain cannot span two pools"),
+            None => self.pool = Some(Arc::clone(pool)),
+        }
     }
 
     /// Reserves room for `additional` more blocks.
@@ -317,9 +327,68 @@ impl BlockChain {
         self.blocks.reserve(additional);
     }
 
-    /// The references as a plain vector; the caller takes over the release order.
+    /// Number of blocks.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether the chain holds no block.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// The tier of the chain's pool (none for an empty chain).
+    pub fn tier(&self) -> Option<Tier> {
+        self.pool.as_ref().map(|pool| pool.config.tier)
+    }
+
+    /// Identities of the blocks, parent first.
+    pub fn identities(&self) -> impl ExactSizeIterator<Item = &BlockIdentity> + '_ {
+        self.blocks.iter().map(|(_, identity)| identity)
+    }
+
+    /// Sequence hashes of the blocks, parent first.
+    pub fn sequence_hashes(&self) -> impl ExactSizeIterator<Item = SequenceHash> + '_ {
+        self.blocks
+            .iter()
+            .map(|(_, identity)| identity.sequence_hash)
+    }
+
+    /// Pool indices of the blocks, parent first.
+    pub fn block_ids(&self) -> impl ExactSizeIterator<Item = BlockId> + '_ {
+        self.blocks.iter().map(|(id, _)| *id)
+    }
+
+    /// Appends a block (a child of the current last block) of the same pool.
+    pub fn push(&mut self, mut block: ImmutableBlock) {
+        let pool = Arc::clone(block.shared());
+        self.adopt_pool(&pool);
+        let identity = block.identity;
+        // The handle's reference moves into the chain.
+        let id = block.disarm();
+        self.blocks.push((id, identity));
+    }
+
+    /// Appends `other` (its first block a child of this chain's last), of the same pool.
+    pub fn append(&mut self, mut other: BlockChain) {
+        let Some(pool) = other.pool.take() else {
+            return;
+        };
+        self.adopt_pool(&pool);
+        // The references move over; `other` is left empty and releases nothing.
+        self.blocks.append(&mut other.blocks);
+    }
+
+    /// The references as separate handles, parent first; the caller takes over the
+    /// release order.
     pub fn into_vec(mut self) -> Vec<ImmutableBlock> {
+        let Some(pool) = self.pool.take() else {
+            return Vec::new();
+        };
         std::mem::take(&mut self.blocks)
+            .into_iter()
+            .map(|(id, identity)| ImmutableBlock::new(Arc::clone(&pool), id, identity))
+            .collect()
     }
 
     /// Lets go of the chain so that the blocks whose last reference this is become the
@@ -329,72 +398,78 @@ impl BlockChain {
     }
 
     fn release(&mut self, placement: super::Placement) {
-        let mut blocks = std::mem::take(&mut self.blocks);
-        // Hot placement appends to the eviction order, so release leaf first (from the
-        // end); cold placement prepends, so release parent first. Either way the leaf
-        // ends colder. Indexing in place avoids moving the handles.
-        let len = blocks.len();
-        let at = |step: usize| {
-            if placement == super::Placement::Hot {
-                len - 1 - step
-            } else {
-                step
-            }
-        };
-        let mut step = 0;
-        while step < len {
-            let pool = Arc::clone(blocks[at(step)].shared());
-            let mut inner = lock(&pool.inner);
-            while step < len && blocks[at(step)].belongs_to(&pool) {
-                let id = blocks[at(step)].disarm();
-                inner.release(id, placement);
-                step += 1;
-            }
+        let Some(pool) = self.pool.take() else { return };
+        let mut inner = lock(&pool.inner);
+        // Hot placement appends to the eviction order, so release leaf first; cold
+        // placement prepends, so release parent first. Either way the leaf ends colder.
+        match placement {
+            super::Placement::Hot => self
+                .blocks
+                .iter()
+                .rev()
+                .for_each(|(id, _)| inner.release(*id, placement)),
+            super::Placement::Cold => self
+                .blocks
+                .iter()
+                .for_each(|(id, _)| inner.release(*id, placement)),
         }
-        // Every handle is disarmed: dropping `blocks` only frees the buffer.
+        drop(inner);
+        self.blocks.clear();
     }
 }
 
 impl Drop for BlockChain {
     fn drop(&mut self) {
-        if !self.blocks.is_empty() {
-            self.release(super::Placement::Hot);
+        self.release(super::Placement::Hot);
+    }
+}
+
+impl Clone for BlockChain {
+    /// Another reference to every block, taken under one lock.
+    fn clone(&self) -> Self {
+        let Some(pool) = &self.pool else {
+            return Self::new();
+        };
+        let mut inner = lock(&pool.inner);
+        for (id, _) in &self.blocks {
+            inner.acquire(*id);
+        }
+        drop(inner);
+        Self {
+            pool: Some(Arc::clone(pool)),
+            blocks: self.blocks.clone(),
         }
     }
 }
 
-impl std::ops::Deref for BlockChain {
-    type Target = [ImmutableBlock];
-
-    fn deref(&self) -> &[ImmutableBlock] {
-        &self.blocks
+impl fmt::Debug for BlockChain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockChain")
+            .field("tier", &self.tier())
+            .field("blocks", &self.blocks.len())
+            .finish()
     }
 }
 
 impl From<Vec<ImmutableBlock>> for BlockChain {
     fn from(blocks: Vec<ImmutableBlock>) -> Self {
-        Self { blocks }
+        blocks.into_iter().collect()
     }
 }
 
 impl FromIterator<ImmutableBlock> for BlockChain {
+    /// Collects handles of one pool (a mix of pools is a bug and panics).
     fn from_iter<I: IntoIterator<Item = ImmutableBlock>>(iter: I) -> Self {
-        Self {
-            blocks: iter.into_iter().collect(),
-        }
+        let mut chain = Self::new();
+        chain.extend(iter);
+        chain
     }
 }
 
 impl Extend<ImmutableBlock> for BlockChain {
     fn extend<I: IntoIterator<Item = ImmutableBlock>>(&mut self, iter: I) {
-        self.blocks.extend(iter);
-    }
-}
-
-impl Clone for BlockChain {
-    fn clone(&self) -> Self {
-        Self {
-            blocks: self.blocks.clone(),
+        for block in iter {
+            self.push(block);
         }
     }
 }

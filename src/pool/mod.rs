@@ -446,24 +446,26 @@ impl BlockPool {
     /// The longest prefix of `hashes` this pool holds, as references; cached blocks found
     /// become active. Stops at the first miss.
     pub fn match_prefix(&self, hashes: &[SequenceHash]) -> BlockChain {
-        let mut out = BlockChain::new();
+        let mut out = BlockChain::for_pool(&self.shared, hashes.len());
         self.match_prefix_into(hashes, &mut out);
         out
     }
 
-    /// [`BlockPool::match_prefix`] appending to `out`; returns the number of blocks found.
+    /// [`BlockPool::match_prefix`] appending to `out` (a chain of this pool, or empty);
+    /// returns the number of blocks found.
     pub fn match_prefix_into(&self, hashes: &[SequenceHash], out: &mut BlockChain) -> usize {
+        out.adopt_pool(&self.shared);
         let mut inner = lock(&self.shared.inner);
-        let start = out.len();
-        out.reserve(hashes.len());
+        let mut found = 0;
         for hash in hashes {
             let Some(&id) = inner.registry.get(hash) else {
                 break;
             };
             let identity = inner.acquire_hit(id);
-            out.push(ImmutableBlock::new(Arc::clone(&self.shared), id, identity));
+            out.push_counted(id, identity);
+            found += 1;
         }
-        out.len() - start
+        found
     }
 
     /// A reference to the block registered under `hash`, if any.
@@ -523,7 +525,7 @@ impl BlockPool {
     /// Registers a chain parent first under one lock; consecutive blocks are published as
     /// one `Stored` event.
     pub fn register_chain(&self, blocks: Vec<MutableBlock<Complete>>) -> BlockChain {
-        let mut out = BlockChain::with_capacity(blocks.len());
+        let mut out = BlockChain::for_pool(&self.shared, blocks.len());
         let mut inner = lock(&self.shared.inner);
         for block in blocks {
             assert!(
@@ -533,11 +535,7 @@ impl BlockPool {
             let (id, identity) = block.into_registration();
             let (registered, _) = inner.register(id, identity);
             let identity = inner.slots[registered.index()].identity;
-            out.push(ImmutableBlock::new(
-                Arc::clone(&self.shared),
-                registered,
-                identity,
-            ));
+            out.push_counted(registered, identity);
         }
         out
     }
