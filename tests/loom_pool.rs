@@ -135,3 +135,32 @@ fn events_from_two_threads_are_all_kept() {
         assert_eq!(pool.check_invariants().cached, 2);
     });
 }
+
+#[test]
+fn a_chain_dropped_on_another_thread_races_allocation_safely() {
+    loom::model(|| {
+        let pool = pool(3);
+        let ids = [
+            identity(1),
+            BlockIdentity::chained(Some(&identity(1)), LocalBlockHash::new(2)),
+        ];
+        let blocks = pool.allocate(2).unwrap();
+        let chain = pool.register_chain(
+            blocks
+                .into_iter()
+                .zip(ids)
+                .map(|(b, id)| b.apply_identity(id))
+                .collect(),
+        );
+        let allocator = pool.clone();
+        let t1 = thread::spawn(move || drop(chain));
+        // One block is free; the other two become evictable only once the chain is gone.
+        let t2 = thread::spawn(move || allocator.allocate(2).map(|b| b.len()).unwrap_or(0));
+        t1.join().unwrap();
+        let got = t2.join().unwrap();
+        assert!(got == 0 || got == 2);
+        let counts = pool.check_invariants();
+        assert_eq!(counts.active, 0);
+        assert_eq!(counts.free + counts.cached, 3);
+    });
+}
