@@ -540,9 +540,9 @@ impl BlockPool {
         out
     }
 
-    /// Drops references to a chain (parent first, as lookups return it) leaf first, under
-    /// one lock, so that among blocks released together the leaves are evicted first.
-    /// Dropping a [`BlockChain`] does the same; this also takes a plain `Vec`.
+    /// Lets go of a chain (parent first, as lookups return it) leaf first, under one lock,
+    /// so that among blocks released together the leaves are evicted first. Dropping a
+    /// [`BlockChain`] does the same; this also takes a `Vec` of handles of one pool.
     pub fn release(&self, blocks: impl Into<BlockChain>) {
         drop(blocks.into());
     }
@@ -571,33 +571,12 @@ impl BlockPool {
 
     /// Up to `limit` cached blocks in the order they would be evicted.
     pub fn coldest_cached(&self, limit: usize) -> Vec<BlockIdentity> {
-        self.coldest_cached_where(limit, |_| true)
-    }
-
-    /// Up to `limit` cached blocks accepted by `keep`, in the order they would be evicted.
-    /// `keep` runs under this pool's lock: it must not touch this pool.
-    pub fn coldest_cached_where(
-        &self,
-        limit: usize,
-        mut keep: impl FnMut(&BlockIdentity) -> bool,
-    ) -> Vec<BlockIdentity> {
         let inner = lock(&self.shared.inner);
-        let mut out = Vec::new();
-        if limit == 0 {
-            return out;
-        }
-        inner.policy.visit_coldest(&mut |id| {
-            let identity = inner.slots[id.index()].identity;
-            if keep(&identity) {
-                out.push(identity);
-            }
-            if out.len() == limit {
-                std::ops::ControlFlow::Break(())
-            } else {
-                std::ops::ControlFlow::Continue(())
-            }
-        });
-        out
+        let mut ids = Vec::with_capacity(limit.min(inner.policy.len()));
+        inner.policy.coldest(limit, &mut ids);
+        ids.iter()
+            .map(|id| inner.slots[id.index()].identity)
+            .collect()
     }
 
     /// Registered blocks that are referenced (not cached).
