@@ -22,6 +22,7 @@ pub mod layout;
 pub mod manager;
 pub mod phase;
 pub mod pool;
+pub mod router;
 pub mod sync;
 pub mod testing;
 pub mod tier;

@@ -1,0 +1,335 @@
+//! Indexer tests: examples, and a proptest against a deliberately naive reference.
+
+use super::*;
+use crate::block::BlockIdentity;
+use proptest::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+
+fn chain_of(locals: &[u64]) -> Vec<BlockIdentity> {
+    BlockIdentity::chain(
+        &locals
+            .iter()
+            .map(|l| LocalBlockHash::new(*l))
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn stored(
+    id: u64,
+    parent: Option<SequenceHash>,
+    blocks: &[BlockIdentity],
+    tier: Tier,
+) -> KvCacheEvent {
+    let blocks = blocks
+        .iter()
+        .map(|b| StoredBlock {
+            block_hash: b.sequence_hash,
+            tokens_hash: b.local_hash,
+        })
+        .collect();
+    KvCacheEvent {
+        event_id: id,
+        dp_rank: 0,
+        data: KvCacheEventData::Stored {
+            parent_hash: parent,
+            blocks,
+            tier,
+        },
+    }
+}
+
+fn removed(id: u64, hashes: &[SequenceHash], tier: Tier) -> KvCacheEvent {
+    KvCacheEvent {
+        event_id: id,
+        dp_rank: 0,
+        data: KvCacheEventData::Removed {
+            block_hashes: hashes.to_vec(),
+            tier,
+        },
+    }
+}
+
+fn key(worker: u64) -> WorkerKey {
+    WorkerKey {
+        worker: WorkerId::new(worker),
+        dp_rank: 0,
+    }
+}
+
+fn query(locals: &[u64]) -> Vec<LocalBlockHash> {
+    locals.iter().map(|l| LocalBlockHash::new(*l)).collect()
+}
+
+#[test]
+fn scores_count_leading_blocks_per_worker_and_tier() {
+    let mut index = KvIndexer::new();
+    let chain = chain_of(&[1, 2, 3, 4]);
+    index
+        .apply(
+            WorkerId::new(7),
+            &stored(1, None, &chain[..3], Tier::Device),
+        )
+        .unwrap();
+    index
+        .apply(
+            WorkerId::new(9),
+            &stored(1, None, &chain[..2], Tier::Device),
+        )
+        .unwrap();
+    index
+        .apply(
+            WorkerId::new(9),
+            &stored(2, Some(chain[1].sequence_hash), &chain[2..4], Tier::Host),
+        )
+        .unwrap();
+    let scores = index.find_matches(&query(&[1, 2, 3, 4, 5]), false);
+    assert_eq!(scores.score(key(7)), 3);
+    assert_eq!(scores.score(key(9)), 4);
+    assert_eq!(scores.workers[1].by_tier, [2, 2, 0, 0]);
+    assert_eq!(
+        index.find_matches(&query(&[2, 3]), false),
+        OverlapScores::default()
+    );
+    assert_eq!(index.pairs(), 7);
+}
+
+#[test]
+fn bad_events_are_counted_and_leave_other_workers_alone() {
+    let mut index = KvIndexer::new();
+    let chain = chain_of(&[1, 2, 3]);
+    index
+        .apply(WorkerId::new(1), &stored(1, None, &chain, Tier::Device))
+        .unwrap();
+    let orphan = stored(1, Some(chain[1].sequence_hash), &chain[2..], Tier::Device);
+    assert!(matches!(
+        index.apply(WorkerId::new(2), &orphan),
+        Err(ApplyEventError::ParentBlockNotFound { .. })
+    ));
+    let mut forged = chain_of(&[1, 2]);
+    forged[1].sequence_hash = SequenceHash::new(42);
+    assert!(matches!(
+        index.apply(WorkerId::new(2), &stored(2, None, &forged, Tier::Device)),
+        Err(ApplyEventError::ChainMismatch { .. })
+    ));
+    assert_eq!(
+        index.apply(
+            WorkerId::new(2),
+            &removed(9, &[SequenceHash::new(5)], Tier::Device)
+        ),
+        Err(ApplyEventError::BlockNotFound { count: 1 })
+    );
+    let stats = index.stats();
+    assert_eq!(
+        (
+            stats.parent_not_found,
+            stats.chain_mismatches,
+            stats.unknown_removals,
+            stats.event_id_gaps
+        ),
+        (1, 1, 1, 1)
+    );
+    // Worker 2 kept the block before the forged one; worker 1 is untouched.
+    let scores = index.find_matches(&query(&[1, 2, 3]), false);
+    assert_eq!((scores.score(key(1)), scores.score(key(2))), (3, 1));
+}
+
+#[test]
+fn clearing_and_removing_a_worker_forget_only_its_blocks() {
+    let mut index = KvIndexer::new();
+    let chain = chain_of(&[1, 2]);
+    for worker in [1, 2] {
+        index
+            .apply(
+                WorkerId::new(worker),
+                &stored(1, None, &chain, Tier::Device),
+            )
+            .unwrap();
+    }
+    let cleared = KvCacheEvent {
+        event_id: 2,
+        dp_rank: 0,
+        data: KvCacheEventData::Cleared,
+    };
+    index.apply(WorkerId::new(1), &cleared).unwrap();
+    assert_eq!(index.find_matches(&query(&[1, 2]), false).workers.len(), 1);
+    index.remove_worker(WorkerId::new(2));
+    assert_eq!(
+        index.find_matches(&query(&[1, 2]), false),
+        OverlapScores::default()
+    );
+    assert_eq!((index.pairs(), index.distinct_blocks()), (0, 0));
+}
+
+/// The naive reference: per worker, `block_hash → (parent, tokens_hash, tiers)` and a
+/// walk from the root by `(parent, tokens_hash)`, like peer-bench's `check`.
+#[derive(Default)]
+struct Reference {
+    workers: BTreeMap<u64, HashMap<u64, (Option<u64>, u64, u8)>>,
+}
+
+impl Reference {
+    fn apply(&mut self, worker: u64, event: &KvCacheEvent) {
+        let blocks = self.workers.entry(worker).or_default();
+        match &event.data {
+            KvCacheEventData::Stored {
+                parent_hash,
+                blocks: chain,
+                tier,
+            } => {
+                if parent_hash.is_some_and(|p| !blocks.contains_key(&p.get())) {
+                    return;
+                }
+                let mut parent = parent_hash.map(|p| p.get());
+                for block in chain {
+                    let expected =
+                        chain_sequence_hash(parent.map(SequenceHash::new), block.tokens_hash);
+                    if expected != block.block_hash {
+                        return;
+                    }
+                    let entry = blocks.entry(block.block_hash.get()).or_insert((
+                        parent,
+                        block.tokens_hash.get(),
+                        0,
+                    ));
+                    entry.2 |= tier_bit(*tier);
+                    parent = Some(block.block_hash.get());
+                }
+            }
+            KvCacheEventData::Removed { block_hashes, tier } => {
+                for hash in block_hashes {
+                    if let Some(entry) = blocks.get_mut(&hash.get()) {
+                        entry.2 &= !tier_bit(*tier);
+                        if entry.2 == 0 {
+                            blocks.remove(&hash.get());
+                        }
+                    }
+                }
+            }
+            KvCacheEventData::Cleared => blocks.clear(),
+        }
+    }
+
+    fn scores(&self, query: &[LocalBlockHash]) -> Vec<(u64, u32)> {
+        let mut out = Vec::new();
+        for (worker, blocks) in &self.workers {
+            let mut parent: Option<u64> = None;
+            let mut score = 0;
+            for tokens in query {
+                let child = blocks
+                    .iter()
+                    .find(|(_, (p, t, _))| *p == parent && *t == tokens.get())
+                    .map(|(h, _)| *h);
+                match child {
+                    Some(hash) => {
+                        score += 1;
+                        parent = Some(hash);
+                    }
+                    None => break,
+                }
+            }
+            if score > 0 {
+                out.push((*worker, score));
+            }
+        }
+        out
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Store {
+        worker: u64,
+        chain: usize,
+        from: usize,
+        to: usize,
+        tier: Tier,
+        skip_parent: bool,
+    },
+    Forge {
+        worker: u64,
+    },
+    Remove {
+        worker: u64,
+        chain: usize,
+        at: usize,
+        tier: Tier,
+    },
+    Clear {
+        worker: u64,
+    },
+    Match {
+        chain: usize,
+        len: usize,
+    },
+}
+
+const CHAINS: [[u64; 5]; 3] = [[1, 2, 3, 4, 5], [1, 2, 7, 8, 9], [6, 2, 3, 4, 5]];
+
+fn op() -> impl Strategy<Value = Op> {
+    let tier = prop::sample::select(vec![Tier::Device, Tier::Host, Tier::Disk]);
+    prop_oneof![
+        4 => (0u64..3, 0usize..3, 0usize..5, 1usize..=5, tier.clone(), any::<bool>()).prop_map(
+            |(worker, chain, from, to, tier, skip_parent)| Op::Store { worker, chain, from, to, tier, skip_parent }
+        ),
+        1 => (0u64..3).prop_map(|worker| Op::Forge { worker }),
+        2 => (0u64..3, 0usize..3, 0usize..5, tier).prop_map(|(worker, chain, at, tier)| Op::Remove { worker, chain, at, tier }),
+        1 => (0u64..3).prop_map(|worker| Op::Clear { worker }),
+        3 => (0usize..3, 1usize..=5).prop_map(|(chain, len)| Op::Match { chain, len }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn indexer_matches_the_naive_reference_at_every_step(ops in prop::collection::vec(op(), 1..80)) {
+        let mut index = KvIndexer::new();
+        let mut reference = Reference::default();
+        let mut next_id: BTreeMap<u64, u64> = BTreeMap::new();
+        for op in &ops {
+            let mut event = |worker: u64, data: KvCacheEventData| {
+                let id = next_id.entry(worker).or_default();
+                *id += 1;
+                (worker, KvCacheEvent { event_id: *id, dp_rank: 0, data })
+            };
+            let applied = match op {
+                Op::Store { worker, chain, from, to, tier, skip_parent } => {
+                    let identities = chain_of(&CHAINS[*chain]);
+                    let (from, to) = ((*from).min(*to - 1), *to);
+                    let parent = if *skip_parent || from == 0 { None } else { Some(identities[from - 1].sequence_hash) };
+                    let start = if *skip_parent { from.min(1) } else { from };
+                    let blocks = identities[start..to].iter().map(|b| StoredBlock { block_hash: b.sequence_hash, tokens_hash: b.local_hash }).collect();
+                    Some(event(*worker, KvCacheEventData::Stored { parent_hash: parent, blocks, tier: *tier }))
+                }
+                Op::Forge { worker } => {
+                    let blocks = vec![StoredBlock { block_hash: SequenceHash::new(99), tokens_hash: LocalBlockHash::new(1) }];
+                    Some(event(*worker, KvCacheEventData::Stored { parent_hash: None, blocks, tier: Tier::Device }))
+                }
+                Op::Remove { worker, chain, at, tier } => {
+                    let hash = chain_of(&CHAINS[*chain])[*at].sequence_hash;
+                    Some(event(*worker, KvCacheEventData::Removed { block_hashes: vec![hash], tier: *tier }))
+                }
+                Op::Clear { worker } => Some(event(*worker, KvCacheEventData::Cleared)),
+                Op::Match { chain, len } => {
+                    let query: Vec<LocalBlockHash> = CHAINS[*chain][..*len].iter().map(|l| LocalBlockHash::new(*l)).collect();
+                    let got: Vec<(u64, u32)> = index.find_matches(&query, false).workers.iter().map(|w| (w.worker.worker.get(), w.blocks)).collect();
+                    prop_assert_eq!(got, reference.scores(&query));
+                    None
+                }
+            };
+            if let Some((worker, event)) = applied {
+                let _ = index.apply(WorkerId::new(worker), &event);
+                reference.apply(worker, &event);
+            }
+        }
+        // Dump and rebuild: the same answers to every prefix of every chain.
+        let mut rebuilt = KvIndexer::new();
+        for (key, event) in index.dump() {
+            prop_assert!(rebuilt.apply(key.worker, &event).is_ok(), "dumped event rejected: {:?}", event);
+        }
+        for chain in CHAINS {
+            for len in 1..=chain.len() {
+                let query: Vec<LocalBlockHash> = chain[..len].iter().map(|l| LocalBlockHash::new(*l)).collect();
+                prop_assert_eq!(rebuilt.find_matches(&query, false), index.find_matches(&query, false));
+            }
+        }
+    }
+}
