@@ -164,8 +164,11 @@ fn clearing_and_removing_a_worker_forget_only_its_blocks() {
 /// walk from the root by `(parent, tokens_hash)`, like peer-bench's `check`.
 #[derive(Default)]
 struct Reference {
-    workers: BTreeMap<u64, HashMap<u64, (Option<u64>, u64, u8)>>,
+    workers: BTreeMap<u64, WorkerBlocks>,
 }
+
+/// `block_hash → (parent, tokens_hash, tier bits)` of one worker.
+type WorkerBlocks = HashMap<u64, (Option<u64>, u64, u8)>;
 
 impl Reference {
     fn apply(&mut self, worker: u64, event: &KvCacheEvent) {
