@@ -89,3 +89,198 @@ mod tests {
         assert_eq!(checksum.digest_hex(), "6ae78ab6ca3e5ac2");
     }
 }
+
+/// The first line of a workload file.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Header {
+    /// Always `kv-router-workload`.
+    pub format: String,
+    /// Always 1.
+    pub version: u32,
+    /// Tokens per block (information only).
+    pub block_size: u32,
+    /// Worker ids lie in `0..workers`.
+    pub workers: u64,
+    /// The generator's seed.
+    pub seed: u64,
+    /// The generator and its parameters.
+    pub source: String,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+enum Line {
+    Stored {
+        worker: u64,
+        parent: Option<u64>,
+        blocks: Vec<(u64, u64)>,
+    },
+    Removed {
+        worker: u64,
+        blocks: Vec<u64>,
+    },
+    Cleared {
+        worker: u64,
+    },
+    Match {
+        blocks: Vec<u64>,
+    },
+}
+
+/// One op of a workload, in kvtwin's types.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkloadOp {
+    /// An event of `worker` (numbered per worker from 1, dp rank 0, device tier).
+    Event {
+        /// The worker.
+        worker: crate::ids::WorkerId,
+        /// The event.
+        event: crate::events::KvCacheEvent,
+    },
+    /// A routing query: the tokens hash of each full block of a prompt.
+    Match(Vec<crate::ids::LocalBlockHash>),
+}
+
+/// A workload file could not be parsed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkloadError {
+    /// The file has no header line.
+    #[error("empty workload")]
+    Empty,
+    /// A line is not valid JSON of the expected shape.
+    #[error("line {line}: {source}")]
+    Parse {
+        /// 1-based line number.
+        line: usize,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// The header names another format or version.
+    #[error("unsupported workload format {format:?} version {version}")]
+    Unsupported {
+        /// The format named.
+        format: String,
+        /// The version named.
+        version: u32,
+    },
+}
+
+/// Parses a whole workload (JSON lines) into its header and ops.
+pub fn parse(text: &str) -> Result<(Header, Vec<WorkloadOp>), WorkloadError> {
+    use crate::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
+    use crate::ids::{LocalBlockHash, SequenceHash, WorkerId};
+    let mut lines = text.lines().enumerate();
+    let (_, first) = lines.next().ok_or(WorkloadError::Empty)?;
+    let header: Header =
+        serde_json::from_str(first).map_err(|source| WorkloadError::Parse { line: 1, source })?;
+    if header.format != "kv-router-workload" || header.version != 1 {
+        return Err(WorkloadError::Unsupported {
+            format: header.format,
+            version: header.version,
+        });
+    }
+    let mut next_event_id: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+    let mut ops = Vec::new();
+    for (index, text) in lines {
+        let line: Line = serde_json::from_str(text).map_err(|source| WorkloadError::Parse {
+            line: index + 1,
+            source,
+        })?;
+        let (worker, data) = match line {
+            Line::Match { blocks } => {
+                ops.push(WorkloadOp::Match(
+                    blocks.into_iter().map(LocalBlockHash::new).collect(),
+                ));
+                continue;
+            }
+            Line::Stored {
+                worker,
+                parent,
+                blocks,
+            } => {
+                let blocks = blocks
+                    .into_iter()
+                    .map(|(tokens, hash)| StoredBlock {
+                        block_hash: SequenceHash::new(hash),
+                        tokens_hash: LocalBlockHash::new(tokens),
+                    })
+                    .collect();
+                (
+                    worker,
+                    KvCacheEventData::Stored {
+                        parent_hash: parent.map(SequenceHash::new),
+                        blocks,
+                        tier: crate::tier::Tier::Device,
+                    },
+                )
+            }
+            Line::Removed { worker, blocks } => {
+                let block_hashes = blocks.into_iter().map(SequenceHash::new).collect();
+                (
+                    worker,
+                    KvCacheEventData::Removed {
+                        block_hashes,
+                        tier: crate::tier::Tier::Device,
+                    },
+                )
+            }
+            Line::Cleared { worker } => (worker, KvCacheEventData::Cleared),
+        };
+        let event_id = next_event_id.entry(worker).or_insert(0);
+        *event_id += 1;
+        let event = KvCacheEvent {
+            event_id: *event_id,
+            dp_rank: 0,
+            data,
+        };
+        ops.push(WorkloadOp::Event {
+            worker: WorkerId::new(worker),
+            event,
+        });
+    }
+    Ok((header, ops))
+}
+
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_op_and_rejects_unknown_keys_and_formats() {
+        let text = concat!(
+            r#"{"format":"kv-router-workload","version":1,"block_size":16,"workers":2,"seed":0,"source":"t"}"#,
+            "\n",
+            r#"{"op":"stored","worker":1,"parent":null,"blocks":[[5,5],[6,18446744073709551615]]}"#,
+            "\n",
+            r#"{"op":"removed","worker":1,"blocks":[5]}"#,
+            "\n",
+            r#"{"op":"cleared","worker":0}"#,
+            "\n",
+            r#"{"op":"match","blocks":[5,6]}"#,
+            "\n"
+        );
+        let (header, ops) = parse(text).unwrap();
+        assert_eq!(header.workers, 2);
+        assert_eq!(ops.len(), 4);
+        let WorkloadOp::Event { event, .. } = &ops[1] else {
+            panic!("{:?}", ops[1])
+        };
+        assert_eq!(event.event_id, 2, "numbered per worker from 1");
+        assert!(matches!(&ops[3], WorkloadOp::Match(q) if q.len() == 2));
+        let bad = text.replace(
+            r#""op":"cleared","worker":0"#,
+            r#""op":"cleared","worker":0,"x":1"#,
+        );
+        assert!(matches!(
+            parse(&bad),
+            Err(WorkloadError::Parse { line: 4, .. })
+        ));
+        assert!(matches!(
+            parse(&text.replace("\"version\":1", "\"version\":2")),
+            Err(WorkloadError::Unsupported { .. })
+        ));
+        assert!(matches!(parse(""), Err(WorkloadError::Empty)));
+    }
+}

@@ -4,6 +4,8 @@
 //! prints its report; `kvtwin run` takes another scenario, seed or trace; `kvtwin cache`
 //! answers "how big must the cache be for this trace?". All logic lives in the libraries.
 
+mod bench;
+
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use kvtwin::pool::EvictionPolicyKind;
@@ -61,6 +63,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Replay a kv-router-workload file (peer-bench's format) through kvtwin's indexer and
+    /// print one JSON line with peer-bench's field names.
+    Router {
+        /// The workload file.
+        #[arg(long)]
+        workload: PathBuf,
+        /// Event threads (the indexer is single-threaded for now: 1).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -90,6 +109,7 @@ fn main() -> Result<()> {
             policy,
             json,
         } => cache_sizes(&trace, &capacity_blocks, block_tokens, policy, json),
+        Command::Bench(Bench::Router { workload, threads }) => bench::router(&workload, threads),
     }
 }
 
