@@ -211,6 +211,7 @@ struct Candidate {
 #[derive(Debug, Default)]
 pub struct MatchScratch {
     active: Vec<Candidate>,
+    done: Vec<WorkerOverlap>,
 }
 
 /// The block index of a cluster, fed by every worker's events.
@@ -451,19 +452,23 @@ impl KvIndexer {
     /// `early_exit`, the walk stops once at most one worker still matches (its score is
     /// then a lower bound); otherwise every score is exact.
     pub fn find_matches(&self, query: &[LocalBlockHash], early_exit: bool) -> OverlapScores {
-        self.find_matches_with(query, early_exit, &mut MatchScratch::default())
+        let workers = self
+            .find_matches_with(query, early_exit, &mut MatchScratch::default())
+            .to_vec();
+        OverlapScores { workers }
     }
 
-    /// [`KvIndexer::find_matches`] reusing `scratch` between queries.
-    pub fn find_matches_with(
+    /// [`KvIndexer::find_matches`] into `scratch`, which keeps its buffers between
+    /// queries: the hot path allocates nothing. The overlaps are sorted by worker.
+    pub fn find_matches_with<'s>(
         &self,
         query: &[LocalBlockHash],
         early_exit: bool,
-        scratch: &mut MatchScratch,
-    ) -> OverlapScores {
-        let active = &mut scratch.active;
+        scratch: &'s mut MatchScratch,
+    ) -> &'s [WorkerOverlap] {
+        let MatchScratch { active, done } = scratch;
         active.clear();
-        let mut done: Vec<WorkerOverlap> = Vec::new();
+        done.clear();
         let mut previous = None;
         for (position, tokens_hash) in query.iter().enumerate() {
             let hash = chain_sequence_hash(previous, *tokens_hash);
@@ -500,7 +505,7 @@ impl KvIndexer {
         }
         done.extend(active.drain(..).map(|candidate| self.overlap(candidate)));
         done.sort_unstable_by_key(|w| w.worker);
-        OverlapScores { workers: done }
+        done
     }
 
     fn overlap(&self, candidate: Candidate) -> WorkerOverlap {

@@ -59,12 +59,7 @@ pub(crate) fn router(path: &Path, threads: usize) -> Result<()> {
                 let scores = index.find_matches_with(query, false, &mut scratch);
                 match_times.push(start.elapsed());
                 pairs.clear();
-                pairs.extend(
-                    scores
-                        .workers
-                        .iter()
-                        .map(|w| (w.worker.worker.get(), w.blocks)),
-                );
+                pairs.extend(scores.iter().map(|w| (w.worker.worker.get(), w.blocks)));
                 checksum.add(&mut pairs);
             }
         }
