@@ -1,45 +1,68 @@
-//! Memory layouts of KV blocks: where each layer of each block lives, and a portable
-//! descriptor so a remote peer can address our blocks (seed 000, NIXL metadata exchange).
+//! Memory layouts of KV blocks: which bytes hold layer `l` of block `b`, and the portable
+//! descriptor that lets a remote peer compute the same addresses (the NIXL metadata
+//! exchange of seed 000).
 //!
-//! Owns: [`LayoutConfig`] (layers, tokens per block, inner dimension, dtype, alignment),
-//! the two layouts [`FullyContiguous`] (all layers of a block together, block stride
-//! aligned up) and [`LayerSeparate`] (one region per layer), the [`BlockLayout`] trait that
-//! maps (block, layer) to an address, and [`LayoutDescriptor`] with its binary form.
+//! Owns: [`DType`], [`LayoutConfig`] (the shape of one block: `[num_layers][page_size ×
+//! inner_dim]` elements), [`MemoryType`] and [`Region`] (where bytes live), the
+//! [`BlockLayout`] trait with its two layouts [`FullyContiguous`] (all blocks in one region,
+//! the layers of a block side by side) and [`LayerSeparate`] (one region per layer), the
+//! [`AnyLayout`] sum of the two, and [`LayoutDescriptor`] with its binary form.
 //!
-//! Descriptor format v1, integers little-endian:
+//! Invariants, established by the constructors and re-checked on every decode:
+//! - a layout's config is valid and every byte size derived from it fits in a `u64`;
+//! - every region base is aligned to `config.alignment`, every region is large enough,
+//!   and `base_addr + len` does not overflow;
+//! - the regions of a [`LayerSeparate`] share one memory type and device and are disjoint;
+//! - hence [`BlockLayout::offset`] of distinct (block, layer) pairs never overlap, and each
+//!   lies inside its region.
 //!
-//! | bytes | field |
-//! |---|---|
-//! | 0..4 | magic `b"KVLY"` |
-//! | 4..6 | version: u16 = 1 |
-//! | 6 | kind: 0 fully contiguous, 1 layer separate |
-//! | 7 | dtype (see [`DType::code`]) |
-//! | 8 | memory type (see [`MemoryType::code`]) |
-//! | 9 | padding, zero |
-//! | 10..14 | device id: u32 |
-//! | 14..18 / 18..22 / 22..26 / 26..30 | num_layers, page_size, inner_dim, alignment: u32 |
-//! | 30..38 / 38..46 / 46..54 | num_blocks, block_stride, layer_stride: u64 |
-//! | 54..58 | region count: u32 (1, or num_layers for layer separate) |
-//! | 58.. | regions: (base address u64, length u64) each |
+//! Never: allocate or register device memory, or do any I/O. This module only computes
+//! addresses; the backends own the memory they describe.
 //!
-//! Invariant: a layout never hands out overlapping or out-of-region addresses; a
-//! descriptor is re-validated on decode (strides must be what the config implies).
-//! Never: allocate or register memory, or do I/O; it only computes addresses.
+//! # Descriptor format, version 1
+//!
+//! All integers little-endian, no padding between fields, nothing after the last one.
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | magic `b"KVLY"` |
+//! | 4 | 2 | version, `u16` = 1 |
+//! | 6 | 1 | kind: 0 fully contiguous, 1 layer separate |
+//! | 7 | 1 | dtype: 0 F32, 1 F16, 2 BF16, 3 FP8 E4M3, 4 I8 |
+//! | 8 | 1 | memory type: 0 device, 1 pinned, 2 system, 3 disk |
+//! | 9 | 1 | reserved, 0 |
+//! | 10 | 4 | device id, `u32` |
+//! | 14 | 4 | num_layers, `u32` |
+//! | 18 | 4 | page_size (tokens per block), `u32` |
+//! | 22 | 4 | inner_dim (elements per token per layer), `u32` |
+//! | 26 | 4 | alignment in bytes, `u32` |
+//! | 30 | 8 | num_blocks, `u64` |
+//! | 38 | 8 | block stride in bytes, `u64` |
+//!
+//! Then, for kind 0 (70 bytes in all): layer stride in bytes (`u64`, offset 46), the
+//! region's base address (`u64`, 54) and length (`u64`, 62). For kind 1 (`46 + 16 ×
+//! num_layers` bytes): `num_layers` regions in layer order, each a base address `u64` then
+//! a length `u64`. The region count is implied by the kind and `num_layers`, never sent
+//! separately, so a decoder can check the input holds that many before allocating.
+//!
+//! The strides are redundant with the config on purpose: a peer that computes them
+//! differently (another alignment rule, another version of this code) is rejected instead
+//! of reading the wrong bytes.
 
 use serde::{Deserialize, Serialize};
 
 /// Element type of the KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum DType {
-    /// 32-bit float.
+    /// IEEE 754 single precision.
     F32,
-    /// IEEE half.
+    /// IEEE 754 half precision.
     F16,
     /// bfloat16.
     BF16,
-    /// 8-bit float (E4M3).
+    /// 8-bit float, 4 exponent and 3 mantissa bits.
     Fp8E4M3,
-    /// 8-bit integer.
+    /// 8-bit signed integer.
     I8,
 }
 
@@ -53,8 +76,7 @@ impl DType {
         }
     }
 
-    /// The descriptor's code for this dtype.
-    pub const fn code(self) -> u8 {
+    const fn code(self) -> u8 {
         match self {
             DType::F32 => 0,
             DType::F16 => 1,
@@ -64,34 +86,33 @@ impl DType {
         }
     }
 
-    fn from_code(code: u8) -> Option<Self> {
-        Some(match code {
-            0 => DType::F32,
-            1 => DType::F16,
-            2 => DType::BF16,
-            3 => DType::Fp8E4M3,
-            4 => DType::I8,
-            _ => return None,
-        })
+    const fn from_code(code: u8) -> Option<Self> {
+        match code {
+            0 => Some(DType::F32),
+            1 => Some(DType::F16),
+            2 => Some(DType::BF16),
+            3 => Some(DType::Fp8E4M3),
+            4 => Some(DType::I8),
+            _ => None,
+        }
     }
 }
 
 /// Where a region's bytes live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum MemoryType {
-    /// GPU memory.
+    /// GPU memory (`device_id` is the GPU ordinal).
     Device,
-    /// Page-locked host memory.
+    /// Page-locked host memory, reachable by DMA.
     Pinned,
-    /// Ordinary host memory.
+    /// Ordinary pageable host memory.
     System,
-    /// A file or block device.
+    /// A file or block device; addresses are byte offsets into it.
     Disk,
 }
 
 impl MemoryType {
-    /// The descriptor's code for this memory type.
-    pub const fn code(self) -> u8 {
+    const fn code(self) -> u8 {
         match self {
             MemoryType::Device => 0,
             MemoryType::Pinned => 1,
@@ -100,18 +121,146 @@ impl MemoryType {
         }
     }
 
-    fn from_code(code: u8) -> Option<Self> {
-        Some(match code {
-            0 => MemoryType::Device,
-            1 => MemoryType::Pinned,
-            2 => MemoryType::System,
-            3 => MemoryType::Disk,
-            _ => return None,
-        })
+    const fn from_code(code: u8) -> Option<Self> {
+        match code {
+            0 => Some(MemoryType::Device),
+            1 => Some(MemoryType::Pinned),
+            2 => Some(MemoryType::System),
+            3 => Some(MemoryType::Disk),
+            _ => None,
+        }
     }
 }
 
+/// A layout is inconsistent, or an address was asked for outside it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LayoutError {
+    /// A config field (or a count) that must be at least 1 is 0.
+    #[error("{field} must be at least 1")]
+    Zero {
+        /// The field's name.
+        field: &'static str,
+    },
+    /// The alignment is not a power of two.
+    #[error("alignment {0} is not a power of two")]
+    AlignmentNotPowerOfTwo(u32),
+    /// A byte size or address does not fit in its integer type.
+    #[error("{quantity} overflows")]
+    Overflow {
+        /// What overflowed.
+        quantity: &'static str,
+    },
+    /// A block index past the last block.
+    #[error("block {block} out of range ({num_blocks} blocks)")]
+    BlockOutOfRange {
+        /// The requested block.
+        block: usize,
+        /// Blocks in the layout.
+        num_blocks: usize,
+    },
+    /// A layer index past the last layer.
+    #[error("layer {layer} out of range ({num_layers} layers)")]
+    LayerOutOfRange {
+        /// The requested layer.
+        layer: usize,
+        /// Layers in the layout.
+        num_layers: u32,
+    },
+    /// A region smaller than the layout needs.
+    #[error("region {region} holds {len} bytes, the layout needs {needed}")]
+    RegionTooSmall {
+        /// Index of the region (its layer for [`LayerSeparate`]).
+        region: usize,
+        /// Bytes needed.
+        needed: u64,
+        /// Bytes in the region.
+        len: u64,
+    },
+    /// A region base that is not a multiple of the alignment.
+    #[error("region {region} base {base_addr:#x} is not aligned to {alignment} bytes")]
+    MisalignedBase {
+        /// Index of the region.
+        region: usize,
+        /// Its base address.
+        base_addr: u64,
+        /// The required alignment.
+        alignment: u32,
+    },
+    /// The wrong number of regions for the layout kind.
+    #[error("expected {expected} regions, got {got}")]
+    RegionCount {
+        /// Regions the layout needs.
+        expected: usize,
+        /// Regions given.
+        got: usize,
+    },
+    /// A region whose memory type or device differs from region 0's.
+    #[error("region {region} is not in the same memory and device as region 0")]
+    MixedRegions {
+        /// Index of the odd region.
+        region: usize,
+    },
+    /// Two regions share bytes, so their blocks would too.
+    #[error("regions {first} and {second} overlap")]
+    OverlappingRegions {
+        /// The lower region index.
+        first: usize,
+        /// The higher region index.
+        second: usize,
+    },
+    /// A stated block stride that differs from what the config implies.
+    #[error("block stride is {got} bytes, the config implies {expected}")]
+    BlockStrideMismatch {
+        /// The implied stride.
+        expected: u64,
+        /// The stated stride.
+        got: u64,
+    },
+    /// A stated layer stride that differs from what the layout kind and config imply.
+    #[error("layer stride is {got:?}, the layout implies {expected:?}")]
+    LayerStrideMismatch {
+        /// The implied stride (`None`: layers live in separate regions).
+        expected: Option<u64>,
+        /// The stated stride.
+        got: Option<u64>,
+    },
+    /// A descriptor of one kind converted to a layout of the other.
+    #[error("descriptor is {got:?}, expected {expected:?}")]
+    WrongKind {
+        /// The kind asked for.
+        expected: LayoutKind,
+        /// The descriptor's kind.
+        got: LayoutKind,
+    },
+}
+
+/// Rounds `value` up to a multiple of `alignment`, a power of two.
+fn align_up(value: u64, alignment: u32, quantity: &'static str) -> Result<u64, LayoutError> {
+    let mask = u64::from(alignment).saturating_sub(1);
+    value
+        .checked_add(mask)
+        .map(|v| v & !mask)
+        .ok_or(LayoutError::Overflow { quantity })
+}
+
+/// `usize` is at most 64 bits on every target Rust supports, so this never truncates.
+const fn widen(n: usize) -> u64 {
+    n as u64
+}
+
+fn checked_mul(a: u64, b: u64, quantity: &'static str) -> Result<u64, LayoutError> {
+    a.checked_mul(b).ok_or(LayoutError::Overflow { quantity })
+}
+
+fn checked_add(a: u64, b: u64, quantity: &'static str) -> Result<u64, LayoutError> {
+    a.checked_add(b).ok_or(LayoutError::Overflow { quantity })
+}
+
 /// The shape of one block: `[num_layers][page_size × inner_dim]` elements of `dtype`.
+///
+/// Serde deserialisation does not validate; call [`LayoutConfig::validate`] (the layout
+/// constructors do).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LayoutConfig {
@@ -119,114 +268,81 @@ pub struct LayoutConfig {
     pub num_layers: u32,
     /// Tokens per block.
     pub page_size: u32,
-    /// Elements per token per layer (2 × KV heads × head dim for K and V).
+    /// Elements per token per layer: `2 × num_kv_heads × head_dim` for K and V.
     pub inner_dim: u32,
     /// Element type.
     pub dtype: DType,
-    /// Alignment of strides and base addresses, in bytes; a power of two.
+    /// Alignment of block strides and region bases, in bytes; a power of two, at least 1.
     pub alignment: u32,
 }
 
-/// A layout is inconsistent or an address was asked for outside it.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum LayoutError {
-    /// A size field is zero.
-    #[error("{field} must be at least 1")]
-    Zero {
-        /// The field.
-        field: &'static str,
-    },
-    /// The alignment is not a power of two.
-    #[error("alignment {0} is not a power of two")]
-    AlignmentNotPowerOfTwo(u32),
-    /// A byte size does not fit in 64 bits.
-    #[error("layout size overflows 64 bits")]
-    Overflow,
-    /// A block index past the end.
-    #[error("block {block} out of range ({num_blocks} blocks)")]
-    BlockOutOfRange {
-        /// Requested block.
-        block: u64,
-        /// Blocks in the layout.
-        num_blocks: u64,
-    },
-    /// A layer index past the end.
-    #[error("layer {layer} out of range ({num_layers} layers)")]
-    LayerOutOfRange {
-        /// Requested layer.
-        layer: u32,
-        /// Layers in the layout.
-        num_layers: u32,
-    },
-    /// A region smaller than the layout needs.
-    #[error("region of {len} bytes, layout needs {needed}")]
-    RegionTooSmall {
-        /// Bytes needed.
-        needed: u64,
-        /// Bytes in the region.
-        len: u64,
-    },
-    /// A base address that is not aligned.
-    #[error("base address {addr:#x} not aligned to {alignment}")]
-    MisalignedBase {
-        /// The address.
-        addr: u64,
-        /// The alignment.
-        alignment: u32,
-    },
-    /// The wrong number of regions for the layout kind.
-    #[error("expected {expected} regions, got {got}")]
-    RegionCount {
-        /// Regions required.
-        expected: u64,
-        /// Regions given.
-        got: u64,
-    },
-    /// A stride that differs from what the config implies.
-    #[error("{field} is {got}, the config implies {expected}")]
-    StrideMismatch {
-        /// Which stride.
-        field: &'static str,
-        /// Implied value.
-        expected: u64,
-        /// Given value.
-        got: u64,
-    },
-    /// Regions with different memory types or devices in one layout.
-    #[error("regions of one layout must share memory type and device")]
-    MixedRegions,
-}
-
-fn align_up(value: u64, alignment: u32) -> Result<u64, LayoutError> {
-    let mask = u64::from(alignment) - 1;
-    value
-        .checked_add(mask)
-        .map(|v| v & !mask)
-        .ok_or(LayoutError::Overflow)
+/// Byte sizes derived from a valid config.
+struct Sizes {
+    layer_bytes: u64,
+    contiguous_block_stride: u64,
+    separate_block_stride: u64,
 }
 
 impl LayoutConfig {
-    /// The layout of a model's KV cache: `inner_dim = 2 × num_kv_heads × head_dim`
-    /// (K and V), 256-byte alignment.
+    /// The alignment [`LayoutConfig::for_model`] uses: enough for any vectorised copy
+    /// kernel and for GPU memory allocations.
+    pub const DEFAULT_ALIGNMENT: u32 = 256;
+
+    /// The validated shape of a model's KV cache: `inner_dim = 2 × num_kv_heads × head_dim`
+    /// (K and V), [`LayoutConfig::DEFAULT_ALIGNMENT`].
     pub fn for_model(
         num_layers: u32,
         page_size: u32,
         num_kv_heads: u32,
         head_dim: u32,
         dtype: DType,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, LayoutError> {
+        let inner_dim = 2u32
+            .checked_mul(num_kv_heads)
+            .and_then(|v| v.checked_mul(head_dim))
+            .ok_or(LayoutError::Overflow {
+                quantity: "inner_dim",
+            })?;
+        let config = Self {
             num_layers,
             page_size,
-            inner_dim: 2u32.saturating_mul(num_kv_heads).saturating_mul(head_dim),
+            inner_dim,
             dtype,
-            alignment: 256,
-        }
+            alignment: Self::DEFAULT_ALIGNMENT,
+        };
+        config.validate()?;
+        Ok(config)
     }
 
-    /// Checks fields and that every size fits in 64 bits.
+    /// Checks that no field is zero, that the alignment is a power of two, and that every
+    /// byte size a layout derives from this config (aligned strides included) fits in a
+    /// `u64`.
     pub fn validate(&self) -> Result<(), LayoutError> {
+        self.sizes().map(|_| ())
+    }
+
+    /// Bytes of one layer of one block: `page_size × inner_dim × dtype size`. Does not
+    /// validate; fails only on overflow.
+    pub fn layer_bytes(&self) -> Result<u64, LayoutError> {
+        let elements = checked_mul(
+            u64::from(self.page_size),
+            u64::from(self.inner_dim),
+            "layer bytes",
+        )?;
+        checked_mul(elements, u64::from(self.dtype.size_bytes()), "layer bytes")
+    }
+
+    /// Bytes of one block, all layers, without padding: what a transfer of one block
+    /// moves. Does not validate; fails only on overflow.
+    pub fn block_bytes(&self) -> Result<u64, LayoutError> {
+        checked_mul(
+            u64::from(self.num_layers),
+            self.layer_bytes()?,
+            "block bytes",
+        )
+    }
+
+    fn sizes(&self) -> Result<Sizes, LayoutError> {
         for (field, value) in [
             ("num_layers", self.num_layers),
             ("page_size", self.page_size),
@@ -240,96 +356,73 @@ impl LayoutConfig {
         if !self.alignment.is_power_of_two() {
             return Err(LayoutError::AlignmentNotPowerOfTwo(self.alignment));
         }
-        let block = self.try_block_bytes()?;
-        align_up(block, self.alignment)?;
-        Ok(())
-    }
-
-    fn try_layer_bytes(&self) -> Result<u64, LayoutError> {
-        u64::from(self.page_size)
-            .checked_mul(u64::from(self.inner_dim))
-            .and_then(|v| v.checked_mul(u64::from(self.dtype.size_bytes())))
-            .ok_or(LayoutError::Overflow)
-    }
-
-    fn try_block_bytes(&self) -> Result<u64, LayoutError> {
-        self.try_layer_bytes()?
-            .checked_mul(u64::from(self.num_layers))
-            .ok_or(LayoutError::Overflow)
-    }
-
-    /// Bytes of one layer of one block (saturating; exact for validated configs).
-    pub fn layer_bytes(&self) -> u64 {
-        self.try_layer_bytes().unwrap_or(u64::MAX)
-    }
-
-    /// Bytes of one block, all layers, without padding (saturating; exact for validated
-    /// configs): what a transfer of one block moves.
-    pub fn block_bytes(&self) -> u64 {
-        self.try_block_bytes().unwrap_or(u64::MAX)
-    }
-
-    /// KV bytes per token, all layers.
-    pub fn bytes_per_token(&self) -> u64 {
-        self.block_bytes() / u64::from(self.page_size.max(1))
+        let layer_bytes = self.layer_bytes()?;
+        Ok(Sizes {
+            layer_bytes,
+            contiguous_block_stride: align_up(self.block_bytes()?, self.alignment, "block stride")?,
+            separate_block_stride: align_up(layer_bytes, self.alignment, "block stride")?,
+        })
     }
 }
 
-/// A contiguous memory range.
+/// A contiguous range of memory that a layout places blocks in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Region {
     /// Where its bytes live.
     pub memory_type: MemoryType,
-    /// Which device (GPU ordinal; 0 for host memory).
+    /// GPU ordinal for [`MemoryType::Device`]; 0 by convention for host memory and disk.
     pub device_id: u32,
-    /// First byte's address.
+    /// Absolute address (or disk offset) of the first byte.
     pub base_addr: u64,
     /// Length in bytes.
     pub len: u64,
 }
 
-/// One layer of one block: where it starts and how long it is.
+/// A byte range: absolute start and length. [`BlockLayout::offset`] returns one per layer
+/// of a block; a [`LayoutDescriptor`] lists its regions as these.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Address {
-    /// Absolute address of the first byte.
+    /// Absolute address (or disk offset) of the first byte.
     pub addr: u64,
-    /// Bytes.
+    /// Length in bytes.
     pub len: u64,
 }
 
-/// Maps (block, layer) to memory.
-pub trait BlockLayout {
-    /// The block shape.
-    fn config(&self) -> &LayoutConfig;
-    /// Blocks in the layout.
-    fn num_blocks(&self) -> u64;
-    /// Where the bytes live.
-    fn memory_type(&self) -> MemoryType;
-    /// Which device.
-    fn device_id(&self) -> u32;
-    /// Bytes the layout spans, padding included.
-    fn total_bytes(&self) -> u64;
-    /// Distance between consecutive blocks.
-    fn block_stride_bytes(&self) -> u64;
-    /// Distance between consecutive layers of one block (0 when layers live in separate
-    /// regions).
-    fn layer_stride_bytes(&self) -> u64;
-    /// Layer `layer` of block `block`.
-    fn offset(&self, block: u64, layer: u32) -> Result<Address, LayoutError>;
-    /// The portable descriptor of this layout.
-    fn descriptor(&self) -> LayoutDescriptor;
+/// Checks that `region` holds `needed` bytes at an aligned base without wrapping around.
+fn check_region(
+    index: usize,
+    region: &Region,
+    needed: u64,
+    alignment: u32,
+) -> Result<(), LayoutError> {
+    if region.base_addr & u64::from(alignment).saturating_sub(1) != 0 {
+        return Err(LayoutError::MisalignedBase {
+            region: index,
+            base_addr: region.base_addr,
+            alignment,
+        });
+    }
+    checked_add(region.base_addr, region.len, "region end")?;
+    if region.len < needed {
+        return Err(LayoutError::RegionTooSmall {
+            region: index,
+            needed,
+            len: region.len,
+        });
+    }
+    Ok(())
 }
 
 fn check_indices(
     config: &LayoutConfig,
-    num_blocks: u64,
-    block: u64,
-    layer: u32,
+    num_blocks: usize,
+    block: usize,
+    layer: usize,
 ) -> Result<(), LayoutError> {
     if block >= num_blocks {
         return Err(LayoutError::BlockOutOfRange { block, num_blocks });
     }
-    if layer >= config.num_layers {
+    if widen(layer) >= u64::from(config.num_layers) {
         return Err(LayoutError::LayerOutOfRange {
             layer,
             num_layers: config.num_layers,
@@ -338,67 +431,78 @@ fn check_indices(
     Ok(())
 }
 
-fn check_region(region: &Region, needed: u64, alignment: u32) -> Result<(), LayoutError> {
-    if region.base_addr % u64::from(alignment) != 0 {
-        return Err(LayoutError::MisalignedBase {
-            addr: region.base_addr,
-            alignment,
-        });
-    }
-    if region.len < needed {
-        return Err(LayoutError::RegionTooSmall {
-            needed,
-            len: region.len,
-        });
-    }
-    region
-        .base_addr
-        .checked_add(needed)
-        .ok_or(LayoutError::Overflow)?;
-    Ok(())
+/// Maps (block, layer) to memory. Implementations are immutable once built, so every
+/// address they hand out stays valid for as long as the memory they describe.
+pub trait BlockLayout {
+    /// The block shape.
+    fn config(&self) -> &LayoutConfig;
+    /// Blocks in the layout.
+    fn num_blocks(&self) -> usize;
+    /// Where the bytes live.
+    fn memory_type(&self) -> MemoryType;
+    /// Which device (see [`Region::device_id`]).
+    fn device_id(&self) -> u32;
+    /// Bytes the blocks occupy, alignment padding included, summed over all regions.
+    fn total_bytes(&self) -> u64;
+    /// Distance in bytes from the start of one block to the next within a region.
+    fn block_stride_bytes(&self) -> u64;
+    /// Distance in bytes from one layer of a block to the next, when a block's layers lie
+    /// in one region; `None` when each layer has its own region.
+    fn layer_stride_bytes(&self) -> Option<u64>;
+    /// The absolute address and length (`config().layer_bytes()`) of layer `layer` of
+    /// block `block`.
+    fn offset(&self, block: usize, layer: usize) -> Result<Address, LayoutError>;
+    /// What a remote peer needs to compute the same addresses.
+    fn descriptor(&self) -> LayoutDescriptor;
 }
 
-/// All layers of a block together, blocks one after another at an aligned stride.
+/// All blocks in one region; within a block the layers are consecutive
+/// (`layer stride = layer_bytes`), and blocks are `align_up(num_layers × layer_bytes,
+/// alignment)` apart, so every block starts aligned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FullyContiguous {
     config: LayoutConfig,
-    num_blocks: u64,
+    num_blocks: usize,
     region: Region,
+    layer_bytes: u64,
     block_stride: u64,
+    total_bytes: u64,
 }
 
 impl FullyContiguous {
-    /// Block stride: all layers of a block, aligned up.
-    pub fn block_stride_for(config: &LayoutConfig) -> Result<u64, LayoutError> {
-        config.validate()?;
-        align_up(config.try_block_bytes()?, config.alignment)
+    /// Bytes a region must hold for `num_blocks` blocks of `config` (the last block's
+    /// padding included).
+    pub fn required_bytes(config: &LayoutConfig, num_blocks: usize) -> Result<u64, LayoutError> {
+        checked_mul(
+            config.sizes()?.contiguous_block_stride,
+            widen(num_blocks),
+            "required bytes",
+        )
     }
 
-    /// Bytes a region must have for `num_blocks` blocks.
-    pub fn required_bytes(config: &LayoutConfig, num_blocks: u64) -> Result<u64, LayoutError> {
-        Self::block_stride_for(config)?
-            .checked_mul(num_blocks)
-            .ok_or(LayoutError::Overflow)
-    }
-
-    /// The layout of `num_blocks` blocks in `region`.
-    pub fn new(config: LayoutConfig, num_blocks: u64, region: Region) -> Result<Self, LayoutError> {
-        if num_blocks == 0 {
-            return Err(LayoutError::Zero {
-                field: "num_blocks",
-            });
-        }
-        let block_stride = Self::block_stride_for(&config)?;
-        let needed = block_stride
-            .checked_mul(num_blocks)
-            .ok_or(LayoutError::Overflow)?;
-        check_region(&region, needed, config.alignment)?;
+    /// The layout of `num_blocks` blocks in `region`, which must start aligned and hold at
+    /// least [`FullyContiguous::required_bytes`].
+    pub fn new(
+        config: LayoutConfig,
+        num_blocks: usize,
+        region: Region,
+    ) -> Result<Self, LayoutError> {
+        let sizes = config.sizes()?;
+        let total_bytes = Self::required_bytes(&config, num_blocks)?;
+        check_region(0, &region, total_bytes, config.alignment)?;
         Ok(Self {
             config,
             num_blocks,
             region,
-            block_stride,
+            layer_bytes: sizes.layer_bytes,
+            block_stride: sizes.contiguous_block_stride,
+            total_bytes,
         })
+    }
+
+    /// The region holding all blocks.
+    pub fn region(&self) -> &Region {
+        &self.region
     }
 }
 
@@ -407,7 +511,7 @@ impl BlockLayout for FullyContiguous {
         &self.config
     }
 
-    fn num_blocks(&self) -> u64 {
+    fn num_blocks(&self) -> usize {
         self.num_blocks
     }
 
@@ -420,26 +524,29 @@ impl BlockLayout for FullyContiguous {
     }
 
     fn total_bytes(&self) -> u64 {
-        self.block_stride * self.num_blocks
+        self.total_bytes
     }
 
     fn block_stride_bytes(&self) -> u64 {
         self.block_stride
     }
 
-    fn layer_stride_bytes(&self) -> u64 {
-        self.config.layer_bytes()
+    fn layer_stride_bytes(&self) -> Option<u64> {
+        Some(self.layer_bytes)
     }
 
-    fn offset(&self, block: u64, layer: u32) -> Result<Address, LayoutError> {
+    fn offset(&self, block: usize, layer: usize) -> Result<Address, LayoutError> {
         check_indices(&self.config, self.num_blocks, block, layer)?;
-        // In range by construction: new() checked base + stride × blocks fits.
-        let addr = self.region.base_addr
-            + block * self.block_stride
-            + u64::from(layer) * self.config.layer_bytes();
+        // The construction checks make overflow impossible here; checked anyway so that a
+        // broken invariant is an error rather than a wrapped address into someone's memory.
+        let within = checked_add(
+            checked_mul(widen(block), self.block_stride, "offset")?,
+            checked_mul(widen(layer), self.layer_bytes, "offset")?,
+            "offset",
+        )?;
         Ok(Address {
-            addr,
-            len: self.config.layer_bytes(),
+            addr: checked_add(self.region.base_addr, within, "address")?,
+            len: self.layer_bytes,
         })
     }
 
@@ -447,68 +554,120 @@ impl BlockLayout for FullyContiguous {
         LayoutDescriptor {
             kind: LayoutKind::FullyContiguous,
             config: self.config,
-            num_blocks: self.num_blocks,
+            num_blocks: widen(self.num_blocks),
             memory_type: self.region.memory_type,
             device_id: self.region.device_id,
-            block_stride: self.block_stride,
-            layer_stride: self.config.layer_bytes(),
-            regions: vec![(self.region.base_addr, self.region.len)],
+            block_stride_bytes: self.block_stride,
+            layer_stride_bytes: Some(self.layer_bytes),
+            regions: vec![Address {
+                addr: self.region.base_addr,
+                len: self.region.len,
+            }],
         }
     }
 }
 
-/// One region per layer; within a layer's region, blocks at an aligned stride.
+/// One region per layer, each at its own base (vLLM's per-layer KV tensors); within layer
+/// `l`'s region, block `b` starts at `b × align_up(layer_bytes, alignment)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LayerSeparate {
     config: LayoutConfig,
-    num_blocks: u64,
+    num_blocks: usize,
     regions: Vec<Region>,
+    memory_type: MemoryType,
+    device_id: u32,
+    layer_bytes: u64,
     block_stride: u64,
+    total_bytes: u64,
 }
 
 impl LayerSeparate {
-    /// Block stride within a layer region: one layer of a block, aligned up.
-    pub fn block_stride_for(config: &LayoutConfig) -> Result<u64, LayoutError> {
-        config.validate()?;
-        align_up(config.try_layer_bytes()?, config.alignment)
+    /// Bytes each layer's region must hold for `num_blocks` blocks of `config`.
+    pub fn required_bytes_per_region(
+        config: &LayoutConfig,
+        num_blocks: usize,
+    ) -> Result<u64, LayoutError> {
+        checked_mul(
+            config.sizes()?.separate_block_stride,
+            widen(num_blocks),
+            "required bytes",
+        )
     }
 
-    /// The layout of `num_blocks` blocks, layer `l` in `regions[l]`.
+    /// The layout of `num_blocks` blocks with layer `l` in `regions[l]`. The regions must
+    /// number `num_layers`, share one memory type and device, be disjoint, start aligned
+    /// and each hold [`LayerSeparate::required_bytes_per_region`].
     pub fn new(
         config: LayoutConfig,
-        num_blocks: u64,
+        num_blocks: usize,
         regions: Vec<Region>,
     ) -> Result<Self, LayoutError> {
-        if num_blocks == 0 {
-            return Err(LayoutError::Zero {
-                field: "num_blocks",
-            });
-        }
-        let block_stride = Self::block_stride_for(&config)?;
-        if regions.len() as u64 != u64::from(config.num_layers) {
+        let sizes = config.sizes()?;
+        let per_region = Self::required_bytes_per_region(&config, num_blocks)?;
+        if widen(regions.len()) != u64::from(config.num_layers) {
             return Err(LayoutError::RegionCount {
-                expected: u64::from(config.num_layers),
-                got: regions.len() as u64,
+                expected: usize::try_from(config.num_layers).unwrap_or(usize::MAX),
+                got: regions.len(),
             });
         }
-        let needed = block_stride
-            .checked_mul(num_blocks)
-            .ok_or(LayoutError::Overflow)?;
-        for region in &regions {
-            if (region.memory_type, region.device_id)
-                != (regions[0].memory_type, regions[0].device_id)
-            {
-                return Err(LayoutError::MixedRegions);
+        let Some(first) = regions.first() else {
+            return Err(LayoutError::Zero {
+                field: "num_layers",
+            });
+        };
+        let (memory_type, device_id) = (first.memory_type, first.device_id);
+        for (index, region) in regions.iter().enumerate() {
+            if (region.memory_type, region.device_id) != (memory_type, device_id) {
+                return Err(LayoutError::MixedRegions { region: index });
             }
-            check_region(region, needed, config.alignment)?;
+            check_region(index, region, per_region, config.alignment)?;
         }
+        check_disjoint(&regions)?;
         Ok(Self {
             config,
             num_blocks,
+            memory_type,
+            device_id,
+            layer_bytes: sizes.layer_bytes,
+            block_stride: sizes.separate_block_stride,
+            total_bytes: checked_mul(per_region, widen(regions.len()), "total bytes")?,
             regions,
-            block_stride,
         })
     }
+
+    /// The regions, one per layer, in layer order.
+    pub fn regions(&self) -> &[Region] {
+        &self.regions
+    }
+}
+
+/// Rejects regions that share a byte. Callers have checked that no region end overflows.
+fn check_disjoint(regions: &[Region]) -> Result<(), LayoutError> {
+    let mut spans: Vec<(u64, u64, usize)> = regions
+        .iter()
+        .enumerate()
+        .filter(|(_, region)| region.len > 0)
+        .map(|(index, region)| {
+            (
+                region.base_addr,
+                region.base_addr.saturating_add(region.len),
+                index,
+            )
+        })
+        .collect();
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        if let [(_, end, a), (start, _, b)] = pair {
+            // Sorted by start and disjoint so far, so the previous end is the furthest.
+            if start < end {
+                return Err(LayoutError::OverlappingRegions {
+                    first: *a.min(b),
+                    second: *a.max(b),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 impl BlockLayout for LayerSeparate {
@@ -516,36 +675,43 @@ impl BlockLayout for LayerSeparate {
         &self.config
     }
 
-    fn num_blocks(&self) -> u64 {
+    fn num_blocks(&self) -> usize {
         self.num_blocks
     }
 
     fn memory_type(&self) -> MemoryType {
-        self.regions[0].memory_type
+        self.memory_type
     }
 
     fn device_id(&self) -> u32 {
-        self.regions[0].device_id
+        self.device_id
     }
 
     fn total_bytes(&self) -> u64 {
-        self.block_stride * self.num_blocks * u64::from(self.config.num_layers)
+        self.total_bytes
     }
 
     fn block_stride_bytes(&self) -> u64 {
         self.block_stride
     }
 
-    fn layer_stride_bytes(&self) -> u64 {
-        0
+    fn layer_stride_bytes(&self) -> Option<u64> {
+        None
     }
 
-    fn offset(&self, block: u64, layer: u32) -> Result<Address, LayoutError> {
+    fn offset(&self, block: usize, layer: usize) -> Result<Address, LayoutError> {
         check_indices(&self.config, self.num_blocks, block, layer)?;
-        let addr = self.regions[layer as usize].base_addr + block * self.block_stride;
+        let region = self
+            .regions
+            .get(layer)
+            .ok_or(LayoutError::LayerOutOfRange {
+                layer,
+                num_layers: self.config.num_layers,
+            })?;
+        let within = checked_mul(widen(block), self.block_stride, "offset")?;
         Ok(Address {
-            addr,
-            len: self.config.layer_bytes(),
+            addr: checked_add(region.base_addr, within, "address")?,
+            len: self.layer_bytes,
         })
     }
 
@@ -553,13 +719,88 @@ impl BlockLayout for LayerSeparate {
         LayoutDescriptor {
             kind: LayoutKind::LayerSeparate,
             config: self.config,
-            num_blocks: self.num_blocks,
-            memory_type: self.memory_type(),
-            device_id: self.device_id(),
-            block_stride: self.block_stride,
-            layer_stride: 0,
-            regions: self.regions.iter().map(|r| (r.base_addr, r.len)).collect(),
+            num_blocks: widen(self.num_blocks),
+            memory_type: self.memory_type,
+            device_id: self.device_id,
+            block_stride_bytes: self.block_stride,
+            layer_stride_bytes: None,
+            regions: self
+                .regions
+                .iter()
+                .map(|region| Address {
+                    addr: region.base_addr,
+                    len: region.len,
+                })
+                .collect(),
         }
+    }
+}
+
+/// Either layout, as rebuilt from a descriptor whose kind is known only at run time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AnyLayout {
+    /// See [`FullyContiguous`].
+    FullyContiguous(FullyContiguous),
+    /// See [`LayerSeparate`].
+    LayerSeparate(LayerSeparate),
+}
+
+impl AnyLayout {
+    fn inner(&self) -> &dyn BlockLayout {
+        match self {
+            AnyLayout::FullyContiguous(layout) => layout,
+            AnyLayout::LayerSeparate(layout) => layout,
+        }
+    }
+}
+
+impl BlockLayout for AnyLayout {
+    fn config(&self) -> &LayoutConfig {
+        self.inner().config()
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.inner().num_blocks()
+    }
+
+    fn memory_type(&self) -> MemoryType {
+        self.inner().memory_type()
+    }
+
+    fn device_id(&self) -> u32 {
+        self.inner().device_id()
+    }
+
+    fn total_bytes(&self) -> u64 {
+        self.inner().total_bytes()
+    }
+
+    fn block_stride_bytes(&self) -> u64 {
+        self.inner().block_stride_bytes()
+    }
+
+    fn layer_stride_bytes(&self) -> Option<u64> {
+        self.inner().layer_stride_bytes()
+    }
+
+    fn offset(&self, block: usize, layer: usize) -> Result<Address, LayoutError> {
+        self.inner().offset(block, layer)
+    }
+
+    fn descriptor(&self) -> LayoutDescriptor {
+        self.inner().descriptor()
+    }
+}
+
+impl From<FullyContiguous> for AnyLayout {
+    fn from(layout: FullyContiguous) -> Self {
+        AnyLayout::FullyContiguous(layout)
+    }
+}
+
+impl From<LayerSeparate> for AnyLayout {
+    fn from(layout: LayerSeparate) -> Self {
+        AnyLayout::LayerSeparate(layout)
     }
 }
 
@@ -572,59 +813,81 @@ pub enum LayoutKind {
     LayerSeparate,
 }
 
+impl LayoutKind {
+    const fn code(self) -> u8 {
+        match self {
+            LayoutKind::FullyContiguous => 0,
+            LayoutKind::LayerSeparate => 1,
+        }
+    }
+
+    const fn from_code(code: u8) -> Option<Self> {
+        match code {
+            0 => Some(LayoutKind::FullyContiguous),
+            1 => Some(LayoutKind::LayerSeparate),
+            _ => None,
+        }
+    }
+}
+
 /// Everything a peer needs to address our blocks: shape, strides, memory and regions.
+///
+/// The fields are public so a descriptor can be inspected or built by hand; nothing
+/// trusts one until [`LayoutDescriptor::into_layout`] (or [`LayoutDescriptor::deserialize`],
+/// which calls it) has checked it against the config.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LayoutDescriptor {
-    /// Layout kind.
+    /// The layout kind.
     pub kind: LayoutKind,
-    /// Block shape.
+    /// The block shape.
     pub config: LayoutConfig,
-    /// Blocks.
+    /// Blocks in the layout.
     pub num_blocks: u64,
     /// Where the bytes live.
     pub memory_type: MemoryType,
     /// Which device.
     pub device_id: u32,
-    /// Distance between blocks.
-    pub block_stride: u64,
-    /// Distance between layers of a block (0 for layer separate).
-    pub layer_stride: u64,
-    /// (base address, length) of each region.
-    pub regions: Vec<(u64, u64)>,
+    /// See [`BlockLayout::block_stride_bytes`].
+    pub block_stride_bytes: u64,
+    /// See [`BlockLayout::layer_stride_bytes`]; `Some` exactly for fully contiguous.
+    pub layer_stride_bytes: Option<u64>,
+    /// The regions: one for fully contiguous, one per layer (in layer order) for layer
+    /// separate.
+    pub regions: Vec<Address>,
 }
 
 /// A layout descriptor could not be decoded.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LayoutDecodeError {
-    /// Fewer bytes than the format needs.
+    /// The input ends before a field it must contain.
     #[error("descriptor truncated: {needed} bytes needed, {got} present")]
     Truncated {
-        /// Bytes needed.
-        needed: usize,
+        /// Bytes needed to reach the end of the field that did not fit.
+        needed: u64,
         /// Bytes present.
         got: usize,
     },
-    /// Not `KVLY`.
+    /// The input does not start with `b"KVLY"`.
     #[error("bad descriptor magic {0:02x?}")]
     BadMagic([u8; 4]),
-    /// A version this code does not speak.
+    /// A format version this code does not speak.
     #[error("unsupported descriptor version {0}")]
     UnsupportedVersion(u16),
-    /// An unknown layout kind.
+    /// An unknown layout kind code.
     #[error("unknown layout kind {0}")]
     UnknownKind(u8),
-    /// An unknown dtype.
+    /// An unknown dtype code.
     #[error("unknown dtype {0}")]
     UnknownDType(u8),
-    /// An unknown memory type.
+    /// An unknown memory type code.
     #[error("unknown memory type {0}")]
     UnknownMemoryType(u8),
-    /// A padding byte that is not zero.
-    #[error("non-zero padding")]
-    NonZeroPadding,
+    /// The reserved byte is not zero: a newer writer meant something by it.
+    #[error("reserved byte is {0}, not 0")]
+    NonZeroReserved(u8),
     /// Bytes after the last region.
-    #[error("{0} trailing bytes")]
+    #[error("{0} trailing bytes after the descriptor")]
     TrailingBytes(usize),
     /// The fields decode but do not describe a valid layout.
     #[error("invalid layout: {0}")]
@@ -633,46 +896,77 @@ pub enum LayoutDecodeError {
 
 const MAGIC: [u8; 4] = *b"KVLY";
 const VERSION: u16 = 1;
-const FIXED_LEN: usize = 58;
+const HEADER_LEN: usize = 46;
 const REGION_LEN: usize = 16;
 
+/// A cursor over untrusted bytes; every read is bounds-checked.
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
 }
 
-impl<'a> Reader<'a> {
-    fn take<const N: usize>(&mut self) -> [u8; N] {
-        // Callers check the total length first; this cannot run past the end.
-        let mut out = [0u8; N];
-        out.copy_from_slice(&self.bytes[self.at..self.at + N]);
+impl Reader<'_> {
+    fn truncated(&self, wanted: u64) -> LayoutDecodeError {
+        LayoutDecodeError::Truncated {
+            needed: widen(self.at).saturating_add(wanted),
+            got: self.bytes.len(),
+        }
+    }
+
+    fn remaining(&self) -> usize {
+        self.bytes.len().saturating_sub(self.at)
+    }
+
+    /// Fails unless `wanted` more bytes are present.
+    fn ensure(&self, wanted: u64) -> Result<(), LayoutDecodeError> {
+        if widen(self.remaining()) < wanted {
+            return Err(self.truncated(wanted));
+        }
+        Ok(())
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], LayoutDecodeError> {
+        let chunk = self
+            .bytes
+            .get(self.at..)
+            .and_then(|rest| rest.first_chunk::<N>())
+            .ok_or_else(|| self.truncated(widen(N)))?;
         self.at += N;
-        out
+        Ok(*chunk)
     }
-    fn u8(&mut self) -> u8 {
-        self.take::<1>()[0]
+
+    fn u8(&mut self) -> Result<u8, LayoutDecodeError> {
+        let [byte] = self.array()?;
+        Ok(byte)
     }
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes(self.take())
+
+    fn u16(&mut self) -> Result<u16, LayoutDecodeError> {
+        self.array().map(u16::from_le_bytes)
     }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes(self.take())
+
+    fn u32(&mut self) -> Result<u32, LayoutDecodeError> {
+        self.array().map(u32::from_le_bytes)
     }
-    fn u64(&mut self) -> u64 {
-        u64::from_le_bytes(self.take())
+
+    fn u64(&mut self) -> Result<u64, LayoutDecodeError> {
+        self.array().map(u64::from_le_bytes)
     }
 }
 
 impl LayoutDescriptor {
-    /// The descriptor's bytes (format v1, see the module docs).
+    /// The descriptor's bytes in format v1 (see the module docs). Descriptors from
+    /// [`BlockLayout::descriptor`] or [`LayoutDescriptor::deserialize`] round-trip exactly;
+    /// a hand-built one that [`LayoutDescriptor::into_layout`] would reject is encoded as
+    /// far as the format has room for its fields, and need not round-trip.
     pub fn serialize(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(FIXED_LEN + REGION_LEN * self.regions.len());
+        let mut out = Vec::with_capacity(
+            HEADER_LEN
+                .saturating_add(8)
+                .saturating_add(self.regions.len().saturating_mul(REGION_LEN)),
+        );
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
-        out.push(match self.kind {
-            LayoutKind::FullyContiguous => 0,
-            LayoutKind::LayerSeparate => 1,
-        });
+        out.push(self.kind.code());
         out.push(self.config.dtype.code());
         out.push(self.memory_type.code());
         out.push(0);
@@ -685,154 +979,178 @@ impl LayoutDescriptor {
         ] {
             out.extend_from_slice(&value.to_le_bytes());
         }
-        for value in [self.num_blocks, self.block_stride, self.layer_stride] {
-            out.extend_from_slice(&value.to_le_bytes());
+        out.extend_from_slice(&self.num_blocks.to_le_bytes());
+        out.extend_from_slice(&self.block_stride_bytes.to_le_bytes());
+        if self.kind == LayoutKind::FullyContiguous {
+            // A missing stride encodes as 0, which no valid config implies.
+            out.extend_from_slice(&self.layer_stride_bytes.unwrap_or(0).to_le_bytes());
         }
-        out.extend_from_slice(&(self.regions.len() as u32).to_le_bytes());
-        for (base, len) in &self.regions {
-            out.extend_from_slice(&base.to_le_bytes());
-            out.extend_from_slice(&len.to_le_bytes());
+        for region in &self.regions {
+            out.extend_from_slice(&region.addr.to_le_bytes());
+            out.extend_from_slice(&region.len.to_le_bytes());
         }
         out
     }
 
-    /// Decodes and validates a descriptor. Never panics; allocates only what the input's
-    /// length justifies.
+    /// Decodes format v1 and checks the result describes a valid layout. Never panics on
+    /// any input, and allocates only once the input is known to hold the regions it
+    /// claims.
     pub fn deserialize(bytes: &[u8]) -> Result<Self, LayoutDecodeError> {
-        if bytes.len() < FIXED_LEN {
-            return Err(LayoutDecodeError::Truncated {
-                needed: FIXED_LEN,
-                got: bytes.len(),
-            });
-        }
         let mut reader = Reader { bytes, at: 0 };
-        let magic: [u8; 4] = reader.take();
+        let magic = reader.array::<4>()?;
         if magic != MAGIC {
             return Err(LayoutDecodeError::BadMagic(magic));
         }
-        let version = reader.u16();
+        let version = reader.u16()?;
         if version != VERSION {
             return Err(LayoutDecodeError::UnsupportedVersion(version));
         }
-        let kind = match reader.u8() {
-            0 => LayoutKind::FullyContiguous,
-            1 => LayoutKind::LayerSeparate,
-            other => return Err(LayoutDecodeError::UnknownKind(other)),
-        };
-        let dtype_code = reader.u8();
+        let kind_code = reader.u8()?;
+        let kind =
+            LayoutKind::from_code(kind_code).ok_or(LayoutDecodeError::UnknownKind(kind_code))?;
+        let dtype_code = reader.u8()?;
         let dtype =
             DType::from_code(dtype_code).ok_or(LayoutDecodeError::UnknownDType(dtype_code))?;
-        let memory_code = reader.u8();
+        let memory_code = reader.u8()?;
         let memory_type = MemoryType::from_code(memory_code)
             .ok_or(LayoutDecodeError::UnknownMemoryType(memory_code))?;
-        if reader.u8() != 0 {
-            return Err(LayoutDecodeError::NonZeroPadding);
+        let reserved = reader.u8()?;
+        if reserved != 0 {
+            return Err(LayoutDecodeError::NonZeroReserved(reserved));
         }
-        let device_id = reader.u32();
+        let device_id = reader.u32()?;
         let config = LayoutConfig {
-            num_layers: reader.u32(),
-            page_size: reader.u32(),
-            inner_dim: reader.u32(),
+            num_layers: reader.u32()?,
+            page_size: reader.u32()?,
+            inner_dim: reader.u32()?,
             dtype,
-            alignment: reader.u32(),
+            alignment: reader.u32()?,
         };
-        let num_blocks = reader.u64();
-        let block_stride = reader.u64();
-        let layer_stride = reader.u64();
-        let region_count = reader.u32() as usize;
-        let needed = region_count
-            .checked_mul(REGION_LEN)
-            .and_then(|r| r.checked_add(FIXED_LEN))
-            .ok_or(LayoutDecodeError::Truncated {
-                needed: usize::MAX,
-                got: bytes.len(),
-            })?;
-        if bytes.len() < needed {
-            return Err(LayoutDecodeError::Truncated {
-                needed,
-                got: bytes.len(),
+        let num_blocks = reader.u64()?;
+        let block_stride_bytes = reader.u64()?;
+        let (layer_stride_bytes, region_count) = match kind {
+            LayoutKind::FullyContiguous => (Some(reader.u64()?), 1),
+            LayoutKind::LayerSeparate => (None, config.num_layers),
+        };
+        // A peer claiming billions of layers must send their regions before we reserve
+        // room for them.
+        let region_bytes = u64::from(region_count).saturating_mul(widen(REGION_LEN));
+        reader.ensure(region_bytes)?;
+        let capacity = usize::try_from(region_count).map_err(|_| reader.truncated(region_bytes))?;
+        let mut regions = Vec::with_capacity(capacity);
+        for _ in 0..region_count {
+            regions.push(Address {
+                addr: reader.u64()?,
+                len: reader.u64()?,
             });
         }
-        if bytes.len() > needed {
-            return Err(LayoutDecodeError::TrailingBytes(bytes.len() - needed));
+        if reader.remaining() > 0 {
+            return Err(LayoutDecodeError::TrailingBytes(reader.remaining()));
         }
-        let regions = (0..region_count)
-            .map(|_| (reader.u64(), reader.u64()))
-            .collect();
         let descriptor = Self {
             kind,
             config,
             num_blocks,
             memory_type,
             device_id,
-            block_stride,
-            layer_stride,
+            block_stride_bytes,
+            layer_stride_bytes,
             regions,
         };
-        descriptor.validate()?;
+        descriptor.build()?;
         Ok(descriptor)
     }
 
-    fn region(&self, (base_addr, len): (u64, u64)) -> Region {
-        Region {
-            memory_type: self.memory_type,
-            device_id: self.device_id,
-            base_addr,
-            len,
-        }
+    /// The layout this describes, after checking the config, the regions and that the
+    /// stated strides are the ones the config implies.
+    pub fn into_layout(self) -> Result<AnyLayout, LayoutError> {
+        self.build()
     }
 
-    fn check_strides(&self, block_stride: u64, layer_stride: u64) -> Result<(), LayoutError> {
-        if self.block_stride != block_stride {
-            return Err(LayoutError::StrideMismatch {
-                field: "block_stride",
-                expected: block_stride,
-                got: self.block_stride,
+    fn build(&self) -> Result<AnyLayout, LayoutError> {
+        let num_blocks = usize::try_from(self.num_blocks).map_err(|_| LayoutError::Overflow {
+            quantity: "num_blocks",
+        })?;
+        let mut regions = self.regions.iter().map(|span| Region {
+            memory_type: self.memory_type,
+            device_id: self.device_id,
+            base_addr: span.addr,
+            len: span.len,
+        });
+        let layout = match self.kind {
+            LayoutKind::FullyContiguous => match (regions.next(), self.regions.len()) {
+                (Some(region), 1) => {
+                    AnyLayout::from(FullyContiguous::new(self.config, num_blocks, region)?)
+                }
+                (_, got) => return Err(LayoutError::RegionCount { expected: 1, got }),
+            },
+            LayoutKind::LayerSeparate => AnyLayout::from(LayerSeparate::new(
+                self.config,
+                num_blocks,
+                regions.collect(),
+            )?),
+        };
+        if layout.block_stride_bytes() != self.block_stride_bytes {
+            return Err(LayoutError::BlockStrideMismatch {
+                expected: layout.block_stride_bytes(),
+                got: self.block_stride_bytes,
             });
         }
-        if self.layer_stride != layer_stride {
-            return Err(LayoutError::StrideMismatch {
-                field: "layer_stride",
-                expected: layer_stride,
-                got: self.layer_stride,
+        if layout.layer_stride_bytes() != self.layer_stride_bytes {
+            return Err(LayoutError::LayerStrideMismatch {
+                expected: layout.layer_stride_bytes(),
+                got: self.layer_stride_bytes,
+            });
+        }
+        Ok(layout)
+    }
+
+    fn expect_kind(&self, expected: LayoutKind) -> Result<(), LayoutError> {
+        if self.kind != expected {
+            return Err(LayoutError::WrongKind {
+                expected,
+                got: self.kind,
             });
         }
         Ok(())
     }
+}
 
-    fn validate(&self) -> Result<(), LayoutError> {
-        match self.kind {
-            LayoutKind::FullyContiguous => self.to_fully_contiguous().map(|_| ()),
-            LayoutKind::LayerSeparate => self.to_layer_separate().map(|_| ()),
+impl TryFrom<LayoutDescriptor> for AnyLayout {
+    type Error = LayoutError;
+
+    fn try_from(descriptor: LayoutDescriptor) -> Result<Self, LayoutError> {
+        descriptor.into_layout()
+    }
+}
+
+impl TryFrom<LayoutDescriptor> for FullyContiguous {
+    type Error = LayoutError;
+
+    fn try_from(descriptor: LayoutDescriptor) -> Result<Self, LayoutError> {
+        descriptor.expect_kind(LayoutKind::FullyContiguous)?;
+        match descriptor.into_layout()? {
+            AnyLayout::FullyContiguous(layout) => Ok(layout),
+            AnyLayout::LayerSeparate(_) => Err(LayoutError::WrongKind {
+                expected: LayoutKind::FullyContiguous,
+                got: LayoutKind::LayerSeparate,
+            }),
         }
     }
+}
 
-    /// The fully contiguous layout this describes.
-    pub fn to_fully_contiguous(&self) -> Result<FullyContiguous, LayoutError> {
-        if self.kind != LayoutKind::FullyContiguous || self.regions.len() != 1 {
-            return Err(LayoutError::RegionCount {
-                expected: 1,
-                got: self.regions.len() as u64,
-            });
-        }
-        self.check_strides(
-            FullyContiguous::block_stride_for(&self.config)?,
-            self.config.layer_bytes(),
-        )?;
-        FullyContiguous::new(self.config, self.num_blocks, self.region(self.regions[0]))
-    }
+impl TryFrom<LayoutDescriptor> for LayerSeparate {
+    type Error = LayoutError;
 
-    /// The layer-separate layout this describes.
-    pub fn to_layer_separate(&self) -> Result<LayerSeparate, LayoutError> {
-        if self.kind != LayoutKind::LayerSeparate {
-            return Err(LayoutError::RegionCount {
-                expected: u64::from(self.config.num_layers),
-                got: self.regions.len() as u64,
-            });
+    fn try_from(descriptor: LayoutDescriptor) -> Result<Self, LayoutError> {
+        descriptor.expect_kind(LayoutKind::LayerSeparate)?;
+        match descriptor.into_layout()? {
+            AnyLayout::LayerSeparate(layout) => Ok(layout),
+            AnyLayout::FullyContiguous(_) => Err(LayoutError::WrongKind {
+                expected: LayoutKind::LayerSeparate,
+                got: LayoutKind::FullyContiguous,
+            }),
         }
-        self.check_strides(LayerSeparate::block_stride_for(&self.config)?, 0)?;
-        let regions = self.regions.iter().map(|r| self.region(*r)).collect();
-        LayerSeparate::new(self.config, self.num_blocks, regions)
     }
 }
 
@@ -841,6 +1159,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// One layer of a block: 4 tokens × 10 elements × 2 bytes = 80 bytes; a block 240.
     fn config() -> LayoutConfig {
         LayoutConfig {
             num_layers: 3,
@@ -860,239 +1179,706 @@ mod tests {
         }
     }
 
-    #[test]
-    fn llama_3_8b_holds_128_kib_of_kv_per_token() {
-        let config = LayoutConfig::for_model(32, 16, 8, 128, DType::BF16);
-        config.validate().unwrap();
-        assert_eq!(config.bytes_per_token(), 131_072);
-        assert_eq!(config.block_bytes(), 2 << 20);
-    }
-
-    #[test]
-    fn fully_contiguous_block_stride_is_aligned_up() {
-        // One layer: 4 tokens × 10 × 2 bytes = 80; a block: 240, aligned to 64 → 256.
-        let layout = FullyContiguous::new(config(), 5, region(0x1000, 5 * 256)).unwrap();
-        assert_eq!(layout.block_stride_bytes(), 256);
-        assert_eq!(layout.layer_stride_bytes(), 80);
-        assert_eq!(
-            layout.offset(2, 1).unwrap(),
-            Address {
-                addr: 0x1000 + 512 + 80,
-                len: 80
-            }
-        );
-        assert_eq!(layout.total_bytes(), 1280);
-        assert_eq!(FullyContiguous::required_bytes(&config(), 5), Ok(1280));
-    }
-
-    #[test]
-    fn layer_separate_puts_each_layer_in_its_own_region() {
-        let regions = vec![
+    fn three_layer_regions() -> Vec<Region> {
+        vec![
             region(0x10000, 512),
-            region(0x20000, 512),
             region(0x40000, 512),
-        ];
-        let layout = LayerSeparate::new(config(), 4, regions).unwrap();
-        // One layer of a block: 80 bytes, aligned to 64 → 128.
-        assert_eq!(layout.block_stride_bytes(), 128);
+            region(0x20000, 512),
+        ]
+    }
+
+    fn fully_contiguous() -> FullyContiguous {
+        FullyContiguous::new(config(), 5, region(0x1000, 1280)).unwrap()
+    }
+
+    fn layer_separate() -> LayerSeparate {
+        LayerSeparate::new(config(), 4, three_layer_regions()).unwrap()
+    }
+
+    fn put(bytes: &mut [u8], at: usize, value: &[u8]) {
+        bytes[at..at + value.len()].copy_from_slice(value);
+    }
+
+    #[test]
+    fn dtype_sizes_are_bytes_per_element() {
+        let sizes = [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Fp8E4M3,
+            DType::I8,
+        ]
+        .map(DType::size_bytes);
+        assert_eq!(sizes, [4, 2, 2, 1, 1]);
+    }
+
+    #[test]
+    fn llama_3_8b_holds_128_kib_of_kv_per_token_and_2_mib_per_16_token_block() {
+        let per_token = LayoutConfig::for_model(32, 1, 8, 128, DType::BF16).unwrap();
+        assert_eq!(per_token.block_bytes(), Ok(131_072));
+        let config = LayoutConfig::for_model(32, 16, 8, 128, DType::BF16).unwrap();
+        assert_eq!(config.inner_dim, 2048);
+        assert_eq!(config.alignment, 256);
+        assert_eq!(config.layer_bytes(), Ok(65_536));
+        assert_eq!(config.block_bytes(), Ok(2 << 20));
+        assert_eq!(FullyContiguous::required_bytes(&config, 10), Ok(20 << 20));
+    }
+
+    #[test]
+    fn for_model_rejects_an_inner_dim_that_overflows_u32() {
         assert_eq!(
-            layout.offset(3, 2).unwrap(),
-            Address {
-                addr: 0x40000 + 384,
-                len: 80
-            }
+            LayoutConfig::for_model(32, 16, 1 << 16, 1 << 16, DType::BF16),
+            Err(LayoutError::Overflow {
+                quantity: "inner_dim"
+            })
         );
     }
 
     #[test]
-    fn out_of_range_and_inconsistent_layouts_are_errors() {
-        let layout = FullyContiguous::new(config(), 2, region(0, 512)).unwrap();
-        assert_eq!(
-            layout.offset(2, 0),
-            Err(LayoutError::BlockOutOfRange {
-                block: 2,
-                num_blocks: 2
-            })
-        );
-        assert_eq!(
-            layout.offset(0, 3),
-            Err(LayoutError::LayerOutOfRange {
-                layer: 3,
-                num_layers: 3
-            })
-        );
-        assert_eq!(
-            FullyContiguous::new(config(), 3, region(0, 512)),
-            Err(LayoutError::RegionTooSmall {
-                needed: 768,
-                len: 512
-            })
-        );
-        assert_eq!(
-            FullyContiguous::new(config(), 1, region(8, 512)),
-            Err(LayoutError::MisalignedBase {
-                addr: 8,
-                alignment: 64
-            })
-        );
+    fn validate_names_each_zero_field() {
+        for field in ["num_layers", "page_size", "inner_dim", "alignment"] {
+            let mut zeroed = config();
+            match field {
+                "num_layers" => zeroed.num_layers = 0,
+                "page_size" => zeroed.page_size = 0,
+                "inner_dim" => zeroed.inner_dim = 0,
+                _ => zeroed.alignment = 0,
+            }
+            assert_eq!(zeroed.validate(), Err(LayoutError::Zero { field }));
+        }
+    }
+
+    #[test]
+    fn validate_rejects_alignment_that_is_not_a_power_of_two() {
         let bad = LayoutConfig {
             alignment: 48,
             ..config()
         };
         assert_eq!(bad.validate(), Err(LayoutError::AlignmentNotPowerOfTwo(48)));
-        let zero = LayoutConfig {
-            page_size: 0,
+        let one = LayoutConfig {
+            alignment: 1,
             ..config()
         };
-        assert_eq!(
-            zero.validate(),
-            Err(LayoutError::Zero { field: "page_size" })
-        );
-        let huge = LayoutConfig {
-            num_layers: u32::MAX,
+        assert_eq!(one.validate(), Ok(()));
+    }
+
+    #[test]
+    fn validate_rejects_byte_sizes_that_overflow_u64() {
+        let huge_layer = LayoutConfig {
             page_size: u32::MAX,
             inner_dim: u32::MAX,
             dtype: DType::F32,
+            ..config()
+        };
+        assert_eq!(
+            huge_layer.validate(),
+            Err(LayoutError::Overflow {
+                quantity: "layer bytes"
+            })
+        );
+        let huge_block = LayoutConfig {
+            num_layers: u32::MAX,
+            page_size: u32::MAX,
+            inner_dim: 2,
+            dtype: DType::F32,
             alignment: 1,
         };
-        assert_eq!(huge.validate(), Err(LayoutError::Overflow));
-        assert!(matches!(
-            LayerSeparate::new(config(), 1, vec![region(0, 128)]),
-            Err(LayoutError::RegionCount { .. })
-        ));
+        assert_eq!(
+            huge_block.validate(),
+            Err(LayoutError::Overflow {
+                quantity: "block bytes"
+            })
+        );
+        // The payload fits exactly, but rounding it up to the alignment does not.
+        let unaligned_max = LayoutConfig {
+            // 257 × 42_009_217 × 1_708_606_335 = 2^64 - 1, which is odd.
+            num_layers: 257,
+            page_size: 42_009_217,
+            inner_dim: 1_708_606_335,
+            dtype: DType::I8,
+            alignment: 2,
+        };
+        assert_eq!(unaligned_max.block_bytes(), Ok(u64::MAX));
+        assert_eq!(
+            unaligned_max.validate(),
+            Err(LayoutError::Overflow {
+                quantity: "block stride"
+            })
+        );
     }
 
     #[test]
-    fn descriptors_round_trip_and_rebuild_the_layout() {
-        let layout = FullyContiguous::new(config(), 5, region(0x1000, 4096)).unwrap();
-        let bytes = layout.descriptor().serialize();
-        let decoded = LayoutDescriptor::deserialize(&bytes).unwrap();
-        assert_eq!(decoded.to_fully_contiguous().unwrap(), layout);
-        let regions = vec![
-            region(0x10000, 512),
-            region(0x20000, 512),
-            region(0x40000, 512),
+    fn fully_contiguous_block_stride_is_aligned_up() {
+        // 3 layers × 80 bytes = 240, rounded up to 64 bytes: 256.
+        let layout = fully_contiguous();
+        assert_eq!(layout.block_stride_bytes(), 256);
+        assert_eq!(layout.layer_stride_bytes(), Some(80));
+        assert_eq!(layout.total_bytes(), 1280);
+        assert_eq!(FullyContiguous::required_bytes(&config(), 5), Ok(1280));
+        assert_eq!(
+            layout.offset(2, 1),
+            Ok(Address {
+                addr: 0x1000 + 2 * 256 + 80,
+                len: 80
+            })
+        );
+        assert_eq!(
+            layout.offset(4, 2),
+            Ok(Address {
+                addr: 0x1000 + 4 * 256 + 2 * 80,
+                len: 80
+            })
+        );
+    }
+
+    #[test]
+    fn fully_contiguous_packs_blocks_tightly_with_alignment_one() {
+        let config = LayoutConfig {
+            alignment: 1,
+            ..config()
+        };
+        let layout = FullyContiguous::new(config, 2, region(7, 480)).unwrap();
+        assert_eq!(layout.block_stride_bytes(), 240);
+        assert_eq!(layout.offset(1, 0), Ok(Address { addr: 247, len: 80 }));
+    }
+
+    #[test]
+    fn fully_contiguous_rejects_a_bad_region() {
+        assert_eq!(
+            FullyContiguous::new(config(), 5, region(0x1000, 1279)),
+            Err(LayoutError::RegionTooSmall {
+                region: 0,
+                needed: 1280,
+                len: 1279
+            })
+        );
+        assert_eq!(
+            FullyContiguous::new(config(), 1, region(0x1020, 256)),
+            Err(LayoutError::MisalignedBase {
+                region: 0,
+                base_addr: 0x1020,
+                alignment: 64
+            })
+        );
+        assert_eq!(
+            FullyContiguous::new(config(), 1, region(u64::MAX - 63, 256)),
+            Err(LayoutError::Overflow {
+                quantity: "region end"
+            })
+        );
+        assert_eq!(
+            FullyContiguous::new(config(), usize::MAX, region(0, u64::MAX)),
+            Err(LayoutError::Overflow {
+                quantity: "required bytes"
+            })
+        );
+    }
+
+    #[test]
+    fn layer_separate_places_blocks_at_the_aligned_layer_size() {
+        // One layer of a block is 80 bytes, rounded up to 64 bytes: 128.
+        let layout = layer_separate();
+        assert_eq!(layout.block_stride_bytes(), 128);
+        assert_eq!(layout.layer_stride_bytes(), None);
+        assert_eq!(layout.total_bytes(), 3 * 512);
+        assert_eq!(
+            LayerSeparate::required_bytes_per_region(&config(), 4),
+            Ok(512)
+        );
+        // Layer 1 lives in the region at 0x40000: regions need not be in address order.
+        assert_eq!(
+            layout.offset(3, 1),
+            Ok(Address {
+                addr: 0x40000 + 3 * 128,
+                len: 80
+            })
+        );
+        assert_eq!(
+            layout.offset(0, 2),
+            Ok(Address {
+                addr: 0x20000,
+                len: 80
+            })
+        );
+    }
+
+    #[test]
+    fn layer_separate_rejects_inconsistent_regions() {
+        assert_eq!(
+            LayerSeparate::new(config(), 4, vec![region(0, 512)]),
+            Err(LayoutError::RegionCount {
+                expected: 3,
+                got: 1
+            })
+        );
+        let mut mixed = three_layer_regions();
+        mixed[2].memory_type = MemoryType::Device;
+        assert_eq!(
+            LayerSeparate::new(config(), 4, mixed),
+            Err(LayoutError::MixedRegions { region: 2 })
+        );
+        let mut other_device = three_layer_regions();
+        other_device[1].device_id = 1;
+        assert_eq!(
+            LayerSeparate::new(config(), 4, other_device),
+            Err(LayoutError::MixedRegions { region: 1 })
+        );
+        let mut overlapping = three_layer_regions();
+        overlapping[2].base_addr = 0x40000 + 448;
+        assert_eq!(
+            LayerSeparate::new(config(), 4, overlapping),
+            Err(LayoutError::OverlappingRegions {
+                first: 1,
+                second: 2
+            })
+        );
+        let mut small = three_layer_regions();
+        small[1].len = 511;
+        assert_eq!(
+            LayerSeparate::new(config(), 4, small),
+            Err(LayoutError::RegionTooSmall {
+                region: 1,
+                needed: 512,
+                len: 511
+            })
+        );
+        let mut misaligned = three_layer_regions();
+        misaligned[0].base_addr += 32;
+        assert_eq!(
+            LayerSeparate::new(config(), 4, misaligned),
+            Err(LayoutError::MisalignedBase {
+                region: 0,
+                base_addr: 0x10020,
+                alignment: 64
+            })
+        );
+    }
+
+    #[test]
+    fn adjacent_and_empty_layer_regions_are_not_overlapping() {
+        let adjacent = vec![region(0, 512), region(512, 512), region(1024, 512)];
+        assert!(LayerSeparate::new(config(), 4, adjacent).is_ok());
+        let empty_inside = vec![region(0, 512), region(128, 0), region(1024, 0)];
+        assert!(LayerSeparate::new(config(), 0, empty_inside).is_ok());
+    }
+
+    #[test]
+    fn offsets_past_the_last_block_or_layer_are_errors() {
+        let layouts = [
+            AnyLayout::from(fully_contiguous()),
+            AnyLayout::from(layer_separate()),
         ];
-        let layout = LayerSeparate::new(config(), 4, regions).unwrap();
-        let decoded = LayoutDescriptor::deserialize(&layout.descriptor().serialize()).unwrap();
-        assert_eq!(decoded.to_layer_separate().unwrap(), layout);
+        for layout in &layouts {
+            let num_blocks = layout.num_blocks();
+            assert_eq!(
+                layout.offset(num_blocks, 0),
+                Err(LayoutError::BlockOutOfRange {
+                    block: num_blocks,
+                    num_blocks
+                })
+            );
+            assert_eq!(
+                layout.offset(0, 3),
+                Err(LayoutError::LayerOutOfRange {
+                    layer: 3,
+                    num_layers: 3
+                })
+            );
+            assert!(layout.offset(num_blocks - 1, 2).is_ok());
+        }
     }
 
     #[test]
-    fn each_decode_failure_has_its_own_error() {
-        let good = FullyContiguous::new(config(), 5, region(0x1000, 4096))
-            .unwrap()
-            .descriptor()
-            .serialize();
-        let corrupt = |at: usize, value: u8| {
+    fn a_layout_without_blocks_has_no_addresses() {
+        let layout = FullyContiguous::new(config(), 0, region(0, 0)).unwrap();
+        assert_eq!(layout.total_bytes(), 0);
+        assert_eq!(
+            layout.offset(0, 0),
+            Err(LayoutError::BlockOutOfRange {
+                block: 0,
+                num_blocks: 0
+            })
+        );
+    }
+
+    #[test]
+    fn any_layout_reports_what_the_wrapped_layout_does() {
+        let inner = layer_separate();
+        let any = AnyLayout::from(inner.clone());
+        assert_eq!(any.config(), inner.config());
+        assert_eq!(any.memory_type(), MemoryType::Pinned);
+        assert_eq!(any.device_id(), 0);
+        assert_eq!(any.total_bytes(), inner.total_bytes());
+        assert_eq!(any.offset(1, 1), inner.offset(1, 1));
+        assert_eq!(any.descriptor(), inner.descriptor());
+        assert_eq!(inner.regions(), three_layer_regions().as_slice());
+        assert_eq!(fully_contiguous().region(), &region(0x1000, 1280));
+    }
+
+    #[test]
+    fn serialised_descriptor_follows_the_documented_format() {
+        let layout = FullyContiguous::new(
+            config(),
+            5,
+            Region {
+                device_id: 7,
+                ..region(0x1000, 1280)
+            },
+        )
+        .unwrap();
+        let bytes = layout.descriptor().serialize();
+        let mut expected = b"KVLY".to_vec();
+        expected.extend_from_slice(&1u16.to_le_bytes());
+        expected.extend_from_slice(&[0, 1, 1, 0]);
+        for value in [7u32, 3, 4, 10, 64] {
+            expected.extend_from_slice(&value.to_le_bytes());
+        }
+        for value in [5u64, 256, 80, 0x1000, 1280] {
+            expected.extend_from_slice(&value.to_le_bytes());
+        }
+        assert_eq!(bytes, expected);
+        assert_eq!(bytes.len(), 70);
+        let separate = layer_separate().descriptor().serialize();
+        assert_eq!(separate.len(), 46 + 3 * 16);
+        assert_eq!(separate[6], 1);
+        assert_eq!(&separate[46..54], &0x10000u64.to_le_bytes());
+        assert_eq!(&separate[62..70], &0x40000u64.to_le_bytes());
+    }
+
+    #[test]
+    fn descriptors_round_trip_and_rebuild_the_same_layout() {
+        let contiguous = fully_contiguous();
+        let decoded = LayoutDescriptor::deserialize(&contiguous.descriptor().serialize()).unwrap();
+        assert_eq!(decoded, contiguous.descriptor());
+        assert_eq!(
+            FullyContiguous::try_from(decoded.clone()),
+            Ok(contiguous.clone())
+        );
+        assert_eq!(decoded.into_layout(), Ok(AnyLayout::from(contiguous)));
+
+        let separate = layer_separate();
+        let decoded = LayoutDescriptor::deserialize(&separate.descriptor().serialize()).unwrap();
+        assert_eq!(decoded, separate.descriptor());
+        assert_eq!(
+            AnyLayout::try_from(decoded.clone()),
+            Ok(AnyLayout::from(separate.clone()))
+        );
+        assert_eq!(LayerSeparate::try_from(decoded), Ok(separate));
+    }
+
+    #[test]
+    fn converting_a_descriptor_to_the_other_layout_kind_is_an_error() {
+        assert_eq!(
+            LayerSeparate::try_from(fully_contiguous().descriptor()),
+            Err(LayoutError::WrongKind {
+                expected: LayoutKind::LayerSeparate,
+                got: LayoutKind::FullyContiguous
+            })
+        );
+        assert_eq!(
+            FullyContiguous::try_from(layer_separate().descriptor()),
+            Err(LayoutError::WrongKind {
+                expected: LayoutKind::FullyContiguous,
+                got: LayoutKind::LayerSeparate
+            })
+        );
+    }
+
+    #[test]
+    fn into_layout_rechecks_hand_built_descriptors() {
+        let mut two_regions = fully_contiguous().descriptor();
+        two_regions.regions.push(Address {
+            addr: 0x8000,
+            len: 1280,
+        });
+        assert_eq!(
+            two_regions.into_layout(),
+            Err(LayoutError::RegionCount {
+                expected: 1,
+                got: 2
+            })
+        );
+        let mut with_layer_stride = layer_separate().descriptor();
+        with_layer_stride.layer_stride_bytes = Some(80);
+        assert_eq!(
+            with_layer_stride.into_layout(),
+            Err(LayoutError::LayerStrideMismatch {
+                expected: None,
+                got: Some(80)
+            })
+        );
+        let mut too_many_blocks = fully_contiguous().descriptor();
+        too_many_blocks.num_blocks = u64::MAX;
+        assert!(too_many_blocks.into_layout().is_err());
+    }
+
+    #[test]
+    fn decoding_reports_each_malformation_by_kind() {
+        let good = fully_contiguous().descriptor().serialize();
+        let with = |at: usize, value: &[u8]| {
             let mut bytes = good.clone();
-            bytes[at] = value;
+            put(&mut bytes, at, value);
             LayoutDescriptor::deserialize(&bytes)
         };
-        assert!(matches!(
-            LayoutDescriptor::deserialize(&good[..10]),
-            Err(LayoutDecodeError::Truncated { .. })
-        ));
-        assert!(matches!(
-            corrupt(0, b'X'),
-            Err(LayoutDecodeError::BadMagic(_))
-        ));
-        assert_eq!(corrupt(4, 9), Err(LayoutDecodeError::UnsupportedVersion(9)));
-        assert_eq!(corrupt(6, 7), Err(LayoutDecodeError::UnknownKind(7)));
-        assert_eq!(corrupt(7, 99), Err(LayoutDecodeError::UnknownDType(99)));
+        use LayoutDecodeError as E;
         assert_eq!(
-            corrupt(8, 99),
-            Err(LayoutDecodeError::UnknownMemoryType(99))
+            LayoutDescriptor::deserialize(&[]),
+            Err(E::Truncated { needed: 4, got: 0 })
         );
-        assert_eq!(corrupt(9, 1), Err(LayoutDecodeError::NonZeroPadding));
+        assert_eq!(
+            LayoutDescriptor::deserialize(&good[..50]),
+            Err(E::Truncated {
+                needed: 54,
+                got: 50
+            })
+        );
+        assert_eq!(with(0, b"KVLZ"), Err(E::BadMagic(*b"KVLZ")));
+        assert_eq!(with(4, &2u16.to_le_bytes()), Err(E::UnsupportedVersion(2)));
+        assert_eq!(with(6, &[7]), Err(E::UnknownKind(7)));
+        assert_eq!(with(7, &[99]), Err(E::UnknownDType(99)));
+        assert_eq!(with(8, &[9]), Err(E::UnknownMemoryType(9)));
+        assert_eq!(with(9, &[1]), Err(E::NonZeroReserved(1)));
         let mut long = good.clone();
-        long.push(0);
+        long.extend_from_slice(&[0, 0]);
         assert_eq!(
             LayoutDescriptor::deserialize(&long),
-            Err(LayoutDecodeError::TrailingBytes(1))
+            Err(E::TrailingBytes(2))
         );
-        // A block stride that disagrees with the config.
-        assert!(matches!(
-            corrupt(39, 2),
-            Err(LayoutDecodeError::Invalid(
-                LayoutError::StrideMismatch { .. }
-            ))
-        ));
-        // A huge region count with a short input is refused before allocating.
-        let mut bytes = good.clone();
-        bytes[54..58].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(
-            LayoutDescriptor::deserialize(&bytes),
-            Err(LayoutDecodeError::Truncated { .. })
-        ));
+        // A layer-separate descriptor of 3 layers needs 3 regions, not 1 region and a stride.
+        assert_eq!(
+            with(6, &[1]),
+            Err(E::Truncated {
+                needed: 94,
+                got: 70
+            })
+        );
     }
 
-    fn valid_config() -> impl Strategy<Value = LayoutConfig> {
-        (
-            1u32..6,
-            1u32..33,
-            1u32..64,
-            prop::sample::select(vec![DType::F32, DType::BF16, DType::I8]),
-            0u32..9,
+    #[test]
+    fn decoding_rejects_fields_that_contradict_the_config() {
+        let good = fully_contiguous().descriptor().serialize();
+        let with = |at: usize, value: &[u8]| {
+            let mut bytes = good.clone();
+            put(&mut bytes, at, value);
+            LayoutDescriptor::deserialize(&bytes)
+        };
+        use LayoutDecodeError::Invalid;
+        assert_eq!(
+            with(38, &512u64.to_le_bytes()),
+            Err(Invalid(LayoutError::BlockStrideMismatch {
+                expected: 256,
+                got: 512
+            }))
+        );
+        assert_eq!(
+            with(46, &96u64.to_le_bytes()),
+            Err(Invalid(LayoutError::LayerStrideMismatch {
+                expected: Some(80),
+                got: Some(96)
+            }))
+        );
+        assert_eq!(
+            with(18, &0u32.to_le_bytes()),
+            Err(Invalid(LayoutError::Zero { field: "page_size" }))
+        );
+        assert_eq!(
+            with(26, &48u32.to_le_bytes()),
+            Err(Invalid(LayoutError::AlignmentNotPowerOfTwo(48)))
+        );
+        assert_eq!(
+            with(54, &0x1008u64.to_le_bytes()),
+            Err(Invalid(LayoutError::MisalignedBase {
+                region: 0,
+                base_addr: 0x1008,
+                alignment: 64
+            }))
+        );
+        assert_eq!(
+            with(62, &1024u64.to_le_bytes()),
+            Err(Invalid(LayoutError::RegionTooSmall {
+                region: 0,
+                needed: 1280,
+                len: 1024
+            }))
+        );
+    }
+
+    #[test]
+    fn a_huge_layer_count_with_a_short_input_is_refused_before_allocating() {
+        let mut bytes = layer_separate().descriptor().serialize();
+        put(&mut bytes, 14, &u32::MAX.to_le_bytes());
+        assert_eq!(
+            LayoutDescriptor::deserialize(&bytes),
+            Err(LayoutDecodeError::Truncated {
+                needed: 46 + 16 * u64::from(u32::MAX),
+                got: 94
+            })
+        );
+    }
+
+    fn arb_dtype() -> impl Strategy<Value = DType> {
+        prop::sample::select(vec![
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Fp8E4M3,
+            DType::I8,
+        ])
+    }
+
+    fn arb_memory_type() -> impl Strategy<Value = MemoryType> {
+        prop::sample::select(vec![
+            MemoryType::Device,
+            MemoryType::Pinned,
+            MemoryType::System,
+            MemoryType::Disk,
+        ])
+    }
+
+    fn arb_config() -> impl Strategy<Value = LayoutConfig> {
+        (1u32..6, 1u32..33, 1u32..64, arb_dtype(), 0u32..12).prop_map(
+            |(num_layers, page_size, inner_dim, dtype, shift)| LayoutConfig {
+                num_layers,
+                page_size,
+                inner_dim,
+                dtype,
+                alignment: 1 << shift,
+            },
         )
+    }
+
+    /// A valid layout with regions at unrelated aligned bases, with slack after them and,
+    /// for layer separate, in shuffled address order.
+    fn arb_layout() -> impl Strategy<Value = AnyLayout> {
+        (
+            arb_config(),
+            0usize..10,
+            any::<bool>(),
+            arb_memory_type(),
+            any::<u32>(),
+        )
+            .prop_flat_map(|(config, num_blocks, separate, memory_type, device_id)| {
+                let layers = config.num_layers as usize;
+                (
+                    Just((config, num_blocks, separate, memory_type, device_id)),
+                    prop::collection::vec((0u64..4, 0u64..300), layers),
+                    Just((0..layers).collect::<Vec<_>>()).prop_shuffle(),
+                )
+            })
             .prop_map(
-                |(num_layers, page_size, inner_dim, dtype, shift)| LayoutConfig {
-                    num_layers,
-                    page_size,
-                    inner_dim,
-                    dtype,
-                    alignment: 1 << shift,
+                |((config, num_blocks, separate, memory_type, device_id), slots, order)| {
+                    let alignment = u64::from(config.alignment);
+                    let needed = if separate {
+                        LayerSeparate::required_bytes_per_region(&config, num_blocks).unwrap()
+                    } else {
+                        FullyContiguous::required_bytes(&config, num_blocks).unwrap()
+                    };
+                    let mut cursor = 1u64 << 40;
+                    let mut placed = Vec::new();
+                    for (gap, slack) in slots {
+                        let base =
+                            align_up(cursor, config.alignment, "test").unwrap() + gap * alignment;
+                        placed.push(Region {
+                            memory_type,
+                            device_id,
+                            base_addr: base,
+                            len: needed + slack,
+                        });
+                        cursor = base + needed + slack;
+                    }
+                    if separate {
+                        let regions = order.iter().map(|&slot| placed[slot]).collect();
+                        AnyLayout::from(LayerSeparate::new(config, num_blocks, regions).unwrap())
+                    } else {
+                        AnyLayout::from(
+                            FullyContiguous::new(config, num_blocks, placed[0]).unwrap(),
+                        )
+                    }
                 },
             )
     }
 
     proptest! {
         #[test]
-        fn deserialising_garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        fn deserialising_arbitrary_bytes_never_panics(
+            bytes in prop::collection::vec(any::<u8>(), 0..512),
+        ) {
             let _ = LayoutDescriptor::deserialize(&bytes);
         }
 
         #[test]
-        fn garbage_behind_a_valid_prefix_never_panics(rest in prop::collection::vec(any::<u8>(), 0..512)) {
-            let mut bytes = MAGIC.to_vec();
+        fn deserialising_garbage_after_a_valid_prefix_never_panics(
+            kind in 0u8..2,
+            rest in prop::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let mut bytes = b"KVLY".to_vec();
             bytes.extend_from_slice(&VERSION.to_le_bytes());
+            bytes.push(kind);
             bytes.extend_from_slice(&rest);
             let _ = LayoutDescriptor::deserialize(&bytes);
         }
 
         #[test]
-        fn valid_descriptors_round_trip_and_truncations_are_rejected(config in valid_config(), blocks in 1u64..20, separate in any::<bool>()) {
-            let descriptor = if separate {
-                let stride = LayerSeparate::block_stride_for(&config).unwrap();
-                let regions = (0..config.num_layers).map(|l| region(u64::from(l + 1) << 32, stride * blocks)).collect();
-                LayerSeparate::new(config, blocks, regions).unwrap().descriptor()
-            } else {
-                let needed = FullyContiguous::required_bytes(&config, blocks).unwrap();
-                FullyContiguous::new(config, blocks, region(1 << 32, needed)).unwrap().descriptor()
-            };
-            let bytes = descriptor.serialize();
-            prop_assert_eq!(LayoutDescriptor::deserialize(&bytes).unwrap(), descriptor);
-            for len in 0..bytes.len() {
-                prop_assert!(LayoutDescriptor::deserialize(&bytes[..len]).is_err());
+        fn a_mutated_descriptor_is_rejected_or_round_trips(
+            layout in arb_layout(),
+            at in any::<prop::sample::Index>(),
+            value in any::<u8>(),
+        ) {
+            let mut bytes = layout.descriptor().serialize();
+            let at = at.index(bytes.len());
+            bytes[at] = value;
+            if let Ok(decoded) = LayoutDescriptor::deserialize(&bytes) {
+                prop_assert_eq!(decoded.serialize(), bytes);
+                prop_assert!(decoded.into_layout().is_ok());
             }
         }
 
         #[test]
-        fn addresses_never_overlap_and_stay_inside_the_region(config in valid_config(), blocks in 1u64..12) {
-            let needed = FullyContiguous::required_bytes(&config, blocks).unwrap();
-            let base = 1u64 << 20;
-            let layout = FullyContiguous::new(config, blocks, region(base, needed)).unwrap();
+        fn valid_descriptors_round_trip_exactly(layout in arb_layout()) {
+            let descriptor = layout.descriptor();
+            let decoded = LayoutDescriptor::deserialize(&descriptor.serialize());
+            prop_assert_eq!(decoded.as_ref(), Ok(&descriptor));
+            prop_assert_eq!(descriptor.into_layout(), Ok(layout));
+        }
+
+        #[test]
+        fn every_truncation_of_a_valid_descriptor_is_rejected(layout in arb_layout()) {
+            let bytes = layout.descriptor().serialize();
+            for len in 0..bytes.len() {
+                let truncated = LayoutDescriptor::deserialize(&bytes[..len]);
+                prop_assert!(
+                    matches!(truncated, Err(LayoutDecodeError::Truncated { .. })),
+                    "{} of {} bytes gave {:?}", len, bytes.len(), truncated
+                );
+            }
+        }
+
+        #[test]
+        fn offsets_never_overlap_and_stay_inside_their_regions(layout in arb_layout()) {
+            let alignment = u64::from(layout.config().alignment);
+            let layer_bytes = layout.config().layer_bytes().unwrap();
             let mut spans = Vec::new();
-            for block in 0..blocks {
-                for layer in 0..config.num_layers {
+            for block in 0..layout.num_blocks() {
+                for layer in 0..layout.config().num_layers as usize {
                     let address = layout.offset(block, layer).unwrap();
-                    prop_assert!(address.addr >= base && address.addr + address.len <= base + needed);
+                    let region = match &layout {
+                        AnyLayout::FullyContiguous(inner) => *inner.region(),
+                        AnyLayout::LayerSeparate(inner) => inner.regions()[layer],
+                    };
+                    prop_assert_eq!(address.len, layer_bytes);
+                    prop_assert!(address.addr >= region.base_addr);
+                    prop_assert!(address.addr + address.len <= region.base_addr + region.len);
+                    if layer == 0 || layout.layer_stride_bytes().is_none() {
+                        prop_assert_eq!(address.addr % alignment, 0);
+                    }
                     spans.push((address.addr, address.addr + address.len));
                 }
             }
-            spans.sort();
+            let total: u64 = spans.iter().map(|(start, end)| end - start).sum();
+            prop_assert!(total <= layout.total_bytes());
+            spans.sort_unstable();
             for pair in spans.windows(2) {
-                prop_assert!(pair[0].1 <= pair[1].0, "overlap {:?}", pair);
+                prop_assert!(pair[0].1 <= pair[1].0, "{:?} overlaps {:?}", pair[0], pair[1]);
             }
         }
     }
