@@ -14,6 +14,7 @@
 //! - nothing observable depends on hash-map iteration order.
 
 pub mod block;
+pub mod bus;
 pub mod events;
 pub mod fabric;
 pub mod hardware;
