@@ -1,12 +1,192 @@
 //! The KV-aware router's state: which worker holds which blocks, in which tier.
 //!
 //! Owns: [`indexer::KvIndexer`] (fed by `KvCacheEvent`s, answers prefix-overlap queries),
+//! [`approx::PredictedCache`] (predicted caches of workers that publish no events),
 //! [`scheduler::Scheduler`] (turns overlaps and load into a worker choice) and
 //! [`workload`] (the `kv-router-workload` format shared with peer-bench, and its
 //! checksum). The indexer's state is a function of the events it was fed, and `dump`
 //! turns it back into events that rebuild it.
 //! Never: I/O, clocks or threads; drivers feed events and time queries.
 
+pub mod approx;
 pub mod indexer;
 pub mod scheduler;
 pub mod workload;
+
+use crate::events::KvCacheEvent;
+use crate::ids::{LocalBlockHash, Timestamp, WorkerId};
+use approx::PredictedCache;
+use indexer::{ApplyEventError, KvIndexer, MatchScratch, WorkerKey, WorkerOverlap};
+use scheduler::{Decision, Scheduler, SchedulerConfig};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// How the router learns a worker's cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerMode {
+    /// From the worker's KV events.
+    Events,
+    /// Predicted from the router's own decisions (the worker publishes no events).
+    Approximate {
+        /// How long a routed request's blocks are assumed cached.
+        ttl: Duration,
+        /// How many blocks the worker is assumed to hold at most.
+        capacity_blocks: usize,
+    },
+}
+
+/// The router: the block index, predictions for workers without events, and the
+/// scheduler that turns both into a choice.
+#[derive(Debug)]
+pub struct Router {
+    indexer: KvIndexer,
+    predicted: BTreeMap<WorkerKey, PredictedCache>,
+    scheduler: Scheduler,
+    scratch: MatchScratch,
+}
+
+impl Router {
+    /// A router with no workers.
+    pub fn new(config: SchedulerConfig) -> Self {
+        Self {
+            indexer: KvIndexer::new(),
+            predicted: BTreeMap::new(),
+            scheduler: Scheduler::new(config),
+            scratch: MatchScratch::default(),
+        }
+    }
+
+    /// Makes `worker` routable, its cache learnt as `mode` says.
+    pub fn add_worker(&mut self, worker: WorkerKey, mode: WorkerMode) {
+        self.scheduler.add_worker(worker);
+        if let WorkerMode::Approximate {
+            ttl,
+            capacity_blocks,
+        } = mode
+        {
+            self.predicted
+                .insert(worker, PredictedCache::new(ttl, capacity_blocks));
+        }
+    }
+
+    /// Forgets `worker` (every dp rank): index, prediction and load.
+    pub fn remove_worker(&mut self, worker: WorkerId) {
+        self.indexer.remove_worker(worker);
+        self.predicted.retain(|key, _| key.worker != worker);
+        self.scheduler.remove_workers_of(worker);
+    }
+
+    /// Applies a KV event of `worker` to the index.
+    pub fn apply(&mut self, worker: WorkerId, event: &KvCacheEvent) -> Result<(), ApplyEventError> {
+        self.indexer.apply(worker, event)
+    }
+
+    /// Chooses a worker for a request whose full blocks have these token hashes, and
+    /// records the choice (load; the prediction of an approximate worker).
+    pub fn route(&mut self, query: &[LocalBlockHash], now: Timestamp) -> Option<Decision> {
+        let mut overlaps: Vec<WorkerOverlap> = self
+            .indexer
+            .find_matches_with(query, false, &mut self.scratch)
+            .to_vec();
+        for (worker, cache) in &self.predicted {
+            let blocks = cache.overlap(query, now);
+            if blocks > 0 {
+                overlaps.push(WorkerOverlap {
+                    worker: *worker,
+                    blocks,
+                    by_tier: [blocks, 0, 0, 0],
+                });
+            }
+        }
+        overlaps.sort_by_key(|o| o.worker);
+        let decision = self.scheduler.select(query.len(), &overlaps)?;
+        if let Some(cache) = self.predicted.get_mut(&decision.worker) {
+            cache.record_routed(query, now);
+        }
+        self.scheduler
+            .record_start(decision.worker, query.len() as u64);
+        Some(decision)
+    }
+
+    /// A request of `blocks` blocks finished on `worker`.
+    pub fn finish(&mut self, worker: WorkerKey, blocks: u64) {
+        self.scheduler.record_finish(worker, blocks);
+    }
+
+    /// The block index.
+    pub fn indexer(&self) -> &KvIndexer {
+        &self.indexer
+    }
+
+    /// The scheduler.
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(worker: u64) -> WorkerKey {
+        WorkerKey {
+            worker: WorkerId::new(worker),
+            dp_rank: 0,
+        }
+    }
+
+    fn query(locals: &[u64]) -> Vec<LocalBlockHash> {
+        locals.iter().map(|l| LocalBlockHash::new(*l)).collect()
+    }
+
+    #[test]
+    fn approximate_workers_keep_affinity_until_the_prediction_expires() {
+        let mut router = Router::new(SchedulerConfig {
+            seed: 3,
+            ..SchedulerConfig::default()
+        });
+        let mode = WorkerMode::Approximate {
+            ttl: Duration::from_secs(1),
+            capacity_blocks: 64,
+        };
+        for worker in 0..4 {
+            router.add_worker(key(worker), mode);
+        }
+        let prompt = query(&[1, 2, 3, 4]);
+        let first = router.route(&prompt, Timestamp::ZERO).unwrap();
+        router.finish(first.worker, 4);
+        let again = router
+            .route(&prompt, Timestamp::from_nanos(500_000_000))
+            .unwrap();
+        assert_eq!(
+            again.worker, first.worker,
+            "the predicted cache attracts the same prefix"
+        );
+        assert_eq!(again.overlap_blocks, 4);
+        router.finish(again.worker, 4);
+        let late = router
+            .route(&prompt, Timestamp::from_nanos(3_000_000_000))
+            .unwrap();
+        assert_eq!(late.overlap_blocks, 0, "the prediction expired");
+    }
+
+    #[test]
+    fn removed_workers_are_no_longer_routed_to() {
+        let mut router = Router::new(SchedulerConfig::default());
+        router.add_worker(key(0), WorkerMode::Events);
+        router.add_worker(
+            key(1),
+            WorkerMode::Approximate {
+                ttl: Duration::from_secs(1),
+                capacity_blocks: 8,
+            },
+        );
+        router.remove_worker(WorkerId::new(1));
+        for _ in 0..8 {
+            assert_eq!(
+                router.route(&query(&[1]), Timestamp::ZERO).unwrap().worker,
+                key(0)
+            );
+        }
+    }
+}

@@ -113,6 +113,11 @@ impl Scheduler {
         self.loads.remove(&worker);
     }
 
+    /// Makes every dp rank of `worker` ineligible.
+    pub fn remove_workers_of(&mut self, worker: crate::ids::WorkerId) {
+        self.loads.retain(|key, _| key.worker != worker);
+    }
+
     /// Replaces what the scheduler knows of `worker`'s load (from metrics, say).
     pub fn set_load(&mut self, worker: WorkerKey, load: WorkerLoad) {
         self.loads.insert(worker, load);
