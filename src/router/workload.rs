@@ -284,3 +284,27 @@ mod parse_tests {
         assert!(matches!(parse(""), Err(WorkloadError::Empty)));
     }
 }
+
+/// Replays `ops` in order through `index` (events applied, rejected ones counted by the
+/// index) and returns the checksum of every match (exact scores, `early_exit = false`).
+pub fn replay(ops: &[WorkloadOp], index: &mut super::indexer::KvIndexer) -> Checksum {
+    let mut scratch = super::indexer::MatchScratch::default();
+    let mut checksum = Checksum::default();
+    let mut pairs = Vec::new();
+    for op in ops {
+        match op {
+            WorkloadOp::Event { worker, event } => {
+                // Rejections are counted in the index's stats; replay goes on, as every
+                // indexer replaying the file does.
+                let _ = index.apply(*worker, event);
+            }
+            WorkloadOp::Match(query) => {
+                pairs.clear();
+                let scores = index.find_matches_with(query, false, &mut scratch);
+                pairs.extend(scores.iter().map(|w| (w.worker.worker.get(), w.blocks)));
+                checksum.add(&mut pairs);
+            }
+        }
+    }
+    checksum
+}
