@@ -308,3 +308,157 @@ pub fn replay(ops: &[WorkloadOp], index: &mut super::indexer::KvIndexer) -> Chec
     }
     checksum
 }
+
+/// Options of kvtwin's own synthetic workload generator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyntheticOptions {
+    /// The generator's seed: the same options give the same ops.
+    pub seed: u64,
+    /// Worker ids `0..workers`.
+    pub workers: u64,
+    /// `stored` ops to emit.
+    pub stores: usize,
+    /// `match` ops to emit.
+    pub queries: usize,
+    /// Blocks a worker holds before it evicts.
+    pub capacity_blocks: usize,
+    /// Prefix families (system prompts) that prompts share.
+    pub families: usize,
+    /// Matches spread among the events instead of after them.
+    pub interleaved: bool,
+    /// Clear one random worker after every K-th store (0: never).
+    pub clear_every: usize,
+}
+
+/// One worker's cache in the generator: LRU by tick, leaves first, prefix-closed.
+#[derive(Default)]
+struct ModelCache {
+    // (tick, deepest first, hash) in eviction order, and hash -> (tick, depth).
+    order: std::collections::BTreeSet<(u64, std::cmp::Reverse<u32>, u64)>,
+    blocks: std::collections::BTreeMap<u64, (u64, u32)>,
+}
+
+/// Generates a workload that follows peer-bench's rules (block hashes chain, stores
+/// name cached parents, caches stay prefix-closed, removals list held blocks leaf first),
+/// for tests that compare indexers on the same ops.
+pub fn generate_synthetic(options: &SyntheticOptions) -> Vec<WorkloadOp> {
+    use crate::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
+    use crate::ids::{LocalBlockHash, SequenceHash, WorkerId};
+    use crate::tier::Tier;
+    use rand::{Rng, SeedableRng};
+
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(options.seed);
+    let workers = options.workers.max(1);
+    let families: Vec<Vec<u64>> = (0..options.families.max(1))
+        .map(|_| (0..rng.gen_range(1..6)).map(|_| rng.gen()).collect())
+        .collect();
+    let mut caches: Vec<ModelCache> = (0..workers).map(|_| ModelCache::default()).collect();
+    let mut event_ids = vec![0u64; workers as usize];
+    let mut ops = Vec::new();
+    let mut tick = 0u64;
+    let prompt = |rng: &mut rand_chacha::ChaCha8Rng| -> Vec<u64> {
+        let mut tokens = families[rng.gen_range(0..families.len())].clone();
+        tokens.extend((0..rng.gen_range(0..8)).map(|_| rng.gen_range(0..64u64)));
+        tokens
+    };
+    let mut push_event = |ops: &mut Vec<WorkloadOp>, worker: u64, data: KvCacheEventData| {
+        event_ids[worker as usize] += 1;
+        let event = KvCacheEvent {
+            event_id: event_ids[worker as usize],
+            dp_rank: 0,
+            data,
+        };
+        ops.push(WorkloadOp::Event {
+            worker: WorkerId::new(worker),
+            event,
+        });
+    };
+    let (mut stores, mut queries) = (0, 0);
+    while stores < options.stores || queries < options.queries {
+        let query_now = stores >= options.stores
+            || (options.interleaved && queries < options.queries && rng.gen_bool(0.5));
+        let tokens = prompt(&mut rng);
+        let hashes: Vec<u64> = {
+            let mut previous = None;
+            tokens
+                .iter()
+                .map(|t| {
+                    let hash =
+                        crate::tokens::chain_sequence_hash(previous, LocalBlockHash::new(*t));
+                    previous = Some(hash);
+                    hash.get()
+                })
+                .collect()
+        };
+        if query_now {
+            ops.push(WorkloadOp::Match(
+                tokens.iter().map(|t| LocalBlockHash::new(*t)).collect(),
+            ));
+            queries += 1;
+            continue;
+        }
+        let worker = rng.gen_range(0..workers);
+        let cache = &mut caches[worker as usize];
+        tick += 1;
+        let cached = hashes
+            .iter()
+            .take_while(|h| cache.blocks.contains_key(h))
+            .count();
+        for (depth, hash) in hashes.iter().enumerate() {
+            if let Some((old_tick, old_depth)) = cache.blocks.insert(*hash, (tick, depth as u32)) {
+                cache
+                    .order
+                    .remove(&(old_tick, std::cmp::Reverse(old_depth), *hash));
+            }
+            cache
+                .order
+                .insert((tick, std::cmp::Reverse(depth as u32), *hash));
+        }
+        let parent = cached.checked_sub(1).map(|i| SequenceHash::new(hashes[i]));
+        let blocks = tokens[cached..]
+            .iter()
+            .zip(&hashes[cached..])
+            .map(|(t, h)| StoredBlock {
+                block_hash: SequenceHash::new(*h),
+                tokens_hash: LocalBlockHash::new(*t),
+            })
+            .collect::<Vec<_>>();
+        if !blocks.is_empty() {
+            push_event(
+                &mut ops,
+                worker,
+                KvCacheEventData::Stored {
+                    parent_hash: parent,
+                    blocks,
+                    tier: Tier::Device,
+                },
+            );
+        }
+        let cache = &mut caches[worker as usize];
+        let mut evicted = Vec::new();
+        while cache.blocks.len() > options.capacity_blocks {
+            let Some(victim) = cache.order.pop_first() else {
+                break;
+            };
+            cache.blocks.remove(&victim.2);
+            evicted.push(SequenceHash::new(victim.2));
+        }
+        if !evicted.is_empty() {
+            push_event(
+                &mut ops,
+                worker,
+                KvCacheEventData::Removed {
+                    block_hashes: evicted,
+                    tier: Tier::Device,
+                },
+            );
+        }
+        stores += 1;
+        if options.clear_every > 0 && stores % options.clear_every == 0 {
+            let victim = rng.gen_range(0..workers);
+            caches[victim as usize] = ModelCache::default();
+            push_event(&mut ops, victim, KvCacheEventData::Cleared);
+        }
+    }
+    ops
+}
