@@ -62,6 +62,19 @@ fn compute(m: &mut Manager<TestHardware>, ids: &[BlockIdentity], now: Timestamp)
     m.device().release(registered);
 }
 
+/// Computes `first`, lets its copies land, then computes `second` so that it takes the
+/// device and pushes `first` down to the lower tiers.
+fn cache_then_displace(
+    m: &mut Manager<TestHardware>,
+    first: &[BlockIdentity],
+    second: &[BlockIdentity],
+) {
+    compute(m, first, at(0));
+    let _ = drain(m, at(0));
+    compute(m, second, at(0));
+    let _ = drain(m, at(0));
+}
+
 fn drain(m: &mut Manager<TestHardware>, now: Timestamp) -> Vec<ManagerOutput> {
     m.handle_completions(now);
     std::iter::from_fn(|| m.poll_output()).collect()
@@ -229,10 +242,7 @@ fn failed_onboarding_reports_the_blocks_to_compute_and_leaks_nothing() {
         TransferTiming::Instant,
     );
     let ids = chain(1, 4);
-    compute(&mut m, &ids, at(0));
-    let _ = drain(&mut m, at(0));
-    compute(&mut m, &chain(2, 4), at(0));
-    let _ = drain(&mut m, at(0));
+    cache_then_displace(&mut m, &ids, &chain(2, 4));
     let mut plan = m.lookup(&hashes(&ids), at(1));
     m.hardware_mut().fail_next(1);
     m.start_onboard(RequestId::new(1), &mut plan, at(1))
@@ -260,10 +270,7 @@ fn chain_one_only_on_disk(disk_per_block: Duration) -> Manager<TestHardware> {
         tier(Tier::Disk, 16, OffloadPolicy::None),
     ];
     let mut m = Manager::new(hardware, config(tiers, OnboardPolicy::CostAware)).unwrap();
-    compute(&mut m, &chain(1, 4), at(0));
-    let _ = drain(&mut m, at(0));
-    compute(&mut m, &chain(2, 4), at(0));
-    let _ = drain(&mut m, at(0));
+    cache_then_displace(&mut m, &chain(1, 4), &chain(2, 4));
     m
 }
 
@@ -407,10 +414,7 @@ fn onboarding_refuses_cleanly_when_the_device_is_full() {
         TransferTiming::Instant,
     );
     let ids = chain(1, 2);
-    compute(&mut m, &ids, at(0));
-    let _ = drain(&mut m, at(0));
-    compute(&mut m, &chain(2, 2), at(0));
-    let _ = drain(&mut m, at(0));
+    cache_then_displace(&mut m, &ids, &chain(2, 2));
     let _hold = m.allocate(1, at(0)).unwrap();
     let mut plan = m.lookup(&hashes(&ids), at(0));
     assert_eq!(plan.onboard_blocks().len(), 2);
@@ -437,10 +441,7 @@ fn cost_aware_onboarding_cuts_between_a_cheap_host_run_and_a_slow_disk_run() {
     ];
     let mut m = Manager::new(hardware, config(tiers, OnboardPolicy::CostAware)).unwrap();
     let ids = chain(1, 4);
-    compute(&mut m, &ids, at(0));
-    let _ = drain(&mut m, at(0));
-    compute(&mut m, &chain(2, 4), at(0));
-    let _ = drain(&mut m, at(0));
+    cache_then_displace(&mut m, &ids, &chain(2, 4));
     // Bring the first two blocks back to host only: host = [1.0, 1.1, 2.2, 2.3].
     let host = m.pool(Tier::Host).unwrap().clone();
     let copies: Vec<_> = host
