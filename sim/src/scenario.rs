@@ -156,6 +156,21 @@ mod tests {
         workload: MooncakeTrace(path: "trace.jsonl"),
     )"#;
 
+    proptest::proptest! {
+        #[test]
+        fn parsing_arbitrary_text_never_panics(text in ".{0,300}") {
+            let _ = Scenario::parse(&text, Path::new("fuzz.ron"));
+        }
+
+        #[test]
+        fn every_truncation_of_a_valid_scenario_is_an_error(cut in 0usize..600) {
+            let cut = cut.min(GOOD.len() - 1);
+            if GOOD.is_char_boundary(cut) {
+                proptest::prop_assert!(Scenario::parse(&GOOD[..cut], Path::new("cut.ron")).is_err());
+            }
+        }
+    }
+
     #[test]
     fn a_valid_scenario_parses() {
         let scenario = Scenario::parse(GOOD, Path::new("good.ron")).unwrap();

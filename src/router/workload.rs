@@ -462,3 +462,28 @@ pub fn generate_synthetic(options: &SyntheticOptions) -> Vec<WorkloadOp> {
     }
     ops
 }
+
+#[cfg(test)]
+mod fuzz_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn parsing_arbitrary_text_never_panics(text in ".{0,400}") {
+            let _ = parse(&text);
+        }
+
+        #[test]
+        fn parsing_arbitrary_ops_after_a_valid_header_never_panics(
+            lines in prop::collection::vec(r#"\{"op":"(stored|removed|cleared|match)"[ -~]{0,60}"#, 0..8),
+        ) {
+            let mut text = String::from(r#"{"format":"kv-router-workload","version":1,"block_size":16,"workers":2,"seed":0,"source":"t"}"#);
+            for line in lines {
+                text.push('\n');
+                text.push_str(&line);
+            }
+            let _ = parse(&text);
+        }
+    }
+}
