@@ -13,6 +13,26 @@ pub mod indexer;
 pub mod scheduler;
 pub mod workload;
 
+#[cfg(test)]
+mod test_support {
+    //! Helpers shared by the router's unit tests.
+    use super::indexer::WorkerKey;
+    use crate::ids::{LocalBlockHash, WorkerId};
+
+    /// Worker `worker` at dp rank 0.
+    pub(crate) fn key(worker: u64) -> WorkerKey {
+        WorkerKey {
+            worker: WorkerId::new(worker),
+            dp_rank: 0,
+        }
+    }
+
+    /// A query of these token hashes.
+    pub(crate) fn query(locals: &[u64]) -> Vec<LocalBlockHash> {
+        locals.iter().map(|l| LocalBlockHash::new(*l)).collect()
+    }
+}
+
 use crate::events::KvCacheEvent;
 use crate::ids::{LocalBlockHash, Timestamp, WorkerId};
 use approx::PredictedCache;
@@ -126,18 +146,8 @@ impl Router {
 
 #[cfg(test)]
 mod tests {
+    use super::test_support::{key, query};
     use super::*;
-
-    fn key(worker: u64) -> WorkerKey {
-        WorkerKey {
-            worker: WorkerId::new(worker),
-            dp_rank: 0,
-        }
-    }
-
-    fn query(locals: &[u64]) -> Vec<LocalBlockHash> {
-        locals.iter().map(|l| LocalBlockHash::new(*l)).collect()
-    }
 
     #[test]
     fn approximate_workers_keep_affinity_until_the_prediction_expires() {

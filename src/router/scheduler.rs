@@ -219,14 +219,8 @@ mod tests {
     use crate::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
     use crate::ids::{LocalBlockHash, WorkerId};
     use crate::router::indexer::KvIndexer;
+    use crate::router::test_support::key;
     use crate::tier::Tier;
-
-    fn key(worker: u64) -> WorkerKey {
-        WorkerKey {
-            worker: WorkerId::new(worker),
-            dp_rank: 0,
-        }
-    }
 
     fn overlap(worker: u64, by_tier: [u32; 4]) -> WorkerOverlap {
         WorkerOverlap {

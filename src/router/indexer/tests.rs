@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::block::BlockIdentity;
+use crate::router::test_support::{key, query};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 
@@ -47,17 +48,6 @@ fn removed(id: u64, hashes: &[SequenceHash], tier: Tier) -> KvCacheEvent {
             tier,
         },
     }
-}
-
-fn key(worker: u64) -> WorkerKey {
-    WorkerKey {
-        worker: WorkerId::new(worker),
-        dp_rank: 0,
-    }
-}
-
-fn query(locals: &[u64]) -> Vec<LocalBlockHash> {
-    locals.iter().map(|l| LocalBlockHash::new(*l)).collect()
 }
 
 #[test]
