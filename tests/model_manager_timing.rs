@@ -11,9 +11,11 @@
 //! And once the stream ends and time runs on (faults stop), every request completes,
 //! nothing stays referenced and no transfer stays in flight.
 
+mod common;
+
 use kvtwin::block::BlockIdentity;
 use kvtwin::events::RegistryReplica;
-use kvtwin::ids::{LocalBlockHash, RequestId, SequenceHash, Timestamp, WorkerId};
+use kvtwin::ids::{RequestId, SequenceHash, Timestamp, WorkerId};
 use kvtwin::manager::{
     Manager, ManagerConfig, ManagerOutput, OffloadPolicy, OnboardPolicy, TierConfig,
 };
@@ -28,10 +30,7 @@ use std::time::Duration;
 const CHAIN_LEN: usize = 6;
 
 fn chain(c: u64) -> Vec<BlockIdentity> {
-    let locals: Vec<LocalBlockHash> = (0..CHAIN_LEN as u64)
-        .map(|i| LocalBlockHash::new(if i == 0 { 1 } else { c * 100 + i }))
-        .collect();
-    BlockIdentity::chain(&locals)
+    common::shared_prefix_chain(c, CHAIN_LEN)
 }
 
 #[derive(Clone, Debug)]

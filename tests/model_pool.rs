@@ -9,9 +9,11 @@
 //! replaying every emitted event rebuilds each tier's registry.
 //! Failing cases are shrunk by proptest and print the op list.
 
+mod common;
+
 use kvtwin::block::BlockIdentity;
 use kvtwin::events::RegistryReplica;
-use kvtwin::ids::{LocalBlockHash, RequestId, SequenceHash, Timestamp, WorkerId};
+use kvtwin::ids::{RequestId, SequenceHash, Timestamp, WorkerId};
 use kvtwin::manager::{
     Manager, ManagerConfig, ManagerOutput, OffloadPolicy, OnboardPolicy, TierConfig,
 };
@@ -25,12 +27,8 @@ use std::collections::BTreeMap;
 const CHAINS: u64 = 4;
 const CHAIN_LEN: usize = 8;
 
-/// Chain `c`: every chain shares block 0 (a system prompt); the rest is its own.
 fn chain(c: u64) -> Vec<BlockIdentity> {
-    let locals: Vec<LocalBlockHash> = (0..CHAIN_LEN as u64)
-        .map(|i| LocalBlockHash::new(if i == 0 { 1 } else { c * 100 + i }))
-        .collect();
-    BlockIdentity::chain(&locals)
+    common::shared_prefix_chain(c, CHAIN_LEN)
 }
 
 #[derive(Clone, Debug)]

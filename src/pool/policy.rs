@@ -81,16 +81,6 @@ pub enum EvictionPolicyKind {
     Priority,
 }
 
-impl EvictionPolicyKind {
-    /// A policy of this kind for a pool of `capacity` blocks.
-    pub fn build(self, capacity: usize) -> Box<dyn EvictionPolicy> {
-        match self {
-            EvictionPolicyKind::Lru => Box::new(LruPolicy::new(capacity)),
-            EvictionPolicyKind::Priority => Box::new(PriorityPolicy::new(capacity)),
-        }
-    }
-}
-
 /// The built-in policies behind one enum: the pool calls its policy on every lookup hit and
 /// release, and a `match` the compiler can inline is measurably cheaper there than a
 /// virtual call.

@@ -3,6 +3,8 @@
 // Each test binary compiles this module and uses only some of it.
 #![allow(dead_code)]
 
+use kvtwin::block::BlockIdentity;
+use kvtwin::ids::LocalBlockHash;
 use std::path::PathBuf;
 
 /// The repository root (where `scenarios/` lives).
@@ -23,4 +25,13 @@ pub(crate) fn shared_dir(what: &str) -> Option<PathBuf> {
     );
     eprintln!("skipping {what}: ../shared is not beside the repository");
     None
+}
+
+/// Chain `c` of `len` blocks: every chain shares block 0 (a system prompt); the rest is
+/// its own.
+pub(crate) fn shared_prefix_chain(c: u64, len: usize) -> Vec<BlockIdentity> {
+    let locals: Vec<LocalBlockHash> = (0..len as u64)
+        .map(|i| LocalBlockHash::new(if i == 0 { 1 } else { c * 100 + i }))
+        .collect();
+    BlockIdentity::chain(&locals)
 }
