@@ -3,12 +3,13 @@
 //! Owns: [`KvIndexer`], [`OverlapScores`], [`ApplyEventError`] and [`IndexerStats`].
 //!
 //! Design: a block's hash is the sequence hash of its token-hash chain (DESIGN.md,
-//! Dynamo's scheme), so one block hash names a whole prefix. The index is one flat map
-//! `block hash → (tokens hash, parent, holders)` plus, per worker, the set of hashes it
-//! holds (for `Cleared` and `remove_worker`). A query chains the sequence hashes of its
-//! token hashes as it goes and looks each one up: no tree to walk and no per-node
-//! allocation. `Stored` events are checked to chain (`block_hash == chain(parent,
-//! tokens_hash)`), so a stored block is found by exactly the queries it is a prefix of.
+//! Dynamo's scheme), so one block hash names a whole prefix. The index is a compressed
+//! radix tree over token hashes ([`tree`]): a node is a run of blocks with no branch and
+//! one set of holders, so a query compares token hashes in a contiguous array and pays a
+//! lookup only at branch points and holder changes, and computes no hash at all. One map
+//! `block hash → (run, depth)` serves removals and parents. `Stored` events are checked
+//! to chain (`block_hash == chain(parent, tokens_hash)`), so a stored block sits where
+//! exactly the queries it is a prefix of find it, and equal paths mean equal hashes.
 //!
 //! Semantics (Dynamo's `find_matches`): a worker's score is the number of leading query
 //! blocks it holds, in any tier; per tier, how many of those are best (fastest) held
@@ -20,9 +21,10 @@ use crate::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
 use crate::ids::{LocalBlockHash, SequenceHash, WorkerId};
 use crate::tier::Tier;
 use crate::tokens::chain_sequence_hash;
-use rustc_hash::{FxHashMap, FxHashSet};
-use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
+use tree::{BlockTree, Holder, HolderSet, NodeBlock, NodeId, ROOT};
+
+mod tree;
 
 /// One worker as the indexer knows it: engine worker id and data-parallel rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -36,90 +38,9 @@ pub struct WorkerKey {
 /// Dense index of a worker inside the indexer.
 type Slot = u32;
 
-/// A worker holding a block, with the tiers (bit per `Tier::index`) it holds it in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Holder {
-    slot: Slot,
-    tiers: u8,
-}
-
-/// The holders of one block. Most blocks have one holder, which fits inline.
-// The box keeps this enum (and so every map entry) at 16 bytes instead of 32: the extra
-// indirection is paid only by blocks that several workers share.
-#[allow(clippy::box_collection)]
-#[derive(Clone, Debug)]
-enum Holders {
-    One(Holder),
-    Many(Box<Vec<Holder>>),
-}
-
-impl Holders {
-    fn as_slice(&self) -> &[Holder] {
-        match self {
-            Holders::One(holder) => std::slice::from_ref(holder),
-            Holders::Many(holders) => holders,
-        }
-    }
-
-    fn find_mut(&mut self, slot: Slot) -> Option<&mut Holder> {
-        match self {
-            Holders::One(holder) => (holder.slot == slot).then_some(holder),
-            Holders::Many(holders) => holders.iter_mut().find(|h| h.slot == slot),
-        }
-    }
-
-    fn push(&mut self, holder: Holder) {
-        match self {
-            Holders::One(first) => *self = Holders::Many(Box::new(vec![*first, holder])),
-            Holders::Many(holders) => holders.push(holder),
-        }
-    }
-
-    /// Removes `slot`; returns whether no holder is left.
-    fn remove(&mut self, slot: Slot) -> bool {
-        match self {
-            Holders::One(holder) => holder.slot == slot,
-            Holders::Many(holders) => {
-                holders.retain(|h| h.slot != slot);
-                if let [only] = holders.as_slice() {
-                    *self = Holders::One(*only);
-                }
-                false
-            }
-        }
-    }
-
-    fn heap_bytes(&self) -> usize {
-        match self {
-            Holders::One(_) => 0,
-            Holders::Many(holders) => {
-                std::mem::size_of::<Vec<Holder>>()
-                    + holders.capacity() * std::mem::size_of::<Holder>()
-            }
-        }
-    }
-}
-
-/// What the index keeps per block.
-#[derive(Clone, Debug)]
-struct Block {
-    tokens_hash: LocalBlockHash,
-    // The parent's hash; a root block stores its own hash (it cannot be its own parent:
-    // the chain check would need a fixpoint of xxh3).
-    parent: SequenceHash,
-    holders: Holders,
-}
-
-impl Block {
-    fn parent(&self, own: SequenceHash) -> Option<SequenceHash> {
-        (self.parent != own).then_some(self.parent)
-    }
-}
-
 #[derive(Debug, Default)]
 struct WorkerState {
     key: Option<WorkerKey>,
-    held: FxHashSet<SequenceHash>,
     last_event_id: Option<u64>,
 }
 
@@ -148,6 +69,9 @@ pub enum ApplyEventError {
         /// How many.
         count: usize,
     },
+    /// More worker ranks than the index can name (2^28): the event is not applied.
+    #[error("too many worker ranks for the index")]
+    TooManyWorkers,
 }
 
 /// Counters of what the indexer was fed, by outcome.
@@ -217,12 +141,13 @@ pub struct MatchScratch {
 /// The block index of a cluster, fed by every worker's events.
 #[derive(Debug, Default)]
 pub struct KvIndexer {
-    blocks: FxHashMap<SequenceHash, Block>,
+    tree: BlockTree,
     slots: Vec<WorkerState>,
     by_key: BTreeMap<WorkerKey, Slot>,
     free_slots: Vec<Slot>,
     stats: IndexerStats,
-    pairs: usize,
+    /// Reused buffer for the new blocks of a `Stored` event.
+    new_blocks: Vec<NodeBlock>,
 }
 
 fn tier_bit(tier: Tier) -> u8 {
@@ -231,6 +156,32 @@ fn tier_bit(tier: Tier) -> u8 {
 
 fn fastest(tiers: u8) -> usize {
     (tiers.trailing_zeros() as usize).min(3)
+}
+
+/// `holders` with `slot`'s tiers replaced by `tiers` (0 removes the slot); sorted.
+fn with_tiers(holders: &HolderSet, slot: Slot, tiers: u8) -> HolderSet {
+    let mut out = HolderSet::with_capacity(holders.len() + 1);
+    let mut placed = false;
+    for holder in holders {
+        if holder.slot() == slot {
+            placed = true;
+            if tiers != 0 {
+                out.push(Holder::new(slot, tiers));
+            }
+            continue;
+        }
+        if !placed && holder.slot() > slot {
+            placed = true;
+            if tiers != 0 {
+                out.push(Holder::new(slot, tiers));
+            }
+        }
+        out.push(*holder);
+    }
+    if !placed && tiers != 0 {
+        out.push(Holder::new(slot, tiers));
+    }
+    out
 }
 
 impl KvIndexer {
@@ -246,36 +197,36 @@ impl KvIndexer {
 
     /// (block, worker) pairs held.
     pub fn pairs(&self) -> usize {
-        self.pairs
+        self.tree.pairs()
     }
 
-    /// Distinct blocks held by anyone.
+    /// Distinct blocks in the index (held by someone, or on the path to such a block).
     pub fn distinct_blocks(&self) -> usize {
-        self.blocks.len()
+        self.tree.distinct_blocks()
     }
 
-    /// Heap bytes of the index (tables at their capacity, holder lists, per-worker sets).
+    /// Runs (tree nodes) in the index: how compressed it is.
+    pub fn runs(&self) -> usize {
+        self.tree.live_nodes() - 1
+    }
+
+    /// Heap bytes of the index: the tree and its hash map at their capacity, and the
+    /// worker table.
     pub fn heap_bytes(&self) -> usize {
-        let entry = std::mem::size_of::<(SequenceHash, Block)>() + 1;
-        let set_entry = std::mem::size_of::<SequenceHash>() + 1;
-        let holders: usize = self.blocks.values().map(|b| b.holders.heap_bytes()).sum();
-        let sets: usize = self
-            .slots
-            .iter()
-            .map(|s| s.held.capacity() * set_entry)
-            .sum();
-        self.blocks.capacity() * entry
-            + holders
-            + sets
+        self.tree.heap_bytes()
             + self.slots.capacity() * std::mem::size_of::<WorkerState>()
+            + self.by_key.len() * (std::mem::size_of::<(WorkerKey, Slot)>() + 8)
     }
 
-    fn slot_of(&mut self, key: WorkerKey) -> Slot {
+    fn slot_of(&mut self, key: WorkerKey) -> Result<Slot, ApplyEventError> {
         if let Some(&slot) = self.by_key.get(&key) {
-            return slot;
+            return Ok(slot);
         }
         let slot = match self.free_slots.pop() {
             Some(slot) => slot,
+            None if self.slots.len() as u64 > u64::from(Holder::MAX_SLOT) => {
+                return Err(ApplyEventError::TooManyWorkers);
+            }
             None => {
                 self.slots.push(WorkerState::default());
                 (self.slots.len() - 1) as Slot
@@ -283,7 +234,7 @@ impl KvIndexer {
         };
         self.slots[slot as usize].key = Some(key);
         self.by_key.insert(key, slot);
-        slot
+        Ok(slot)
     }
 
     /// Applies one event of `worker`.
@@ -302,7 +253,7 @@ impl KvIndexer {
         let slot = self.slot_of(WorkerKey {
             worker,
             dp_rank: event.dp_rank,
-        });
+        })?;
         let state = &mut self.slots[slot as usize];
         if state
             .last_event_id
@@ -321,7 +272,7 @@ impl KvIndexer {
                 self.remove(slot, block_hashes, *tier)
             }
             KvCacheEventData::Cleared => {
-                self.clear(slot);
+                self.tree.remove_slot(slot);
                 Ok(())
             }
         };
@@ -331,6 +282,9 @@ impl KvIndexer {
         result
     }
 
+    /// Walks down the tree along the stored chain: blocks the tree has gain the holder
+    /// one run at a time, and the first block it lacks starts (or extends) a run with the
+    /// rest. The chain is verified as it goes, so equal token paths mean equal hashes.
     fn store(
         &mut self,
         slot: Slot,
@@ -338,53 +292,119 @@ impl KvIndexer {
         blocks: &[StoredBlock],
         tier: Tier,
     ) -> Result<(), ApplyEventError> {
+        let bit = tier_bit(tier);
+        // The block the next one hangs off: None is the root.
+        let mut at: Option<(NodeId, usize)> = None;
         if let Some(parent) = parent {
-            if !self.slots[slot as usize].held.contains(&parent) {
-                self.stats.parent_not_found += 1;
-                return Err(ApplyEventError::ParentBlockNotFound { parent });
+            match self.tree.locate(parent) {
+                Some(found) if self.tree.node(found.0).holder(slot).is_some() => at = Some(found),
+                _ => {
+                    self.stats.parent_not_found += 1;
+                    return Err(ApplyEventError::ParentBlockNotFound { parent });
+                }
             }
         }
-        let bit = tier_bit(tier);
         let mut previous = parent;
-        for block in blocks {
-            let hash = block.block_hash;
-            if chain_sequence_hash(previous, block.tokens_hash) != hash {
-                self.stats.chain_mismatches += 1;
-                return Err(ApplyEventError::ChainMismatch { block: hash });
-            }
-            let parent_field = previous.unwrap_or(hash);
-            previous = Some(hash);
-            let added = match self.blocks.entry(hash) {
-                Entry::Vacant(vacant) => {
-                    let holders = Holders::One(Holder { slot, tiers: bit });
-                    vacant.insert(Block {
-                        tokens_hash: block.tokens_hash,
-                        parent: parent_field,
-                        holders,
-                    });
-                    true
+        let mut next = 0;
+        while next < blocks.len() {
+            // Where would blocks[next] be if the tree had it?
+            let tokens_hash = blocks[next].tokens_hash;
+            let existing = match at {
+                None => self.tree.node(ROOT).child(tokens_hash).map(|c| (c, 0)),
+                Some((id, offset)) => {
+                    let node = self.tree.node(id);
+                    if offset + 1 < node.len() {
+                        (node.blocks[offset + 1].tokens_hash == tokens_hash)
+                            .then_some((id, offset + 1))
+                    } else {
+                        node.child(tokens_hash).map(|c| (c, 0))
+                    }
                 }
-                Entry::Occupied(mut occupied) => match occupied.get_mut().holders.find_mut(slot) {
-                    Some(holder) if holder.tiers & bit != 0 => {
-                        self.stats.duplicate_stores += 1;
-                        false
-                    }
-                    Some(holder) => {
-                        holder.tiers |= bit;
-                        false
-                    }
-                    None => {
-                        occupied.get_mut().holders.push(Holder { slot, tiers: bit });
-                        true
-                    }
-                },
             };
-            if added {
-                self.slots[slot as usize].held.insert(hash);
-                self.pairs += 1;
+            let Some((id, start)) = existing else {
+                return self.store_new(slot, bit, at, previous, &blocks[next..]);
+            };
+            // The longest stretch of blocks the event shares with this run.
+            let node = self.tree.node(id);
+            let mut end = start;
+            let mut mismatch = None;
+            while next < blocks.len()
+                && end < node.len()
+                && node.blocks[end].tokens_hash == blocks[next].tokens_hash
+            {
+                let block = &blocks[next];
+                if chain_sequence_hash(previous, block.tokens_hash) != block.block_hash {
+                    mismatch = Some(block.block_hash);
+                    break;
+                }
+                previous = Some(block.block_hash);
+                end += 1;
+                next += 1;
             }
+            if end > start {
+                self.add_holder(id, start, end, slot, bit);
+            }
+            if let Some(block) = mismatch {
+                self.stats.chain_mismatches += 1;
+                return Err(ApplyEventError::ChainMismatch { block });
+            }
+            at = previous.and_then(|hash| self.tree.locate(hash));
         }
         Ok(())
+    }
+
+    /// Adds blocks the tree does not have, verifying the chain; stops at the first that
+    /// does not chain.
+    fn store_new(
+        &mut self,
+        slot: Slot,
+        bit: u8,
+        at: Option<(NodeId, usize)>,
+        mut previous: Option<SequenceHash>,
+        blocks: &[StoredBlock],
+    ) -> Result<(), ApplyEventError> {
+        let mut run = std::mem::take(&mut self.new_blocks);
+        run.clear();
+        let mut mismatch = None;
+        for block in blocks {
+            if chain_sequence_hash(previous, block.tokens_hash) != block.block_hash {
+                mismatch = Some(block.block_hash);
+                break;
+            }
+            previous = Some(block.block_hash);
+            run.push(NodeBlock {
+                tokens_hash: block.tokens_hash,
+                block_hash: block.block_hash,
+            });
+        }
+        let added = if run.is_empty() {
+            0
+        } else {
+            self.tree.append(at, Holder::new(slot, bit), &run)
+        };
+        if added < run.len() {
+            mismatch = Some(run[added].block_hash);
+        }
+        self.new_blocks = run;
+        match mismatch {
+            Some(block) => {
+                self.stats.chain_mismatches += 1;
+                Err(ApplyEventError::ChainMismatch { block })
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// `slot` gains tier `bit` on blocks `lo..hi` of run `id`.
+    fn add_holder(&mut self, id: NodeId, lo: usize, hi: usize, slot: Slot, bit: u8) {
+        let node = self.tree.node(id);
+        let tiers = node.holder(slot).map_or(0, |h| h.tiers());
+        if tiers & bit != 0 {
+            self.stats.duplicate_stores += (hi - lo) as u64;
+            return;
+        }
+        let holders = with_tiers(&node.holders, slot, tiers | bit);
+        self.tree.retag(id, lo, hi, holders);
     }
 
     fn remove(
@@ -395,41 +415,41 @@ impl KvIndexer {
     ) -> Result<(), ApplyEventError> {
         let bit = tier_bit(tier);
         let mut missing = 0;
-        for hash in hashes {
-            let Some(block) = self.blocks.get_mut(hash) else {
+        let mut next = 0;
+        while next < hashes.len() {
+            let found = self.tree.locate(hashes[next]);
+            next += 1;
+            let Some((id, offset)) = found else {
                 missing += 1;
                 continue;
             };
-            let Some(holder) = block.holders.find_mut(slot).filter(|h| h.tiers & bit != 0) else {
+            let node = self.tree.node(id);
+            let tiers = node.holder(slot).map_or(0, |h| h.tiers());
+            if tiers & bit == 0 {
                 missing += 1;
                 continue;
-            };
-            holder.tiers &= !bit;
-            if holder.tiers == 0 {
-                if block.holders.remove(slot) {
-                    self.blocks.remove(hash);
-                }
-                self.slots[slot as usize].held.remove(hash);
-                self.pairs -= 1;
             }
+            // Removals list leaves first: take the neighbours in the same run at once,
+            // recognised in the run itself (block hashes are unique), without a probe.
+            let (mut lo, mut hi) = (offset, offset + 1);
+            while let Some(hash) = hashes.get(next) {
+                if lo > 0 && node.blocks[lo - 1].block_hash == *hash {
+                    lo -= 1;
+                } else if hi < node.len() && node.blocks[hi].block_hash == *hash {
+                    hi += 1;
+                } else {
+                    break;
+                }
+                next += 1;
+            }
+            let holders = with_tiers(&node.holders, slot, tiers & !bit);
+            self.tree.retag(id, lo, hi, holders);
         }
         if missing > 0 {
             self.stats.unknown_removals += missing as u64;
             return Err(ApplyEventError::BlockNotFound { count: missing });
         }
         Ok(())
-    }
-
-    fn clear(&mut self, slot: Slot) {
-        let held = std::mem::take(&mut self.slots[slot as usize].held);
-        for hash in &held {
-            if let Some(block) = self.blocks.get_mut(hash) {
-                if block.holders.remove(slot) {
-                    self.blocks.remove(hash);
-                }
-            }
-        }
-        self.pairs -= held.len();
     }
 
     /// Forgets `worker` (every dp rank): its blocks and its event-id history.
@@ -441,7 +461,7 @@ impl KvIndexer {
         let keys: Vec<WorkerKey> = self.by_key.range(range).map(|(key, _)| *key).collect();
         for key in keys {
             if let Some(slot) = self.by_key.remove(&key) {
-                self.clear(slot);
+                self.tree.remove_slot(slot);
                 self.slots[slot as usize] = WorkerState::default();
                 self.free_slots.push(slot);
             }
@@ -460,6 +480,11 @@ impl KvIndexer {
 
     /// [`KvIndexer::find_matches`] into `scratch`, which keeps its buffers between
     /// queries: the hot path allocates nothing. The overlaps are sorted by worker.
+    ///
+    /// The walk goes run by run: compare the run's token hashes with the query's, credit
+    /// the matched length to every candidate still in the run's holders, drop the others
+    /// with their score so far, and follow the child that starts with the next query
+    /// block.
     pub fn find_matches_with<'s>(
         &self,
         query: &[LocalBlockHash],
@@ -469,38 +494,105 @@ impl KvIndexer {
         let MatchScratch { active, done } = scratch;
         active.clear();
         done.clear();
-        let mut previous = None;
-        for (position, tokens_hash) in query.iter().enumerate() {
-            let hash = chain_sequence_hash(previous, *tokens_hash);
-            previous = Some(hash);
-            let holders = self
+        // Candidates live in a bit mask while every run's holders fit one (`HolderMask`):
+        // all of them then share `depth` and `by_tier`, and a dropped one keeps the
+        // values of the moment it dropped. The first run that does not fit moves them to
+        // the `active` list, which works for any holders.
+        let mut in_mask = true;
+        let mut mask = 0u64;
+        let mut depth = 0u32;
+        let mut by_tier = [0u32; 4];
+        let mut position = 0;
+        let mut current = self.tree.node(ROOT);
+        while let Some(&first) = query.get(position) {
+            let Some(id) = current.child(first) else {
+                break;
+            };
+            let node = self.tree.node(id);
+            let matched = node
                 .blocks
-                .get(&hash)
-                .map_or(&[][..], |b| b.holders.as_slice());
-            if position == 0 {
-                active.extend(holders.iter().map(|h| Candidate {
-                    slot: h.slot,
-                    blocks: 0,
-                    by_tier: [0; 4],
-                }));
-            }
-            let mut index = 0;
-            while index < active.len() {
-                let candidate = &mut active[index];
-                match holders.iter().find(|h| h.slot == candidate.slot) {
-                    Some(holder) => {
-                        candidate.blocks += 1;
-                        candidate.by_tier[fastest(holder.tiers)] += 1;
-                        index += 1;
+                .iter()
+                .zip(&query[position..])
+                .take_while(|(block, tokens)| block.tokens_hash == **tokens)
+                .count() as u32;
+            if in_mask && node.mask.exact {
+                if position == 0 {
+                    mask = node.mask.slots;
+                }
+                let mut dropped = mask & !node.mask.slots;
+                while dropped != 0 {
+                    let slot = dropped.trailing_zeros();
+                    dropped &= dropped - 1;
+                    done.push(self.overlap(Candidate {
+                        slot,
+                        blocks: depth,
+                        by_tier,
+                    }));
+                }
+                mask &= node.mask.slots;
+                depth += matched;
+                by_tier[fastest(node.mask.tiers)] += matched;
+            } else {
+                if in_mask {
+                    in_mask = false;
+                    if position == 0 {
+                        active.extend(node.holders.iter().map(|h| Candidate {
+                            slot: h.slot(),
+                            blocks: 0,
+                            by_tier: [0; 4],
+                        }));
+                    } else {
+                        while mask != 0 {
+                            let slot = mask.trailing_zeros();
+                            mask &= mask - 1;
+                            active.push(Candidate {
+                                slot,
+                                blocks: depth,
+                                by_tier,
+                            });
+                        }
                     }
-                    None => {
-                        let out = active.swap_remove(index);
+                }
+                // Both lists are sorted by slot: one merge pass.
+                let holders = &node.holders;
+                let mut h = 0;
+                let mut index = 0;
+                while index < active.len() {
+                    let slot = active[index].slot;
+                    while h < holders.len() && holders[h].slot() < slot {
+                        h += 1;
+                    }
+                    if h < holders.len() && holders[h].slot() == slot {
+                        let candidate = &mut active[index];
+                        candidate.blocks += matched;
+                        candidate.by_tier[fastest(holders[h].tiers())] += matched;
+                        index += 1;
+                    } else {
+                        let out = active.remove(index);
                         done.push(self.overlap(out));
                     }
                 }
             }
-            if active.is_empty() || (early_exit && active.len() <= 1) {
+            position += matched as usize;
+            let left = if in_mask {
+                mask.count_ones() as usize
+            } else {
+                active.len()
+            };
+            if left == 0 || (early_exit && left <= 1) || (matched as usize) < node.len() {
                 break;
+            }
+            current = node;
+        }
+        if in_mask {
+            while mask != 0 {
+                let slot = mask.trailing_zeros();
+                mask &= mask - 1;
+                done.push(self.overlap(Candidate {
+                    slot,
+                    blocks: depth,
+                    by_tier,
+                }));
             }
         }
         done.extend(active.drain(..).map(|candidate| self.overlap(candidate)));
@@ -520,36 +612,43 @@ impl KvIndexer {
     }
 
     /// The index as events that rebuild it on an empty indexer: per worker (sorted), one
-    /// `Stored` per block and tier, every parent before its children, numbered from 0.
-    /// A block the worker holds without its parent is left out: no query can reach it,
-    /// so the rebuilt index gives the same answers.
+    /// `Stored` per run and tier, every parent before its children (children in tokens
+    /// hash order), numbered from 0. A run the worker holds without holding its parent
+    /// is left out: no query can reach it, so the rebuilt index gives the same answers.
     pub fn dump(&self) -> Vec<(WorkerKey, KvCacheEvent)> {
         let mut out = Vec::new();
         for (key, slot) in &self.by_key {
-            let held = &self.slots[*slot as usize].held;
-            let mut ordered: Vec<(u32, SequenceHash)> =
-                held.iter().map(|hash| (self.depth(*hash), *hash)).collect();
-            ordered.sort_unstable();
-            let mut emitted: FxHashSet<SequenceHash> = FxHashSet::default();
             let mut event_id = 0;
-            for (_, hash) in ordered {
-                let block = &self.blocks[&hash];
-                let parent = block.parent(hash);
-                if parent.is_some_and(|p| !emitted.contains(&p)) {
+            // Depth-first, children in reverse order on the stack so they pop in order.
+            let mut stack: Vec<NodeId> = self
+                .tree
+                .node(ROOT)
+                .sorted_children()
+                .into_iter()
+                .rev()
+                .map(|(_, id)| id)
+                .collect();
+            while let Some(id) = stack.pop() {
+                let node = self.tree.node(id);
+                let Some(holder) = node.holder(*slot) else {
                     continue;
-                }
-                emitted.insert(hash);
-                let tiers = block
-                    .holders
-                    .as_slice()
-                    .iter()
-                    .find(|h| h.slot == *slot)
-                    .map_or(0, |h| h.tiers);
-                for tier in Tier::ALL.into_iter().filter(|t| tiers & tier_bit(*t) != 0) {
-                    let blocks = vec![StoredBlock {
-                        block_hash: hash,
-                        tokens_hash: block.tokens_hash,
-                    }];
+                };
+                let parent = (node.parent != ROOT).then(|| {
+                    let parent = self.tree.node(node.parent);
+                    parent.blocks[parent.len() - 1].block_hash
+                });
+                for tier in Tier::ALL
+                    .into_iter()
+                    .filter(|t| holder.tiers() & tier_bit(*t) != 0)
+                {
+                    let blocks = node
+                        .blocks
+                        .iter()
+                        .map(|b| StoredBlock {
+                            block_hash: b.block_hash,
+                            tokens_hash: b.tokens_hash,
+                        })
+                        .collect();
                     let data = KvCacheEventData::Stored {
                         parent_hash: parent,
                         blocks,
@@ -565,19 +664,15 @@ impl KvIndexer {
                     ));
                     event_id += 1;
                 }
+                stack.extend(node.sorted_children().into_iter().rev().map(|(_, id)| id));
             }
         }
         out
     }
 
-    /// Distance from the root along stored parents (a parent no longer indexed ends it).
-    fn depth(&self, mut hash: SequenceHash) -> u32 {
-        let mut depth = 0;
-        while let Some(parent) = self.blocks.get(&hash).and_then(|b| b.parent(hash)) {
-            depth += 1;
-            hash = parent;
-        }
-        depth
+    #[cfg(test)]
+    fn check_invariants(&self) {
+        self.tree.check_invariants();
     }
 }
 

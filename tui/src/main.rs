@@ -76,7 +76,8 @@ enum Bench {
         /// The workload file.
         #[arg(long)]
         workload: PathBuf,
-        /// Event threads (the indexer is single-threaded for now: 1).
+        /// Event threads: 1 applies events on the replay thread; N > 1 shards the index by
+        /// worker over N threads, with a barrier before each match that follows events.
         #[arg(long, default_value_t = 1)]
         threads: usize,
     },

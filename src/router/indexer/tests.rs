@@ -202,26 +202,34 @@ impl Reference {
         }
     }
 
-    fn scores(&self, query: &[LocalBlockHash]) -> Vec<(u64, u32)> {
+    /// (block, worker) pairs held, in any tier.
+    fn pairs(&self) -> usize {
+        self.workers.values().map(HashMap::len).sum()
+    }
+
+    /// Per worker holding the first block: (worker, leading blocks held, of those how many
+    /// are held best in each tier).
+    fn scores(&self, query: &[LocalBlockHash]) -> Vec<(u64, u32, [u32; 4])> {
         let mut out = Vec::new();
         for (worker, blocks) in &self.workers {
             let mut parent: Option<u64> = None;
             let mut score = 0;
+            let mut by_tier = [0; 4];
             for tokens in query {
                 let child = blocks
                     .iter()
-                    .find(|(_, (p, t, _))| *p == parent && *t == tokens.get())
-                    .map(|(h, _)| *h);
+                    .find(|(_, (p, t, _))| *p == parent && *t == tokens.get());
                 match child {
-                    Some(hash) => {
+                    Some((hash, (_, _, tiers))) => {
                         score += 1;
-                        parent = Some(hash);
+                        by_tier[tiers.trailing_zeros() as usize] += 1;
+                        parent = Some(*hash);
                     }
                     None => break,
                 }
             }
             if score > 0 {
-                out.push((*worker, score));
+                out.push((*worker, score, by_tier));
             }
         }
         out
@@ -244,8 +252,13 @@ enum Op {
     Remove {
         worker: u64,
         chain: usize,
-        at: usize,
+        from: usize,
+        to: usize,
+        leaf_first: bool,
         tier: Tier,
+    },
+    RemoveWorker {
+        worker: u64,
     },
     Clear {
         worker: u64,
@@ -256,24 +269,36 @@ enum Op {
     },
 }
 
-const CHAINS: [[u64; 5]; 3] = [[1, 2, 3, 4, 5], [1, 2, 7, 8, 9], [6, 2, 3, 4, 5]];
+const CHAIN_LEN: usize = 7;
+const CHAINS: [[u64; CHAIN_LEN]; 4] = [
+    [1, 2, 3, 4, 5, 6, 7],
+    [1, 2, 3, 4, 8, 9, 10],
+    [1, 2, 11, 12, 13, 14, 15],
+    [16, 2, 3, 4, 5, 6, 7],
+];
 
 fn op() -> impl Strategy<Value = Op> {
     let tier = prop::sample::select(vec![Tier::Device, Tier::Host, Tier::Disk]);
     prop_oneof![
-        4 => (0u64..3, 0usize..3, 0usize..5, 1usize..=5, tier.clone(), any::<bool>()).prop_map(
+        4 => (0u64..3, 0usize..CHAINS.len(), 0usize..CHAIN_LEN, 1usize..=CHAIN_LEN, tier.clone(), any::<bool>()).prop_map(
             |(worker, chain, from, to, tier, skip_parent)| Op::Store { worker, chain, from, to, tier, skip_parent }
         ),
         1 => (0u64..3).prop_map(|worker| Op::Forge { worker }),
-        2 => (0u64..3, 0usize..3, 0usize..5, tier).prop_map(|(worker, chain, at, tier)| Op::Remove { worker, chain, at, tier }),
+        3 => (0u64..3, 0usize..CHAINS.len(), 0usize..CHAIN_LEN, 1usize..=CHAIN_LEN, any::<bool>(), tier).prop_map(
+            |(worker, chain, from, to, leaf_first, tier)| Op::Remove { worker, chain, from: from.min(to - 1), to, leaf_first, tier }
+        ),
         1 => (0u64..3).prop_map(|worker| Op::Clear { worker }),
-        3 => (0usize..3, 1usize..=5).prop_map(|(chain, len)| Op::Match { chain, len }),
+        1 => (0u64..3).prop_map(|worker| Op::RemoveWorker { worker }),
+        3 => (0usize..CHAINS.len(), 1usize..=CHAIN_LEN).prop_map(|(chain, len)| Op::Match { chain, len }),
     ]
 }
 
 proptest! {
+    // Structural bugs (merges after a worker's removal) took thousands of cases to show.
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
     #[test]
-    fn indexer_matches_the_naive_reference_at_every_step(ops in prop::collection::vec(op(), 1..80)) {
+    fn indexer_matches_the_naive_reference_at_every_step(ops in prop::collection::vec(op(), 1..120)) {
         let mut index = KvIndexer::new();
         let mut reference = Reference::default();
         let mut next_id: BTreeMap<u64, u64> = BTreeMap::new();
@@ -296,14 +321,23 @@ proptest! {
                     let blocks = vec![StoredBlock { block_hash: SequenceHash::new(99), tokens_hash: LocalBlockHash::new(1) }];
                     Some(event(*worker, KvCacheEventData::Stored { parent_hash: None, blocks, tier: Tier::Device }))
                 }
-                Op::Remove { worker, chain, at, tier } => {
-                    let hash = chain_of(&CHAINS[*chain])[*at].sequence_hash;
-                    Some(event(*worker, KvCacheEventData::Removed { block_hashes: vec![hash], tier: *tier }))
+                Op::Remove { worker, chain, from, to, leaf_first, tier } => {
+                    let mut hashes: Vec<SequenceHash> = chain_of(&CHAINS[*chain])[*from..*to].iter().map(|b| b.sequence_hash).collect();
+                    if *leaf_first {
+                        hashes.reverse();
+                    }
+                    Some(event(*worker, KvCacheEventData::Removed { block_hashes: hashes, tier: *tier }))
+                }
+                Op::RemoveWorker { worker } => {
+                    index.remove_worker(WorkerId::new(*worker));
+                    reference.workers.remove(worker);
+                    next_id.remove(worker);
+                    None
                 }
                 Op::Clear { worker } => Some(event(*worker, KvCacheEventData::Cleared)),
                 Op::Match { chain, len } => {
                     let query: Vec<LocalBlockHash> = CHAINS[*chain][..*len].iter().map(|l| LocalBlockHash::new(*l)).collect();
-                    let got: Vec<(u64, u32)> = index.find_matches(&query, false).workers.iter().map(|w| (w.worker.worker.get(), w.blocks)).collect();
+                    let got: Vec<(u64, u32, [u32; 4])> = index.find_matches(&query, false).workers.iter().map(|w| (w.worker.worker.get(), w.blocks, w.by_tier)).collect();
                     prop_assert_eq!(got, reference.scores(&query));
                     None
                 }
@@ -312,6 +346,8 @@ proptest! {
                 let _ = index.apply(WorkerId::new(worker), &event);
                 reference.apply(worker, &event);
             }
+            index.check_invariants();
+            prop_assert_eq!(index.pairs(), reference.pairs());
         }
         // Dump and rebuild: the same answers to every prefix of every chain.
         let mut rebuilt = KvIndexer::new();
