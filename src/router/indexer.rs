@@ -146,8 +146,6 @@ pub struct KvIndexer {
     by_key: BTreeMap<WorkerKey, Slot>,
     free_slots: Vec<Slot>,
     stats: IndexerStats,
-    /// Reused buffer for the new blocks of a `Stored` event.
-    new_blocks: Vec<NodeBlock>,
 }
 
 fn tier_bit(tier: Tier) -> u8 {
@@ -363,29 +361,26 @@ impl KvIndexer {
         mut previous: Option<SequenceHash>,
         blocks: &[StoredBlock],
     ) -> Result<(), ApplyEventError> {
-        let mut run = std::mem::take(&mut self.new_blocks);
-        run.clear();
+        // One pass: each block is verified as the tree takes it.
         let mut mismatch = None;
-        for block in blocks {
+        let verified = blocks.iter().map_while(|block| {
             if chain_sequence_hash(previous, block.tokens_hash) != block.block_hash {
                 mismatch = Some(block.block_hash);
-                break;
+                return None;
             }
             previous = Some(block.block_hash);
-            run.push(NodeBlock {
+            Some(NodeBlock {
                 tokens_hash: block.tokens_hash,
                 block_hash: block.block_hash,
-            });
+            })
+        });
+        let added = self
+            .tree
+            .append(at, Holder::new(slot, bit), verified, blocks.len());
+        if mismatch.is_none() && added < blocks.len() {
+            // The tree refused a verified block: its hash is already elsewhere.
+            mismatch = Some(blocks[added].block_hash);
         }
-        let added = if run.is_empty() {
-            0
-        } else {
-            self.tree.append(at, Holder::new(slot, bit), &run)
-        };
-        if added < run.len() {
-            mismatch = Some(run[added].block_hash);
-        }
-        self.new_blocks = run;
         match mismatch {
             Some(block) => {
                 self.stats.chain_mismatches += 1;

@@ -273,10 +273,10 @@ impl Children {
 #[derive(Debug, Default)]
 pub(super) struct Node {
     pub(super) blocks: SmallVec<[NodeBlock; 1]>,
+    children: Children,
+    pub(super) mask: HolderMask,
     /// Read-only outside this module; change it with `set_holders`, which keeps `mask`.
     pub(super) holders: HolderSet,
-    pub(super) mask: HolderMask,
-    children: Children,
     pub(super) parent: NodeId,
     /// Depth of the first block.
     pub(super) depth: u32,
@@ -596,14 +596,15 @@ impl BlockTree {
         }
     }
 
-    /// Adds `blocks` (new to the tree) held by `holder` after the block at `at` (or at
-    /// the root). Stops at a block whose hash the tree already has elsewhere (only a hash
-    /// collision can do that) and returns how many were added.
+    /// Adds `blocks` (new to the tree; about `expected` of them) held by `holder` after
+    /// the block at `at` (or at the root). Stops at a block whose hash the tree already
+    /// has elsewhere (only a hash collision can do that) and returns how many were added.
     pub(super) fn append(
         &mut self,
         at: Option<(NodeId, usize)>,
         holder: Holder,
-        blocks: &[NodeBlock],
+        blocks: impl Iterator<Item = NodeBlock>,
+        expected: usize,
     ) -> usize {
         let single: HolderSet = smallvec::smallvec![holder];
         let (target, extend) = match at {
@@ -638,7 +639,7 @@ impl BlockTree {
             let node = self.node(id);
             node.depth + node.len() as u32
         };
-        self.nodes[id as usize].blocks.reserve_exact(blocks.len());
+        self.nodes[id as usize].blocks.reserve_exact(expected);
         for (depth, block) in (first_depth..).zip(blocks) {
             let nodes = &self.nodes;
             // One probe: growing the table (inside `entry`) rehashes only blocks already
@@ -654,7 +655,7 @@ impl BlockTree {
                     vacant.insert(Location { node: id, depth });
                 }
             }
-            self.nodes[id as usize].blocks.push(*block);
+            self.nodes[id as usize].blocks.push(block);
             added += 1;
         }
         if !extend {
