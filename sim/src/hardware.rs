@@ -1,18 +1,16 @@
 //! `SimHardware`: a `Hardware` whose transfers take the time the hardware model says.
 //!
-//! Owns: [`HardwareProfile`] (link bandwidths and latencies, a per-token compute cost),
-//! [`Link`] and [`SimHardware`]. Each transfer crosses the links of its path (PCIe per
-//! direction, NVMe read or write, NIC in or out); it takes the sum of their latencies plus
-//! its bytes over the tightest link's bandwidth, and each link serves its transfers one
-//! after another (first come, first served).
-//! This is the first, simple contention model: fair sharing of a link among concurrent
-//! transfers comes with the simulator issue.
+//! Owns: [`HardwareProfile`] (link bandwidths, latencies, SSD IOPS and queue depth, a
+//! per-token compute cost), [`Link`] and [`SimHardware`]. Each transfer crosses the links
+//! of its path (PCIe per direction, NVMe read or write, NIC in or out); transfers in
+//! flight share each link max-min fairly and small SSD I/O is bound by IOPS
+//! ([`crate::links`] has the model); a transfer lands the sum of its links' latencies
+//! after its bytes are through.
 //! Never: read a wall clock; every deadline derives from `now` arguments.
 
+use crate::links::{FluidLinks, LinkSpec};
 use kvtwin::fabric::InProcessFabric;
-use kvtwin::hardware::{
-    Clock, Completion, DeadlineQueue, Hardware, MemoryStorage, SubmitError, TransferRequest,
-};
+use kvtwin::hardware::{Clock, Completion, Hardware, MemoryStorage, SubmitError, TransferRequest};
 use kvtwin::ids::{Timestamp, TransferId};
 use kvtwin::tier::Tier;
 use serde::{Deserialize, Serialize};
@@ -36,6 +34,18 @@ pub struct HardwareProfile {
     pub nvme_write_bytes_per_s: u64,
     /// NVMe latency per transfer.
     pub nvme_latency_ns: u64,
+    /// NVMe random-read operations per second (0: bound by bandwidth only).
+    #[serde(default)]
+    pub nvme_read_iops: u64,
+    /// NVMe write operations per second (0: bound by bandwidth only).
+    #[serde(default)]
+    pub nvme_write_iops: u64,
+    /// The largest NVMe operation: a transfer is split into operations this big.
+    #[serde(default = "default_nvme_max_io_bytes")]
+    pub nvme_max_io_bytes: u64,
+    /// NVMe transfers in service at once per direction (0: unbound); more wait in order.
+    #[serde(default)]
+    pub nvme_queue_depth: usize,
     /// NIC bandwidth per direction.
     pub nic_bytes_per_s: u64,
     /// Network latency per transfer.
@@ -46,6 +56,10 @@ pub struct HardwareProfile {
     pub decode_ns_per_token: u64,
     /// Transfers in flight at most.
     pub max_inflight_transfers: usize,
+}
+
+fn default_nvme_max_io_bytes() -> u64 {
+    1 << 20
 }
 
 /// One direction of one physical link.
@@ -113,16 +127,7 @@ pub fn path(src: Tier, dst: Tier) -> Vec<Link> {
     links
 }
 
-/// What one link did during a run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct LinkUsage {
-    /// Bytes carried.
-    pub bytes: u64,
-    /// Time spent carrying them.
-    pub busy_ns: u64,
-    /// Transfers carried.
-    pub transfers: u64,
-}
+pub use crate::links::LinkUsage;
 
 /// A clock the simulator sets.
 #[derive(Debug, Default)]
@@ -151,24 +156,22 @@ pub struct SimHardware {
     clock: SimClock,
     fabric: InProcessFabric,
     storage: MemoryStorage,
-    busy_until: [Timestamp; 6],
-    usage: [LinkUsage; 6],
-    queue: DeadlineQueue,
+    links: FluidLinks,
+    next_id: u64,
 }
 
 impl SimHardware {
     /// A node with `profile`, for blocks of `block_size_tokens` tokens.
     pub fn new(profile: HardwareProfile, block_size_tokens: usize) -> Self {
-        let queue = DeadlineQueue::new(profile.max_inflight_transfers);
+        let links = FluidLinks::new(Link::ALL.iter().map(|l| link_spec(&profile, *l)).collect());
         Self {
             profile,
             block_size_tokens: block_size_tokens as u64,
             clock: SimClock::default(),
             fabric: InProcessFabric::new(1 << 30),
             storage: MemoryStorage::new(),
-            busy_until: [Timestamp::ZERO; 6],
-            usage: [LinkUsage::default(); 6],
-            queue,
+            links,
+            next_id: 0,
         }
     }
 
@@ -181,19 +184,8 @@ impl SimHardware {
     pub fn link_usage(&self) -> Vec<(Link, LinkUsage)> {
         Link::ALL
             .iter()
-            .map(|l| (*l, self.usage[l.index()]))
+            .map(|l| (*l, self.links.usage()[l.index()]))
             .collect()
-    }
-
-    fn bandwidth(&self, link: Link) -> u64 {
-        let p = &self.profile;
-        match link {
-            Link::PcieHostToDevice | Link::PcieDeviceToHost => p.pcie_bytes_per_s,
-            Link::NvmeRead => p.nvme_read_bytes_per_s,
-            Link::NvmeWrite => p.nvme_write_bytes_per_s,
-            Link::NicIn | Link::NicOut => p.nic_bytes_per_s,
-        }
-        .max(1)
     }
 
     fn latency(&self, link: Link) -> Duration {
@@ -205,14 +197,32 @@ impl SimHardware {
         })
     }
 
-    /// Latency and serialisation time of `bytes` over `links`.
+    /// Latency and time on the wire of `bytes` over `links` with nothing else in flight.
     fn spans(&self, links: &[Link], bytes: u64) -> (Duration, Duration) {
         let latency = links.iter().map(|l| self.latency(*l)).sum();
-        let bandwidth = links.iter().map(|l| self.bandwidth(*l)).min();
-        let wire = bandwidth.map_or(Duration::ZERO, |bw| {
-            Duration::from_nanos(((u128::from(bytes) * 1_000_000_000) / u128::from(bw)) as u64)
-        });
-        (latency, wire)
+        let wire_s = links
+            .iter()
+            .map(|l| self.links.specs()[l.index()].seconds_alone(bytes))
+            .fold(0.0f64, f64::max);
+        (latency, Duration::from_nanos((wire_s * 1e9).round() as u64))
+    }
+}
+
+/// The fluid model's view of `link` under `profile`.
+fn link_spec(profile: &HardwareProfile, link: Link) -> LinkSpec {
+    let nvme = |bytes_per_s: u64, iops: u64| LinkSpec {
+        ops_per_s: (iops > 0).then_some(iops as f64),
+        max_op_bytes: profile.nvme_max_io_bytes.max(1),
+        queue_depth: (profile.nvme_queue_depth > 0).then_some(profile.nvme_queue_depth),
+        ..LinkSpec::bandwidth(bytes_per_s)
+    };
+    match link {
+        Link::PcieHostToDevice | Link::PcieDeviceToHost => {
+            LinkSpec::bandwidth(profile.pcie_bytes_per_s)
+        }
+        Link::NvmeRead => nvme(profile.nvme_read_bytes_per_s, profile.nvme_read_iops),
+        Link::NvmeWrite => nvme(profile.nvme_write_bytes_per_s, profile.nvme_write_iops),
+        Link::NicIn | Link::NicOut => LinkSpec::bandwidth(profile.nic_bytes_per_s),
     }
 }
 
@@ -238,33 +248,36 @@ impl Hardware for SimHardware {
         request: TransferRequest,
         now: Timestamp,
     ) -> Result<TransferId, SubmitError> {
-        self.queue.admit(&request)?;
-        let links = path(request.src_tier, request.dst_tier);
-        let (latency, wire) = self.spans(&links, request.bytes);
-        // First come, first served: start when every link on the path is free.
-        let start = links
-            .iter()
-            .map(|l| self.busy_until[l.index()])
-            .fold(now, Timestamp::max);
-        let wire_done = start.saturating_add(wire);
-        for link in &links {
-            self.busy_until[link.index()] = wire_done;
-            let usage = &mut self.usage[link.index()];
-            usage.bytes += request.bytes;
-            usage.busy_ns += wire.as_nanos() as u64;
-            usage.transfers += 1;
+        if request.src_blocks.len() != request.dst_blocks.len() || request.src_blocks.is_empty() {
+            return Err(SubmitError::Malformed {
+                src: request.src_blocks.len(),
+                dst: request.dst_blocks.len(),
+            });
         }
-        Ok(self.queue.push(wire_done.saturating_add(latency)))
+        if self.links.len() >= self.profile.max_inflight_transfers {
+            return Err(SubmitError::QueueFull {
+                depth: self.links.len(),
+            });
+        }
+        let links = path(request.src_tier, request.dst_tier);
+        let latency = links.iter().map(|l| self.latency(*l)).sum();
+        let indices: Vec<usize> = links.iter().map(|l| l.index()).collect();
+        let id = self.next_id;
+        self.next_id += 1;
+        self.links.start(id, &indices, request.bytes, latency, now);
+        Ok(TransferId::new(id))
     }
 
     fn poll_completion(&mut self, now: Timestamp) -> Option<Completion> {
-        self.queue
-            .pop_due(now)
-            .map(|id| Completion { id, result: Ok(()) })
+        self.links.advance(now);
+        self.links.pop_landed(now).map(|id| Completion {
+            id: TransferId::new(id),
+            result: Ok(()),
+        })
     }
 
     fn next_deadline(&self) -> Option<Timestamp> {
-        self.queue.next_deadline()
+        self.links.next_deadline()
     }
 
     fn estimate_transfer(&self, src: Tier, dst: Tier, bytes: u64) -> Duration {
@@ -291,6 +304,10 @@ mod tests {
             nvme_read_bytes_per_s: 500_000_000,
             nvme_write_bytes_per_s: 250_000_000,
             nvme_latency_ns: 10_000,
+            nvme_read_iops: 0,
+            nvme_write_iops: 0,
+            nvme_max_io_bytes: 1 << 20,
+            nvme_queue_depth: 0,
             nic_bytes_per_s: 1_000_000_000,
             nic_latency_ns: 5_000,
             prefill_ns_per_token: 100,
@@ -320,26 +337,60 @@ mod tests {
         assert_eq!(hw.estimate_recompute(2), Duration::from_nanos(3_200));
     }
 
+    /// Polls `hw` at each deadline until everything lands; returns landing times by id.
+    fn drain(hw: &mut SimHardware) -> Vec<(u64, u64)> {
+        let mut landed = Vec::new();
+        while let Some(at) = hw.next_deadline() {
+            while let Some(done) = hw.poll_completion(at) {
+                assert_eq!(done.result, Ok(()));
+                landed.push((done.id.get(), at.as_nanos()));
+            }
+        }
+        landed
+    }
+
     #[test]
-    fn transfers_on_one_link_queue_behind_each_other() {
+    fn transfers_on_one_link_share_it_and_directions_are_separate_links() {
         let mut hw = SimHardware::new(profile(), 16);
         let t0 = Timestamp::ZERO;
-        hw.submit(transfer(Tier::Host, Tier::Device, 1_000_000), t0)
-            .unwrap();
-        hw.submit(transfer(Tier::Host, Tier::Device, 1_000_000), t0)
-            .unwrap();
-        // A transfer on the other direction does not wait.
-        hw.submit(transfer(Tier::Device, Tier::Host, 1_000_000), t0)
-            .unwrap();
-        assert_eq!(hw.next_deadline(), Some(Timestamp::from_nanos(1_001_000)));
-        assert!(hw
-            .poll_completion(Timestamp::from_nanos(1_000_999))
-            .is_none());
-        assert!(hw
-            .poll_completion(Timestamp::from_nanos(1_001_000))
-            .is_some());
+        for (src, dst) in [
+            (Tier::Host, Tier::Device),
+            (Tier::Host, Tier::Device),
+            (Tier::Device, Tier::Host),
+        ] {
+            hw.submit(transfer(src, dst, 1_000_000), t0).unwrap();
+        }
+        // The two host-to-device transfers share PCIe at 0.5 GB/s each (2 ms); the other
+        // direction is a link of its own (1 ms); each lands 1 µs of latency later.
+        assert_eq!(
+            drain(&mut hw),
+            vec![(2, 1_001_000), (0, 2_001_000), (1, 2_001_000)]
+        );
         let usage = hw.link_usage();
-        assert_eq!(usage[0].1.bytes, 2_000_000);
+        assert_eq!(
+            (usage[0].1.bytes, usage[0].1.busy_ns),
+            (2_000_000, 2_000_000)
+        );
+    }
+
+    #[test]
+    fn small_ssd_reads_are_bound_by_iops() {
+        let mut hw = SimHardware::new(
+            HardwareProfile {
+                nvme_read_bytes_per_s: 6_500_000_000,
+                nvme_read_iops: 1_000_000,
+                ..profile()
+            },
+            16,
+        );
+        // 4 KiB from disk to host: 1 µs of IOPS (not 0.63 µs of bandwidth) + 10 µs.
+        assert_eq!(
+            hw.estimate_transfer(Tier::Disk, Tier::Host, 4096),
+            Duration::from_nanos(11_000)
+        );
+        hw.submit(transfer(Tier::Disk, Tier::Host, 4096), Timestamp::ZERO)
+            .unwrap();
+        assert_eq!(drain(&mut hw), vec![(0, 11_000)]);
     }
 
     #[test]

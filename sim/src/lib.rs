@@ -2,7 +2,8 @@
 //!
 //! The same `Manager`, pools and events as the real backend run here on a
 //! [`hardware::SimHardware`] that completes transfers when their modelled time comes.
-//! Owns: the event queue ([`engine`]), the hardware model ([`hardware`]), workloads
+//! Owns: the event queue ([`engine`]), the hardware model ([`hardware`], its shared links
+//! in [`links`]), workloads
 //! ([`workload`]: synthetic conversations and Mooncake traces), scenarios ([`scenario`],
 //! RON), the single-worker run loop and its report ([`run`]), and trace replay through
 //! one pool for cache sizing ([`cache`]).
@@ -15,6 +16,7 @@
 pub mod cache;
 pub mod engine;
 pub mod hardware;
+pub mod links;
 pub mod run;
 pub mod scenario;
 pub mod workload;

@@ -1,0 +1,508 @@
+//! Shared links as a fluid model: the transfers in flight on a link share its bandwidth
+//! max-min fairly, recomputed whenever a transfer starts or finishes its bytes; a transfer
+//! that crosses several links moves at the rate its tightest link grants it.
+//!
+//! Owns: [`LinkSpec`], [`LinkUsage`] and [`FluidLinks`] (flows, their rates, the queues of
+//! links with a queue depth, and the transfers waiting out their latency).
+//! Never: knows tiers or requests (the hardware maps a transfer to link indices) or reads
+//! a clock: every call says what time it is.
+//!
+//! The model, per transfer of `b` bytes over links `L`:
+//! - it waits (first come, first served) while a link of `L` with a queue depth has that
+//!   many transfers in service;
+//! - then it moves its bytes at rate `r`, consuming `r × cost(l)` of each link's
+//!   bandwidth, where `cost(l) ≥ 1` is how many bytes' worth of a link's time one byte
+//!   takes: 1 unless the link is bound by operations per second (an SSD serving small
+//!   I/O), then `ops × bandwidth / (iops × b)`;
+//! - the rates are the max-min fair allocation (progressive filling: every unfrozen
+//!   transfer's rate rises together; a link that saturates freezes the transfers that
+//!   cross it), so two equal transfers on one link each get half of it;
+//! - once its bytes are through, it lands after the sum of the latencies of `L`.
+//!
+//! Time is integer nanoseconds; bytes in flight are `f64`. A transfer whose remaining
+//! bytes would take under half a nanosecond is through.
+
+use kvtwin::ids::Timestamp;
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+/// What one link can do.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkSpec {
+    /// Bandwidth, bytes per second (at least 1).
+    pub bytes_per_s: f64,
+    /// Operations per second the link serves at most (an SSD's IOPS); `None`: unbound.
+    pub ops_per_s: Option<f64>,
+    /// The largest operation: a transfer is `ceil(bytes / max_op_bytes)` operations.
+    pub max_op_bytes: u64,
+    /// Transfers in service at once at most (an SSD's queue depth); `None`: unbound.
+    pub queue_depth: Option<usize>,
+}
+
+impl LinkSpec {
+    /// A link bound by bandwidth only.
+    pub fn bandwidth(bytes_per_s: u64) -> Self {
+        Self {
+            bytes_per_s: bytes_per_s.max(1) as f64,
+            ops_per_s: None,
+            max_op_bytes: u64::MAX,
+            queue_depth: None,
+        }
+    }
+
+    /// Seconds `bytes` take on this link with nothing else in flight.
+    pub fn seconds_alone(&self, bytes: u64) -> f64 {
+        bytes as f64 * self.cost(bytes) / self.bytes_per_s.max(1.0)
+    }
+
+    /// Bytes' worth of this link's time that one byte of a `bytes`-byte transfer takes.
+    fn cost(&self, bytes: u64) -> f64 {
+        match self.ops_per_s {
+            Some(iops) if bytes > 0 => {
+                let ops = bytes.div_ceil(self.max_op_bytes.max(1)).max(1) as f64;
+                (ops * self.bytes_per_s / (iops.max(1e-9) * bytes as f64)).max(1.0)
+            }
+            _ => 1.0,
+        }
+    }
+}
+
+/// What one link did during a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LinkUsage {
+    /// Bytes carried.
+    pub bytes: u64,
+    /// Time with at least one transfer moving bytes on it.
+    pub busy_ns: u64,
+    /// Transfers carried.
+    pub transfers: u64,
+}
+
+#[derive(Debug)]
+struct Flow {
+    /// Link indices and the cost per byte on each.
+    links: Vec<(usize, f64)>,
+    remaining: f64,
+    rate: f64,
+    latency: Duration,
+    in_service: bool,
+}
+
+/// Transfers sharing a set of links.
+#[derive(Debug)]
+pub struct FluidLinks {
+    specs: Vec<LinkSpec>,
+    /// Flows by id (ids grow with submission, so iteration is submission order).
+    flows: BTreeMap<u64, Flow>,
+    /// Per link: flows waiting for a queue slot, and flows in service.
+    waiting: Vec<VecDeque<u64>>,
+    in_service: Vec<usize>,
+    /// Flows whose bytes are through, by landing time.
+    landing: BTreeSet<(Timestamp, u64)>,
+    usage: Vec<LinkUsage>,
+    /// The time the flows' `remaining` refers to.
+    last: Timestamp,
+}
+
+impl FluidLinks {
+    /// Links with these specs, indexed in order.
+    pub fn new(specs: Vec<LinkSpec>) -> Self {
+        let n = specs.len();
+        Self {
+            specs,
+            flows: BTreeMap::new(),
+            waiting: vec![VecDeque::new(); n],
+            in_service: vec![0; n],
+            landing: BTreeSet::new(),
+            usage: vec![LinkUsage::default(); n],
+            last: Timestamp::ZERO,
+        }
+    }
+
+    /// The specs.
+    pub fn specs(&self) -> &[LinkSpec] {
+        &self.specs
+    }
+
+    /// Usage per link, in index order.
+    pub fn usage(&self) -> &[LinkUsage] {
+        &self.usage
+    }
+
+    /// Transfers not yet landed.
+    pub fn len(&self) -> usize {
+        self.flows.len() + self.landing.len()
+    }
+
+    /// Whether nothing is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Starts transfer `id` (ids must grow) of `bytes` over `links` at `now`; it lands
+    /// `latency` after its bytes are through. Links out of range are ignored.
+    pub fn start(
+        &mut self,
+        id: u64,
+        links: &[usize],
+        bytes: u64,
+        latency: Duration,
+        now: Timestamp,
+    ) {
+        self.advance(now);
+        let links: Vec<(usize, f64)> = links
+            .iter()
+            .filter(|l| **l < self.specs.len())
+            .map(|l| (*l, self.specs[*l].cost(bytes)))
+            .collect();
+        for (link, _) in &links {
+            self.usage[*link].bytes += bytes;
+            self.usage[*link].transfers += 1;
+        }
+        if links.is_empty() || bytes == 0 {
+            self.landing.insert((now.saturating_add(latency), id));
+            return;
+        }
+        self.flows.insert(
+            id,
+            Flow {
+                links,
+                remaining: bytes as f64,
+                rate: 0.0,
+                latency,
+                in_service: false,
+            },
+        );
+        self.admit(id);
+        self.share();
+    }
+
+    /// Puts `id` in service if every queue on its path has room; otherwise queues it on
+    /// the first link without room.
+    fn admit(&mut self, id: u64) {
+        let Some(flow) = self.flows.get(&id) else {
+            return;
+        };
+        let full = flow.links.iter().map(|(l, _)| *l).find(|l| {
+            self.specs[*l]
+                .queue_depth
+                .is_some_and(|depth| self.in_service[*l] >= depth.max(1))
+        });
+        match full {
+            Some(link) => self.waiting[link].push_back(id),
+            None => {
+                let links: Vec<usize> = flow.links.iter().map(|(l, _)| *l).collect();
+                for link in links {
+                    self.in_service[link] += 1;
+                }
+                if let Some(flow) = self.flows.get_mut(&id) {
+                    flow.in_service = true;
+                }
+            }
+        }
+    }
+
+    /// Max-min fair rates for the flows in service (progressive filling).
+    fn share(&mut self) {
+        let mut left: Vec<f64> = self.specs.iter().map(|s| s.bytes_per_s.max(1.0)).collect();
+        let mut unfrozen: Vec<u64> = Vec::new();
+        for (id, flow) in &mut self.flows {
+            flow.rate = 0.0;
+            if flow.in_service {
+                unfrozen.push(*id);
+            }
+        }
+        let mut floor = 0.0f64;
+        while !unfrozen.is_empty() {
+            let mut weight = vec![0.0f64; self.specs.len()];
+            for id in &unfrozen {
+                for (link, cost) in &self.flows[id].links {
+                    weight[*link] += cost;
+                }
+            }
+            // The link that saturates first as every unfrozen rate rises together
+            // (ties: the lowest index, for determinism).
+            let mut bottleneck: Option<(f64, usize)> = None;
+            for (link, w) in weight.iter().enumerate() {
+                if *w > 0.0 {
+                    let level = left[link].max(0.0) / w;
+                    if bottleneck.is_none_or(|(best, _)| level < best) {
+                        bottleneck = Some((level, link));
+                    }
+                }
+            }
+            let Some((level, link)) = bottleneck else {
+                break;
+            };
+            // Levels never fall as filling goes on; clamping keeps rounding from giving a
+            // later flow less (or nothing) than one frozen before it.
+            let level = level.max(floor);
+            floor = level;
+            let (frozen, rest): (Vec<u64>, Vec<u64>) = unfrozen
+                .into_iter()
+                .partition(|id| self.flows[id].links.iter().any(|(l, _)| *l == link));
+            for id in frozen {
+                let flow = self.flows.get_mut(&id).expect("unfrozen flows exist");
+                flow.rate = level;
+                for (l, cost) in &flow.links {
+                    left[*l] -= level * cost;
+                }
+            }
+            unfrozen = rest;
+        }
+    }
+
+    /// Nanoseconds until `flow`'s bytes are through at its current rate.
+    fn ns_left(flow: &Flow) -> Option<f64> {
+        (flow.in_service && flow.rate > 0.0).then(|| flow.remaining / flow.rate * 1e9)
+    }
+
+    /// When the next flow's bytes are through, at the current rates.
+    fn next_through(&self) -> Option<Timestamp> {
+        self.flows
+            .values()
+            .filter_map(Self::ns_left)
+            // A thousandth of a nanosecond of slack absorbs rounding in `remaining`.
+            .map(|ns| {
+                let ns = (ns - 1e-3).max(0.0).ceil() as u64;
+                self.last.saturating_add(Duration::from_nanos(ns))
+            })
+            .min()
+    }
+
+    /// Moves every flow forward to `now`, exactly: rates change at each flow that gets
+    /// through on the way, and queued flows start as slots free.
+    pub fn advance(&mut self, now: Timestamp) {
+        loop {
+            let step_to = match self.next_through() {
+                Some(through) if through <= now => through,
+                _ => now,
+            };
+            self.progress(step_to);
+            if !self.finish_through() {
+                // Nothing got through on the way (only rounding could do that): carry on
+                // to `now` so that time never stalls.
+                self.progress(now);
+                break;
+            }
+        }
+    }
+
+    /// Moves the bytes of every flow in service on to `to` at the current rates.
+    fn progress(&mut self, to: Timestamp) {
+        let elapsed = to.saturating_duration_since(self.last);
+        if elapsed.is_zero() {
+            self.last = self.last.max(to);
+            return;
+        }
+        let seconds = elapsed.as_nanos() as f64 / 1e9;
+        let mut busy = vec![false; self.specs.len()];
+        for flow in self.flows.values_mut().filter(|f| f.in_service) {
+            flow.remaining = (flow.remaining - flow.rate * seconds).max(0.0);
+            for (link, _) in &flow.links {
+                busy[*link] = true;
+            }
+        }
+        for (link, busy) in busy.into_iter().enumerate() {
+            if busy {
+                self.usage[link].busy_ns += elapsed.as_nanos() as u64;
+            }
+        }
+        self.last = to;
+    }
+
+    /// Lands the flows whose bytes are through, starts queued ones in their place and
+    /// shares the links again; returns whether any got through.
+    fn finish_through(&mut self) -> bool {
+        let through: Vec<u64> = self
+            .flows
+            .iter()
+            .filter(|(_, f)| f.in_service && Self::ns_left(f).is_some_and(|ns| ns < 0.5))
+            .map(|(id, _)| *id)
+            .collect();
+        if through.is_empty() {
+            return false;
+        }
+        for id in through {
+            let Some(flow) = self.flows.remove(&id) else {
+                continue;
+            };
+            self.landing
+                .insert((self.last.saturating_add(flow.latency), id));
+            for (link, _) in &flow.links {
+                self.in_service[*link] = self.in_service[*link].saturating_sub(1);
+                while let Some(next) = self.waiting[*link].pop_front() {
+                    self.admit(next);
+                    let started = self.flows.get(&next).is_some_and(|f| f.in_service);
+                    let depth = self.specs[*link].queue_depth.unwrap_or(usize::MAX).max(1);
+                    if !started || self.in_service[*link] >= depth {
+                        break;
+                    }
+                }
+            }
+        }
+        self.share();
+        true
+    }
+
+    /// The earliest transfer landed by `now` (call [`FluidLinks::advance`] first).
+    pub fn pop_landed(&mut self, now: Timestamp) -> Option<u64> {
+        let &(at, id) = self.landing.first()?;
+        if at > now {
+            return None;
+        }
+        self.landing.remove(&(at, id));
+        Some(id)
+    }
+
+    /// When something next happens: a transfer lands, or one's bytes get through (rates
+    /// change then, so landings after it can move earlier).
+    pub fn next_deadline(&self) -> Option<Timestamp> {
+        let landing = self.landing.first().map(|(at, _)| *at);
+        match (landing, self.next_through()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const GB: u64 = 1_000_000_000;
+
+    fn ms(ms: f64) -> Timestamp {
+        Timestamp::from_nanos((ms * 1e6).round() as u64)
+    }
+
+    /// Runs `links` until everything lands; returns each id's landing time.
+    fn drain(links: &mut FluidLinks) -> BTreeMap<u64, Timestamp> {
+        let mut landed = BTreeMap::new();
+        while let Some(at) = links.next_deadline() {
+            links.advance(at);
+            while let Some(id) = links.pop_landed(at) {
+                landed.insert(id, at);
+            }
+        }
+        landed
+    }
+
+    #[test]
+    fn two_equal_transfers_on_one_link_each_take_twice_as_long() {
+        let mut links = FluidLinks::new(vec![LinkSpec::bandwidth(GB)]);
+        links.start(0, &[0], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        links.start(1, &[0], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        let landed = drain(&mut links);
+        assert_eq!(landed[&0], ms(2.0));
+        assert_eq!(landed[&1], ms(2.0));
+        assert_eq!(links.usage()[0].busy_ns, 2_000_000);
+    }
+
+    #[test]
+    fn a_small_transfer_behind_a_large_one_shares_and_the_large_one_speeds_up_after() {
+        let mut links = FluidLinks::new(vec![LinkSpec::bandwidth(GB)]);
+        // 9 MB starts alone; after 1 ms (1 MB moved) a 1 MB transfer joins: both get
+        // 0.5 GB/s, the small one is through at 3 ms, the large one has 6 MB left at
+        // full speed and is through at 9 ms, as if the link had carried 10 MB in order.
+        links.start(0, &[0], 9_000_000, Duration::ZERO, Timestamp::ZERO);
+        links.start(1, &[0], 1_000_000, Duration::ZERO, ms(1.0));
+        let landed = drain(&mut links);
+        assert_eq!(landed[&1], ms(3.0));
+        assert_eq!(landed[&0], ms(10.0));
+    }
+
+    #[test]
+    fn a_transfer_over_two_links_moves_at_its_tightest_share() {
+        // Link 0 at 1 GB/s carries A and B; link 1 at 0.2 GB/s carries B alone. B is
+        // held to 0.2 GB/s by link 1, so A gets the other 0.8 GB/s of link 0.
+        let mut links = FluidLinks::new(vec![LinkSpec::bandwidth(GB), LinkSpec::bandwidth(GB / 5)]);
+        links.start(0, &[0], 800_000, Duration::ZERO, Timestamp::ZERO);
+        links.start(1, &[0, 1], 200_000, Duration::ZERO, Timestamp::ZERO);
+        let landed = drain(&mut links);
+        assert_eq!(landed[&0], ms(1.0));
+        assert_eq!(landed[&1], ms(1.0));
+    }
+
+    #[test]
+    fn tiny_transfers_take_their_latency() {
+        let mut links = FluidLinks::new(vec![LinkSpec::bandwidth(GB)]);
+        for id in 0..100 {
+            links.start(id, &[0], 64, Duration::from_micros(80), Timestamp::ZERO);
+        }
+        let landed = drain(&mut links);
+        // 6,400 bytes at 1 GB/s is 6.4 µs of wire against 80 µs of latency.
+        assert!(landed
+            .values()
+            .all(|at| *at == Timestamp::from_nanos(86_400)));
+    }
+
+    #[test]
+    fn small_reads_are_bound_by_iops_and_queue_depth() {
+        // 6.5 GB/s, 1 M IOPS, at most 4 in service: a 4 KiB read costs 1 µs of the
+        // drive (IOPS) rather than 0.63 µs (bandwidth). 8 reads at once: 4 in service
+        // share the drive for 4 µs, then the next 4.
+        let ssd = LinkSpec {
+            bytes_per_s: 6.5e9,
+            ops_per_s: Some(1e6),
+            max_op_bytes: 1 << 20,
+            queue_depth: Some(4),
+        };
+        let mut links = FluidLinks::new(vec![ssd]);
+        for id in 0..8 {
+            links.start(id, &[0], 4096, Duration::ZERO, Timestamp::ZERO);
+        }
+        let landed = drain(&mut links);
+        assert!((0..4).all(|id| landed[&id] == Timestamp::from_nanos(4_000)));
+        assert!((4..8).all(|id| landed[&id] == Timestamp::from_nanos(8_000)));
+        // A large read is bandwidth-bound: 6.5 MB in 1 ms.
+        links.start(8, &[0], 6_500_000, Duration::ZERO, ms(1.0));
+        assert_eq!(drain(&mut links)[&8], ms(2.0));
+    }
+
+    proptest! {
+        /// Whatever arrives when: the links never carry more than their bandwidth
+        /// (every byte is through no sooner than the link's total bytes allow) and never
+        /// idle while work waits (the last byte is through by the time a link working
+        /// flat out would finish, counting from the first arrival).
+        #[test]
+        fn links_are_work_conserving_and_never_over_capacity(
+            transfers in prop::collection::vec((0u64..4_000_000, 1u64..2_000_000, 0usize..3), 1..30)
+        ) {
+            let bandwidth = [GB, GB / 2, 2 * GB];
+            let specs: Vec<LinkSpec> = bandwidth.iter().map(|b| LinkSpec::bandwidth(*b)).collect();
+            let mut links = FluidLinks::new(specs);
+            let mut arrivals: Vec<(u64, u64, usize)> = transfers.clone();
+            arrivals.sort_unstable();
+            let mut landed = BTreeMap::new();
+            for (id, (at, bytes, link)) in arrivals.iter().enumerate() {
+                let now = Timestamp::from_nanos(*at);
+                while let Some(deadline) = links.next_deadline().filter(|d| *d < now) {
+                    links.advance(deadline);
+                    while let Some(done) = links.pop_landed(deadline) {
+                        landed.insert(done, deadline);
+                    }
+                }
+                links.start(id as u64, &[*link], *bytes, Duration::ZERO, now);
+            }
+            landed.extend(drain(&mut links));
+            prop_assert_eq!(landed.len(), arrivals.len());
+            for (link, link_bandwidth) in bandwidth.iter().enumerate() {
+                let ours: Vec<(usize, &(u64, u64, usize))> =
+                    arrivals.iter().enumerate().filter(|(_, a)| a.2 == link).collect();
+                let Some(first) = ours.first() else { continue };
+                let bytes: u64 = ours.iter().map(|(_, a)| a.1).sum();
+                let last = ours.iter().map(|(id, _)| landed[&(*id as u64)]).max().unwrap();
+                let floor_ns = (bytes as f64 / *link_bandwidth as f64 * 1e9) as u64;
+                // Capacity: everything through no sooner than the first arrival plus the
+                // time the link needs for all of it (2 ns of rounding per transfer).
+                prop_assert!(last.as_nanos() + 2 * ours.len() as u64 >= first.1 .0 + floor_ns);
+                // Work conservation: no later than the last arrival plus all of it.
+                let last_arrival = ours.iter().map(|(_, a)| a.0).max().unwrap();
+                prop_assert!(last.as_nanos() <= last_arrival + floor_ns + 2 * ours.len() as u64);
+            }
+        }
+    }
+}
