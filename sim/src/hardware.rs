@@ -8,6 +8,7 @@
 //! after its bytes are through.
 //! Never: read a wall clock; every deadline derives from `now` arguments.
 
+use crate::compute::{ComputeModel, UnknownProfile};
 use crate::links::{FluidLinks, LinkSpec};
 use kvtwin::fabric::InProcessFabric;
 use kvtwin::hardware::{Clock, Completion, Hardware, MemoryStorage, SubmitError, TransferRequest};
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 /// Bandwidths (bytes per second), latencies (nanoseconds) and compute costs of one
 /// worker's node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HardwareProfile {
     /// A name for reports.
@@ -50,16 +51,44 @@ pub struct HardwareProfile {
     pub nic_bytes_per_s: u64,
     /// Network latency per transfer.
     pub nic_latency_ns: u64,
-    /// Prefill cost per prompt token (a linear placeholder for the compute model).
+    /// Prefill cost per prompt token, when `compute` is not given.
     pub prefill_ns_per_token: u64,
-    /// Decode cost per generated token.
+    /// Decode cost per generated token, when `compute` is not given.
     pub decode_ns_per_token: u64,
+    /// Forward-pass times: a built-in profile by name (`Builtin("h100-llama3-8b")`, see
+    /// [`ComputeModel::BUILTIN`]) or a model of its own; without it, the two per-token
+    /// costs above.
+    #[serde(default)]
+    pub compute: Option<ComputeChoice>,
     /// Transfers in flight at most.
     pub max_inflight_transfers: usize,
 }
 
 fn default_nvme_max_io_bytes() -> u64 {
     1 << 20
+}
+
+/// Where a profile's forward-pass times come from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ComputeChoice {
+    /// A built-in profile, by name.
+    Builtin(String),
+    /// A model given in full.
+    Custom(ComputeModel),
+}
+
+impl HardwareProfile {
+    /// The forward-pass time model this profile describes.
+    pub fn compute_model(&self) -> Result<ComputeModel, UnknownProfile> {
+        match &self.compute {
+            Some(ComputeChoice::Builtin(name)) => ComputeModel::builtin(name),
+            Some(ComputeChoice::Custom(model)) => Ok(model.clone()),
+            None => Ok(ComputeModel::Linear {
+                prefill_ns_per_token: self.prefill_ns_per_token,
+                decode_ns_per_token: self.decode_ns_per_token,
+            }),
+        }
+    }
 }
 
 /// One direction of one physical link.
@@ -312,6 +341,7 @@ mod tests {
             nic_latency_ns: 5_000,
             prefill_ns_per_token: 100,
             decode_ns_per_token: 10_000,
+            compute: None,
             max_inflight_transfers: 8,
         }
     }

@@ -3,7 +3,7 @@
 //! The same `Manager`, pools and events as the real backend run here on a
 //! [`hardware::SimHardware`] that completes transfers when their modelled time comes.
 //! Owns: the event queue ([`engine`]), the hardware model ([`hardware`], its shared links
-//! in [`links`]), workloads
+//! in [`links`], forward-pass times in [`compute`]), workloads
 //! ([`workload`]: synthetic conversations and Mooncake traces), scenarios ([`scenario`],
 //! RON), the single-worker run loop and its report ([`run`]), and trace replay through
 //! one pool for cache sizing ([`cache`]).
@@ -14,6 +14,7 @@
 //! Never: be a dependency of `kvtwin` itself.
 
 pub mod cache;
+pub mod compute;
 pub mod engine;
 pub mod hardware;
 pub mod links;

@@ -11,6 +11,7 @@
 //! The compute model here is linear per token; latencies are predictions of the model.
 //! Never: read a clock or iterate an unordered map.
 
+use crate::compute::{ComputeModel, UnknownProfile};
 use crate::engine::EventQueue;
 use crate::hardware::{LinkUsage, SimHardware};
 use crate::scenario::Scenario;
@@ -258,12 +259,33 @@ struct Sim<'a> {
     too_large: u64,
     waits: u64,
     block_size: u64,
+    compute: ComputeModel,
+    device_capacity_tokens: u64,
     now: Timestamp,
 }
 
+/// A scenario the simulator cannot run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SimError {
+    /// The worker configuration is not runnable.
+    #[error("worker: {0}")]
+    Config(#[from] ManagerConfigError),
+    /// The hardware profile names a compute profile that is not built in.
+    #[error("hardware.compute: {0}")]
+    Compute(#[from] UnknownProfile),
+}
+
 /// Runs `requests` through one worker configured by `scenario`.
-pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, ManagerConfigError> {
+pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, SimError> {
     let config = scenario.worker.manager_config();
+    let compute = scenario.hardware.compute_model()?;
+    let device_capacity_tokens = config
+        .tiers
+        .iter()
+        .filter(|t| t.tier == Tier::Device)
+        .map(|t| (t.capacity_blocks * config.block_size_tokens) as u64)
+        .sum();
     let hardware = SimHardware::new(scenario.hardware.clone(), config.block_size_tokens);
     let block_size = config.block_size_tokens as u64;
     let mut sim = Sim {
@@ -282,6 +304,8 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Man
         too_large: 0,
         waits: 0,
         block_size,
+        compute,
+        device_capacity_tokens,
         now: Timestamp::ZERO,
     };
     for (index, request) in requests.iter().enumerate() {
@@ -367,10 +391,8 @@ impl Sim<'_> {
                 sources.computed += need as u64;
                 let cached_tokens = held.len() as u64 * self.block_size;
                 let prefill_tokens = request.input_tokens.saturating_sub(cached_tokens).max(1);
-                let span = Duration::from_nanos(
-                    prefill_tokens
-                        .saturating_mul(self.manager.hardware().profile().prefill_ns_per_token),
-                );
+                // One request per pass until the worker batches (the scheduler is next).
+                let span = self.compute.prefill(prefill_tokens, cached_tokens);
                 self.queue
                     .push(self.now.saturating_add(span), Event::PrefillDone(i));
                 self.states.insert(i, State::Prefilling { held, computing });
@@ -403,11 +425,14 @@ impl Sim<'_> {
                 .saturating_duration_since(request.arrival)
                 .as_nanos() as u64,
         );
-        let span = Duration::from_nanos(
-            request
-                .output_tokens
-                .saturating_mul(self.manager.hardware().profile().decode_ns_per_token),
-        );
+        // Each output token is one decode step of this sequence alone, over its context.
+        let capacity_tokens = self.device_capacity_tokens;
+        let span: Duration = (0..request.output_tokens)
+            .map(|step| {
+                self.compute
+                    .decode_step(1, request.input_tokens + step, capacity_tokens)
+            })
+            .sum();
         self.queue
             .push(self.now.saturating_add(span), Event::DecodeDone(i));
         self.states.insert(i, State::Decoding { held });

@@ -56,7 +56,7 @@ pub enum WorkloadSpec {
 }
 
 /// A simulation input.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
     /// Name for reports.
@@ -95,6 +95,14 @@ pub enum ScenarioError {
         /// What was wrong (names the field for unknown or missing fields).
         source: ron::error::Error,
     },
+    /// The hardware profile names a compute profile that is not built in.
+    #[error("{path}: hardware.compute: {source}", path = path.display())]
+    UnknownCompute {
+        /// The file.
+        path: PathBuf,
+        /// Which name, and the ones there are.
+        source: crate::compute::UnknownProfile,
+    },
     /// The worker configuration is not runnable.
     #[error("{path}: worker: {source}", path = path.display())]
     Invalid {
@@ -131,6 +139,13 @@ impl Scenario {
                 path: path.to_owned(),
                 source,
             })?;
+        scenario
+            .hardware
+            .compute_model()
+            .map_err(|source| ScenarioError::UnknownCompute {
+                path: path.to_owned(),
+                source,
+            })?;
         Ok(scenario)
     }
 }
@@ -138,6 +153,7 @@ impl Scenario {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compute::ComputeModel;
 
     const GOOD: &str = r#"(
         name: "t",
@@ -199,6 +215,34 @@ mod tests {
                 }
             ),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn compute_profiles_are_built_in_or_given_in_full_and_unknown_names_are_listed() {
+        let with = |compute: &str| {
+            GOOD.replace(
+                "max_inflight_transfers: 4,\n        ),\n        worker",
+                &format!("max_inflight_transfers: 4, compute: Some({compute}),\n        ),\n        worker"),
+            )
+        };
+        let builtin = Scenario::parse(&with(r#"Builtin("dynosim")"#), Path::new("d.ron")).unwrap();
+        assert_eq!(
+            builtin.hardware.compute_model().unwrap(),
+            ComputeModel::Dynosim
+        );
+        let custom = with(r#"Custom(Linear(prefill_ns_per_token: 7, decode_ns_per_token: 9))"#);
+        let custom = Scenario::parse(&custom, Path::new("c.ron")).unwrap();
+        assert_eq!(
+            custom.hardware.compute_model().unwrap().prefill(3, 0),
+            std::time::Duration::from_nanos(21)
+        );
+        let error = Scenario::parse(&with(r#"Builtin("tpu-v9")"#), Path::new("u.ron")).unwrap_err();
+        let message = error.to_string();
+        assert!(message.starts_with("u.ron: hardware.compute:"), "{message}");
+        assert!(
+            message.contains("tpu-v9") && message.contains("h100-llama3-8b"),
+            "{message}"
         );
     }
 }
