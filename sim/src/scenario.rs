@@ -131,21 +131,144 @@ impl Scenario {
             column: error.position.col,
             source: error.code,
         })?;
-        scenario
-            .worker
+        scenario.validate(path)?;
+        Ok(scenario)
+    }
+
+    /// Checks what parsing cannot: the worker is runnable, the compute profile exists.
+    fn validate(&self, path: &Path) -> Result<(), ScenarioError> {
+        self.worker
             .manager_config()
             .validate()
             .map_err(|source| ScenarioError::Invalid {
                 path: path.to_owned(),
                 source,
             })?;
-        scenario
-            .hardware
+        self.hardware
             .compute_model()
             .map_err(|source| ScenarioError::UnknownCompute {
                 path: path.to_owned(),
                 source,
             })?;
+        Ok(())
+    }
+}
+
+/// A `--set FIELD=VALUE` override could not be applied.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OverrideError {
+    /// Not of the form `FIELD=VALUE`.
+    #[error("--set {0:?}: expected FIELD=VALUE, a dotted path and a value")]
+    Syntax(String),
+    /// The path names no field of the scenario.
+    #[error("--set {path}: no such field; valid paths: {valid}")]
+    UnknownPath {
+        /// The path given.
+        path: String,
+        /// Every path there is, comma separated.
+        valid: String,
+    },
+    /// The value does not fit the field.
+    #[error("--set {path}={value}: {reason}")]
+    BadValue {
+        /// The path.
+        path: String,
+        /// The value given.
+        value: String,
+        /// Why it does not fit.
+        reason: String,
+    },
+    /// The scenario with every override is not runnable.
+    #[error("after --set: {0}")]
+    Invalid(ScenarioError),
+}
+
+/// The field at dotted `path` of `value` (object keys, array indices).
+fn field_mut<'v>(
+    value: &'v mut serde_json::Value,
+    path: &str,
+) -> Option<&'v mut serde_json::Value> {
+    path.split('.').try_fold(value, |value, key| match value {
+        serde_json::Value::Object(map) => map.get_mut(key),
+        serde_json::Value::Array(items) => key.parse::<usize>().ok().and_then(|i| items.get_mut(i)),
+        _ => None,
+    })
+}
+
+/// Every dotted path to a field that holds a value (not an object or array), sorted.
+fn leaf_paths(value: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+    let join = |key: &str| {
+        if prefix.is_empty() {
+            key.to_string()
+        } else {
+            format!("{prefix}.{key}")
+        }
+    };
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, value) in map {
+                leaf_paths(value, &join(key), out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (i, value) in items.iter().enumerate() {
+                leaf_paths(value, &join(&i.to_string()), out);
+            }
+        }
+        _ => out.push(prefix.to_string()),
+    }
+}
+
+impl Scenario {
+    /// This scenario with `FIELD=VALUE` overrides applied in order, then validated.
+    ///
+    /// `FIELD` is a dotted path through the scenario as its JSON form has it: struct
+    /// fields by name, list items by index, an enum by its variant
+    /// (`hardware.pcie_bytes_per_s`, `worker.tiers.0.capacity_blocks`,
+    /// `workload.Conversations.conversations`). `VALUE` is JSON (`64000000000`,
+    /// `{"Builtin":"dynosim"}`, `"text"`); anything that is not JSON is taken as a string,
+    /// so a unit variant needs no quotes (`worker.tiers.0.eviction=Lru`).
+    pub fn with_overrides(&self, sets: &[String]) -> Result<Scenario, OverrideError> {
+        let mut value = serde_json::to_value(self).map_err(|e| OverrideError::BadValue {
+            path: String::new(),
+            value: String::new(),
+            reason: e.to_string(),
+        })?;
+        for set in sets {
+            let (path, raw) = set
+                .split_once('=')
+                .filter(|(path, _)| !path.is_empty())
+                .ok_or_else(|| OverrideError::Syntax(set.clone()))?;
+            let new = serde_json::from_str(raw)
+                .unwrap_or_else(|_| serde_json::Value::String(raw.to_string()));
+            let Some(field) = field_mut(&mut value, path) else {
+                let mut valid = Vec::new();
+                leaf_paths(&value, "", &mut valid);
+                return Err(OverrideError::UnknownPath {
+                    path: path.to_string(),
+                    valid: valid.join(", "),
+                });
+            };
+            *field = new;
+            // Check now, so that an error names this override and not a later one.
+            serde_json::from_value::<Scenario>(value.clone()).map_err(|e| {
+                OverrideError::BadValue {
+                    path: path.to_string(),
+                    value: raw.to_string(),
+                    reason: e.to_string(),
+                }
+            })?;
+        }
+        let scenario: Scenario =
+            serde_json::from_value(value).map_err(|e| OverrideError::BadValue {
+                path: String::new(),
+                value: String::new(),
+                reason: e.to_string(),
+            })?;
+        scenario
+            .validate(Path::new("--set"))
+            .map_err(OverrideError::Invalid)?;
         Ok(scenario)
     }
 }
@@ -243,6 +366,57 @@ mod tests {
         assert!(
             message.contains("tpu-v9") && message.contains("h100-llama3-8b"),
             "{message}"
+        );
+    }
+
+    #[test]
+    fn overrides_set_fields_by_dotted_path_and_name_what_is_wrong() {
+        let scenario = Scenario::parse(GOOD, Path::new("good.ron")).unwrap();
+        let sets = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let changed = scenario
+            .with_overrides(&sets(&[
+                "hardware.pcie_bytes_per_s=64000000000",
+                "worker.tiers.0.capacity_blocks=16",
+                "worker.tiers.0.eviction=Lru",
+                r#"hardware.compute={"Builtin":"dynosim"}"#,
+                "name=what-if",
+            ]))
+            .unwrap();
+        assert_eq!(changed.hardware.pcie_bytes_per_s, 64_000_000_000);
+        assert_eq!(changed.worker.tiers[0].capacity_blocks, 16);
+        assert_eq!(
+            changed.hardware.compute_model().unwrap(),
+            ComputeModel::Dynosim
+        );
+        assert_eq!(changed.name, "what-if");
+        assert_eq!(changed.seed, scenario.seed);
+
+        let unknown = scenario
+            .with_overrides(&sets(&["hardware.pcie_gbps=1"]))
+            .unwrap_err();
+        let message = unknown.to_string();
+        assert!(
+            message.contains("hardware.pcie_gbps: no such field"),
+            "{message}"
+        );
+        assert!(message.contains("hardware.pcie_bytes_per_s"), "{message}");
+        assert!(
+            message.contains("worker.tiers.0.capacity_blocks"),
+            "{message}"
+        );
+
+        let bad = scenario.with_overrides(&sets(&["seed=soon"])).unwrap_err();
+        assert!(bad.to_string().starts_with("--set seed=soon:"), "{bad}");
+        assert!(matches!(
+            scenario.with_overrides(&sets(&["seed"])),
+            Err(OverrideError::Syntax(_))
+        ));
+        let unrunnable = scenario
+            .with_overrides(&sets(&["worker.tiers.0.tier=Host"]))
+            .unwrap_err();
+        assert!(
+            matches!(unrunnable, OverrideError::Invalid(_)),
+            "{unrunnable}"
         );
     }
 }

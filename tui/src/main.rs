@@ -41,6 +41,11 @@ enum Command {
         /// Replaces the workload with a Mooncake-format trace.
         #[arg(long)]
         trace: Option<PathBuf>,
+        /// Overrides a scenario field by its dotted path, e.g.
+        /// `--set worker.tiers.0.capacity_blocks=8000` (repeatable; VALUE is JSON, or a
+        /// string); an unknown path lists the valid ones.
+        #[arg(long = "set", value_name = "FIELD=VALUE")]
+        set: Vec<String>,
         /// Also writes the report as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -95,14 +100,16 @@ fn main() -> Result<()> {
         scenario: PathBuf::from(DEFAULT_SCENARIO),
         seed: None,
         trace: None,
+        set: Vec::new(),
         json: None,
     }) {
         Command::Run {
             scenario,
             seed,
             trace,
+            set,
             json,
-        } => run(&scenario, seed, trace, json),
+        } => run(&scenario, seed, trace, &set, json),
         Command::Cache {
             trace,
             capacity_blocks,
@@ -138,6 +145,7 @@ fn run(
     path: &Path,
     seed: Option<u64>,
     trace: Option<PathBuf>,
+    sets: &[String],
     json: Option<PathBuf>,
 ) -> Result<()> {
     let mut scenario = Scenario::load(path).with_context(|| {
@@ -147,6 +155,9 @@ fn run(
             format!("loading scenario {}", path.display())
         }
     })?;
+    if !sets.is_empty() {
+        scenario = scenario.with_overrides(sets)?;
+    }
     if let Some(seed) = seed {
         scenario.seed = seed;
     }
