@@ -290,6 +290,86 @@ impl ComputeModel {
     }
 }
 
+/// What one forward pass of a continuously batched worker does.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Prefill chunks: (new tokens, tokens already cached before them), per sequence.
+    pub prefills: Vec<(u64, u64)>,
+    /// Sequences decoding one token each.
+    pub decodes: u64,
+    /// KV tokens those sequences attend to, together.
+    pub decode_context: u64,
+}
+
+/// How long a pass takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PassTime {
+    /// From the pass's start until its prefill work is done: the first tokens of the
+    /// sequences whose prompts finish here land then.
+    pub prefill: Duration,
+    /// The whole pass.
+    pub total: Duration,
+}
+
+impl ComputeModel {
+    /// The time of one batched pass on a device that caches `capacity_tokens` tokens.
+    ///
+    /// Roofline: the whole pass is one roofline (weights read once, every token's FLOPs
+    /// and KV reads); its prefill part is the roofline of the prefill work alone. DynoSim
+    /// and Linear: the prefill part (by the pass's uncached tokens) plus the decode part.
+    pub fn pass(&self, pass: &Pass, capacity_tokens: u64) -> PassTime {
+        let new: u64 = pass.prefills.iter().map(|(t, _)| t).sum();
+        let nothing = |p: &Pass| p.prefills.is_empty() && p.decodes == 0;
+        if nothing(pass) {
+            return PassTime {
+                prefill: Duration::ZERO,
+                total: Duration::ZERO,
+            };
+        }
+        match self {
+            ComputeModel::Roofline {
+                model,
+                gpu,
+                calibration,
+            } => {
+                let work = |prefills: &[(u64, u64)], decodes: u64, context: u64| {
+                    let pairs: f64 = prefills
+                        .iter()
+                        .map(|(t, c)| *t as f64 * *c as f64 + (*t as f64).powi(2) / 2.0)
+                        .sum();
+                    let tokens: u64 = prefills.iter().map(|(t, _)| t).sum::<u64>() + decodes;
+                    let kv: u64 = prefills.iter().map(|(t, c)| t + c).sum::<u64>() + context;
+                    let flops = 2.0 * model.params as f64 * tokens as f64
+                        + model.attention_flops_per_pair() * (pairs + context as f64);
+                    let bytes = (model.weight_bytes() + kv * model.kv_bytes_per_token()) as f64;
+                    roofline_time(flops, bytes, gpu, calibration)
+                };
+                let prefill = if pass.prefills.is_empty() {
+                    Duration::ZERO
+                } else {
+                    work(&pass.prefills, 0, 0)
+                };
+                PassTime {
+                    prefill,
+                    total: work(&pass.prefills, pass.decodes, pass.decode_context).max(prefill),
+                }
+            }
+            ComputeModel::Dynosim | ComputeModel::Linear { .. } => {
+                let prefill = if pass.prefills.is_empty() {
+                    Duration::ZERO
+                } else {
+                    self.prefill(new, 0)
+                };
+                let decode = self.decode_step(pass.decodes, pass.decode_context, capacity_tokens);
+                PassTime {
+                    prefill,
+                    total: prefill + decode,
+                }
+            }
+        }
+    }
+}
+
 fn millis(ms: f64) -> Duration {
     Duration::from_nanos((ms * 1e6).round().max(0.0) as u64)
 }
@@ -392,5 +472,28 @@ mod tests {
         let small = ComputeModel::builtin("h100-llama3-8b").unwrap();
         let large = ComputeModel::builtin("h100x4-llama3-70b").unwrap();
         assert!(large.decode_step(1, 2048, 1 << 20) > small.decode_step(1, 2048, 1 << 20));
+    }
+
+    #[test]
+    fn a_mixed_pass_costs_its_prefill_then_its_decode() {
+        let pass = Pass {
+            prefills: vec![(600, 0), (400, 0)],
+            decodes: 8,
+            decode_context: 500,
+        };
+        // DynoSim: prefill by the pass's 1,000 uncached tokens, plus the decode step.
+        let time = ComputeModel::Dynosim.pass(&pass, 1000);
+        assert_eq!(time.prefill, Duration::from_micros(32_101));
+        assert_eq!(time.total, Duration::from_micros(32_101 + 26_310));
+        // Roofline: one pass reads the weights once, so batching is cheaper than the
+        // sequences one by one; the prefill part is no longer than the pass.
+        let roofline = ComputeModel::builtin("h100-llama3-8b").unwrap();
+        let batched = roofline.pass(&pass, 1 << 20);
+        let alone = roofline.prefill(600, 0)
+            + roofline.prefill(400, 0)
+            + roofline.decode_step(8, 500, 1 << 20);
+        assert!(batched.total < alone, "{batched:?} vs {alone:?}");
+        assert!(batched.prefill <= batched.total);
+        assert_eq!(roofline.pass(&Pass::default(), 1).total, Duration::ZERO);
     }
 }

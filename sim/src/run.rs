@@ -8,13 +8,17 @@
 //! manager emits is replayed into a registry replica, and the run checks at the end that
 //! it matches the pools: the router's view can be rebuilt from events alone.
 //!
-//! The compute model here is linear per token; latencies are predictions of the model.
+//! Compute is continuously batched: one forward pass at a time holds every decoding
+//! sequence (one token each) and prefill chunks of the oldest prompts up to the token
+//! budget ([`crate::scenario::Batching`]); the compute model times the pass, and first
+//! tokens land when its prefill part ends. Not modelled yet: decode tokens taking new
+//! blocks, and preemption. Latencies are predictions of the model.
 //! Never: read a clock or iterate an unordered map.
 
-use crate::compute::{ComputeModel, UnknownProfile};
+use crate::compute::{ComputeModel, Pass, UnknownProfile};
 use crate::engine::EventQueue;
 use crate::hardware::{LinkUsage, SimHardware};
-use crate::scenario::Scenario;
+use crate::scenario::{Batching, Scenario};
 use crate::workload::Request;
 use kvtwin::block::Reset;
 use kvtwin::events::{KvCacheEventData, RegistryReplica};
@@ -26,14 +30,13 @@ use kvtwin::tier::Tier;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
-use std::time::Duration;
 
 #[derive(Debug)]
 enum Event {
     Arrival(usize),
     Poll,
-    PrefillDone(usize),
-    DecodeDone(usize),
+    /// The forward pass in flight is done.
+    PassDone,
 }
 
 #[derive(Debug)]
@@ -43,12 +46,22 @@ enum State {
         device_hits: usize,
         onboard_tiers: Vec<Tier>,
     },
+    /// Waiting for, or part way through, its prefill.
     Prefilling {
         held: BlockChain,
         computing: Vec<MutableBlock<Reset>>,
+        /// Prompt tokens still to prefill.
+        remaining: u64,
+        /// Tokens in the KV cache so far (prefix hits and prefilled chunks).
+        cached: u64,
     },
+    /// Generating, one token per pass.
     Decoding {
         held: BlockChain,
+        /// Output tokens still to generate.
+        remaining: u64,
+        /// Tokens in its KV cache.
+        context: u64,
     },
 }
 
@@ -164,6 +177,8 @@ pub struct Report {
     pub events: EventCounts,
     /// Simulated time at the end.
     pub simulated_s: f64,
+    /// Forward passes run.
+    pub passes: u64,
 }
 
 impl Report {
@@ -185,8 +200,8 @@ impl fmt::Display for Report {
         };
         writeln!(
             f,
-            "scenario {} (seed {}), {:.1} s simulated",
-            self.scenario, self.seed, self.simulated_s
+            "scenario {} (seed {}), {:.1} s simulated, {} forward passes",
+            self.scenario, self.seed, self.simulated_s, self.passes
         )?;
         writeln!(
             f,
@@ -261,7 +276,21 @@ struct Sim<'a> {
     block_size: u64,
     compute: ComputeModel,
     device_capacity_tokens: u64,
+    batching: Batching,
+    /// Requests whose prefill is not done, oldest first.
+    prefill_queue: VecDeque<usize>,
+    pass: Option<PassInFlight>,
+    passes: u64,
     now: Timestamp,
+}
+
+/// The forward pass running now.
+#[derive(Debug)]
+struct PassInFlight {
+    /// Requests in it, with the tokens each processes.
+    members: Vec<(usize, u64)>,
+    /// When its prefill part ends.
+    first_token_at: Timestamp,
 }
 
 /// A scenario the simulator cannot run.
@@ -306,6 +335,10 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
         block_size,
         compute,
         device_capacity_tokens,
+        batching: scenario.worker.batching,
+        prefill_queue: VecDeque::new(),
+        pass: None,
+        passes: 0,
         now: Timestamp::ZERO,
     };
     for (index, request) in requests.iter().enumerate() {
@@ -319,10 +352,10 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
             Event::Poll => {
                 sim.poll_at.remove(&at);
             }
-            Event::PrefillDone(i) => sim.prefill_done(i),
-            Event::DecodeDone(i) => sim.decode_done(i),
+            Event::PassDone => sim.pass_done(),
         }
         sim.settle();
+        sim.start_pass();
     }
     Ok(sim.report(scenario))
 }
@@ -389,13 +422,18 @@ impl Sim<'_> {
                 sources.disk += onboarded[Tier::Disk.index()] as u64;
                 sources.remote += onboarded[Tier::Remote.index()] as u64;
                 sources.computed += need as u64;
-                let cached_tokens = held.len() as u64 * self.block_size;
-                let prefill_tokens = request.input_tokens.saturating_sub(cached_tokens).max(1);
-                // One request per pass until the worker batches (the scheduler is next).
-                let span = self.compute.prefill(prefill_tokens, cached_tokens);
-                self.queue
-                    .push(self.now.saturating_add(span), Event::PrefillDone(i));
-                self.states.insert(i, State::Prefilling { held, computing });
+                let cached = (held.len() as u64 * self.block_size).min(request.input_tokens);
+                let remaining = request.input_tokens.saturating_sub(cached).max(1);
+                self.states.insert(
+                    i,
+                    State::Prefilling {
+                        held,
+                        computing,
+                        remaining,
+                        cached,
+                    },
+                );
+                self.prefill_queue.push_back(i);
             }
             Err(_) => {
                 self.manager.device().release(held);
@@ -405,43 +443,154 @@ impl Sim<'_> {
         }
     }
 
-    fn prefill_done(&mut self, i: usize) {
-        let Some(State::Prefilling {
-            mut held,
-            computing,
-        }) = self.states.remove(&i)
-        else {
+    /// Starts the next forward pass if none is running and there is work: every
+    /// decoding sequence generates one token, and prefill chunks fill the rest of the
+    /// token budget, oldest request first (chunked prefill), up to `max_seqs` sequences.
+    fn start_pass(&mut self) {
+        if self.pass.is_some() {
             return;
-        };
-        let request = &self.requests[i];
-        let complete = computing
-            .into_iter()
-            .zip(&request.blocks[held.len()..])
-            .map(|(block, identity)| block.apply_identity(*identity))
-            .collect();
-        held.extend(self.manager.register(complete, self.now));
-        self.ttft_ns.push(
-            self.now
-                .saturating_duration_since(request.arrival)
-                .as_nanos() as u64,
-        );
-        // Each output token is one decode step of this sequence alone, over its context.
-        let capacity_tokens = self.device_capacity_tokens;
-        let span: Duration = (0..request.output_tokens)
-            .map(|step| {
-                self.compute
-                    .decode_step(1, request.input_tokens + step, capacity_tokens)
-            })
-            .sum();
+        }
+        let batching = self.batching;
+        let mut pass = Pass::default();
+        let mut members: Vec<(usize, u64)> = Vec::new();
+        for (i, state) in &self.states {
+            if let State::Decoding { context, .. } = state {
+                if members.len() >= batching.max_seqs {
+                    break;
+                }
+                pass.decodes += 1;
+                pass.decode_context += context;
+                members.push((*i, 1));
+            }
+        }
+        let mut budget = (batching.max_batch_tokens as u64).saturating_sub(pass.decodes);
+        for i in &self.prefill_queue {
+            if budget == 0 || members.len() >= batching.max_seqs {
+                break;
+            }
+            let Some(State::Prefilling {
+                remaining, cached, ..
+            }) = self.states.get(i)
+            else {
+                continue;
+            };
+            let chunk = if batching.chunked_prefill {
+                (*remaining).min(budget)
+            } else if *remaining <= budget || pass.prefills.is_empty() {
+                // Unchunked: a prompt goes whole (alone if it exceeds the budget).
+                *remaining
+            } else {
+                break;
+            };
+            pass.prefills.push((chunk, *cached));
+            members.push((*i, chunk));
+            budget = budget.saturating_sub(chunk);
+        }
+        if members.is_empty() {
+            return;
+        }
+        let time = self.compute.pass(&pass, self.device_capacity_tokens);
+        self.passes += 1;
+        self.pass = Some(PassInFlight {
+            members,
+            first_token_at: self.now.saturating_add(time.prefill),
+        });
         self.queue
-            .push(self.now.saturating_add(span), Event::DecodeDone(i));
-        self.states.insert(i, State::Decoding { held });
+            .push(self.now.saturating_add(time.total), Event::PassDone);
     }
 
-    fn decode_done(&mut self, i: usize) {
-        let Some(State::Decoding { held }) = self.states.remove(&i) else {
+    /// Applies the finished pass: prefill chunks advance (a finished prompt registers
+    /// its blocks, and its first token counts from the end of the pass's prefill part),
+    /// decoding sequences gain a token (a finished one releases its blocks).
+    fn pass_done(&mut self) {
+        let Some(pass) = self.pass.take() else {
             return;
         };
+        let mut finished = false;
+        for (i, tokens) in pass.members {
+            match self.states.remove(&i) {
+                Some(State::Prefilling {
+                    held,
+                    computing,
+                    remaining,
+                    cached,
+                }) if remaining > tokens => {
+                    self.states.insert(
+                        i,
+                        State::Prefilling {
+                            held,
+                            computing,
+                            remaining: remaining - tokens,
+                            cached: cached + tokens,
+                        },
+                    );
+                }
+                Some(State::Prefilling {
+                    mut held,
+                    computing,
+                    ..
+                }) => {
+                    self.prefill_queue.retain(|queued| *queued != i);
+                    let request = &self.requests[i];
+                    let complete = computing
+                        .into_iter()
+                        .zip(&request.blocks[held.len()..])
+                        .map(|(block, identity)| block.apply_identity(*identity))
+                        .collect();
+                    held.extend(self.manager.register(complete, self.now));
+                    self.ttft_ns.push(
+                        pass.first_token_at
+                            .saturating_duration_since(request.arrival)
+                            .as_nanos() as u64,
+                    );
+                    // The prefill pass produced the first token.
+                    let remaining = request.output_tokens.saturating_sub(1);
+                    let context = request.input_tokens + 1;
+                    if remaining == 0 {
+                        self.finish(i, held);
+                        finished = true;
+                    } else {
+                        self.states.insert(
+                            i,
+                            State::Decoding {
+                                held,
+                                remaining,
+                                context,
+                            },
+                        );
+                    }
+                }
+                Some(State::Decoding {
+                    held,
+                    remaining,
+                    context,
+                }) => {
+                    if remaining <= 1 {
+                        self.finish(i, held);
+                        finished = true;
+                    } else {
+                        self.states.insert(
+                            i,
+                            State::Decoding {
+                                held,
+                                remaining: remaining - 1,
+                                context: context + 1,
+                            },
+                        );
+                    }
+                }
+                Some(other) => {
+                    self.states.insert(i, other);
+                }
+                None => {}
+            }
+        }
+        if finished {
+            self.retry_waiting();
+        }
+    }
+
+    fn finish(&mut self, i: usize, held: BlockChain) {
         self.manager.device().release(held);
         self.e2e_ns.push(
             self.now
@@ -449,7 +598,10 @@ impl Sim<'_> {
                 .as_nanos() as u64,
         );
         self.completed += 1;
-        // First come, first served: stop at the first request that still does not fit.
+    }
+
+    /// First come, first served: retries waiting requests until one still does not fit.
+    fn retry_waiting(&mut self) {
         while let Some(next) = self.waiting.pop_front() {
             let before = self.waiting.len();
             self.arrive(next);
@@ -578,6 +730,87 @@ impl Sim<'_> {
                 ..self.events
             },
             simulated_s: simulated_ns as f64 / 1e9,
+            passes: self.passes,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::WorkloadSpec;
+    use kvtwin::block::BlockIdentity;
+    use kvtwin::ids::LocalBlockHash;
+    use std::path::Path;
+
+    /// One worker, 16-token blocks, 100 tokens a pass, prefill 1 µs a token and a decode
+    /// step 100 µs whatever the batch.
+    fn scenario() -> Scenario {
+        let text = r#"(
+            name: "batching", seed: 1,
+            hardware: (
+                name: "h", pcie_bytes_per_s: 1000000000, pcie_latency_ns: 0,
+                nvme_read_bytes_per_s: 1000000000, nvme_write_bytes_per_s: 1000000000,
+                nvme_latency_ns: 0, nic_bytes_per_s: 1000000000, nic_latency_ns: 0,
+                prefill_ns_per_token: 1000, decode_ns_per_token: 100000,
+                max_inflight_transfers: 8,
+            ),
+            worker: (
+                block_size_tokens: 16, bytes_per_block: 1024, onboard: CostAware,
+                max_inflight_transfers: 8,
+                tiers: [(tier: Device, capacity_blocks: 64)],
+                batching: (max_seqs: 8, max_batch_tokens: 100, chunked_prefill: true),
+            ),
+            workload: MooncakeTrace(path: "unused.jsonl"),
+        )"#;
+        let scenario = Scenario::parse(text, Path::new("batching.ron")).unwrap();
+        assert!(matches!(
+            scenario.workload,
+            WorkloadSpec::MooncakeTrace { .. }
+        ));
+        scenario
+    }
+
+    fn request(id: u64, first_local: u64, input_tokens: u64, output_tokens: u64) -> Request {
+        let locals: Vec<LocalBlockHash> = (0..input_tokens / 16)
+            .map(|b| LocalBlockHash::new(first_local + b))
+            .collect();
+        Request {
+            id: RequestId::new(id),
+            arrival: Timestamp::ZERO,
+            blocks: BlockIdentity::chain(&locals),
+            input_tokens,
+            output_tokens,
+        }
+    }
+
+    #[test]
+    fn passes_batch_decodes_and_chunk_prefills_within_the_token_budget() {
+        // A (150 prompt tokens, 3 out) and B (40 tokens, 2 out) arrive at 0.
+        // Pass 1, 0–100 µs: A's first 100 tokens (B arrives while it runs).
+        // Pass 2, 100–190 µs: A's last 50 and B's 40: both first tokens at 190 µs.
+        // Pass 3, 190–290 µs: both decode; B is done. Pass 4, 290–390 µs: A is done.
+        let requests = [request(0, 1000, 150, 3), request(1, 2000, 40, 2)];
+        let report = simulate(&scenario(), &requests).unwrap();
+        assert_eq!(report.completed, 2);
+        assert_eq!((report.ttft.p50_ms, report.ttft.max_ms), (0.19, 0.19));
+        assert_eq!(
+            (report.end_to_end.p50_ms, report.end_to_end.max_ms),
+            (0.29, 0.39)
+        );
+        assert_eq!(report.passes, 4);
+    }
+
+    #[test]
+    fn unchunked_prompts_go_whole_and_alone_when_over_budget() {
+        let mut scenario = scenario();
+        scenario.worker.batching.chunked_prefill = false;
+        // Pass 1, 0–150 µs: A's 150 tokens alone (over the budget, so alone).
+        // Pass 2, 150–290 µs: A decodes, B's 40 tokens prefill: B's first token at
+        // 190 µs, the pass ends at 290 µs.
+        let requests = [request(0, 1000, 150, 3), request(1, 2000, 40, 2)];
+        let report = simulate(&scenario, &requests).unwrap();
+        assert_eq!((report.ttft.p50_ms, report.ttft.max_ms), (0.15, 0.19));
+        assert_eq!(report.completed, 2);
     }
 }

@@ -26,6 +26,32 @@ pub struct WorkerSpec {
     pub onboard: OnboardPolicy,
     /// Transfers in flight at most.
     pub max_inflight_transfers: usize,
+    /// How the worker batches forward passes.
+    #[serde(default)]
+    pub batching: Batching,
+}
+
+/// Continuous batching: what one forward pass may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Batching {
+    /// Sequences in one pass at most.
+    pub max_seqs: usize,
+    /// Tokens in one pass at most (decoding sequences count one each).
+    pub max_batch_tokens: usize,
+    /// Whether a prompt may be prefilled over several passes.
+    pub chunked_prefill: bool,
+}
+
+impl Default for Batching {
+    /// vLLM's and DynoSim's defaults: 256 sequences, 8,192 tokens, chunked prefill.
+    fn default() -> Self {
+        Self {
+            max_seqs: 256,
+            max_batch_tokens: 8192,
+            chunked_prefill: true,
+        }
+    }
 }
 
 impl WorkerSpec {
