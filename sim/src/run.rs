@@ -80,6 +80,11 @@ pub struct BlockSources {
     pub remote: u64,
     /// Computed (prefilled).
     pub computed: u64,
+    /// Prompt tokens of served requests.
+    pub prompt_tokens: u64,
+    /// Of those, tokens in cached blocks: min(cached blocks × block tokens, prompt
+    /// tokens) per request (the Mooncake reference's `hit_tokens`).
+    pub hit_tokens: u64,
 }
 
 /// Latency percentiles in milliseconds (predictions of the model).
@@ -159,6 +164,8 @@ pub struct Report {
     pub blocks: BlockSources,
     /// Fraction of prompt blocks not computed.
     pub hit_ratio: f64,
+    /// Fraction of prompt tokens in cached blocks.
+    pub hit_token_ratio: f64,
     /// Time to first token.
     pub ttft: Percentiles,
     /// Arrival to last token.
@@ -220,8 +227,8 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "          hit ratio {:.4}; {} lower-tier hits recomputed (cheaper)",
-            self.hit_ratio, self.recomputed_hit_blocks
+            "          hit ratio {:.4} of blocks, {:.4} of tokens; {} lower-tier hits recomputed (cheaper)",
+            self.hit_ratio, self.hit_token_ratio, self.recomputed_hit_blocks
         )?;
         writeln!(
             f,
@@ -341,10 +348,23 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
         passes: 0,
         now: Timestamp::ZERO,
     };
-    for (index, request) in requests.iter().enumerate() {
-        sim.queue.push(request.arrival, Event::Arrival(index));
-    }
-    while let Some((at, event)) = sim.queue.pop() {
+    // Arrivals in time order (ties in request order). At one instant, work already in
+    // the worker (passes, transfers) finishes before new requests arrive, so a worker
+    // infinitely fast serves requests one at a time, as a cache replay does.
+    let mut arrivals: Vec<usize> = (0..requests.len()).collect();
+    arrivals.sort_by_key(|i| (requests[*i].arrival, *i));
+    let mut arrivals = arrivals.into_iter().peekable();
+    loop {
+        let internal = sim.queue.peek_time();
+        let arrival = arrivals.peek().map(|i| requests[*i].arrival);
+        let (at, event) = match (internal, arrival) {
+            (Some(t), Some(a)) if a < t => (a, Event::Arrival(arrivals.next().unwrap_or(0))),
+            (None, Some(a)) => (a, Event::Arrival(arrivals.next().unwrap_or(0))),
+            _ => match sim.queue.pop() {
+                Some(next) => next,
+                None => break,
+            },
+        };
         sim.now = at;
         sim.manager.hardware().clock().set(at);
         match event {
@@ -422,6 +442,9 @@ impl Sim<'_> {
                 sources.disk += onboarded[Tier::Disk.index()] as u64;
                 sources.remote += onboarded[Tier::Remote.index()] as u64;
                 sources.computed += need as u64;
+                sources.prompt_tokens += request.input_tokens;
+                sources.hit_tokens +=
+                    (held.len() as u64 * self.block_size).min(request.input_tokens);
                 let cached = (held.len() as u64 * self.block_size).min(request.input_tokens);
                 let remaining = request.input_tokens.saturating_sub(cached).max(1);
                 self.states.insert(
@@ -709,7 +732,13 @@ impl Sim<'_> {
         } else {
             1.0 - sources.computed as f64 / sources.total as f64
         };
+        let hit_token_ratio = if sources.prompt_tokens == 0 {
+            0.0
+        } else {
+            sources.hit_tokens as f64 / sources.prompt_tokens as f64
+        };
         Report {
+            hit_token_ratio,
             scenario: scenario.name.clone(),
             seed: scenario.seed,
             requests: self.requests.len() as u64,
