@@ -170,6 +170,10 @@ pub struct Report {
     pub ttft: Percentiles,
     /// Arrival to last token.
     pub end_to_end: Percentiles,
+    /// Time per output token after the first, per request with two or more.
+    pub tpot: Percentiles,
+    /// Output tokens of completed requests per simulated second.
+    pub output_tokens_per_s: f64,
     /// Lower-tier hits recomputed because that was predicted faster.
     pub recomputed_hit_blocks: u64,
     /// Blocks copied down, per destination tier (device, host, disk, remote).
@@ -251,9 +255,15 @@ impl fmt::Display for Report {
         }
         writeln!(
             f,
-            "latency   TTFT p50 {:.1} ms, p99 {:.1} ms; end-to-end p50 {:.1} ms, p99 {:.1} ms (model predictions)",
-            self.ttft.p50_ms, self.ttft.p99_ms, self.end_to_end.p50_ms, self.end_to_end.p99_ms
+            "latency   TTFT p50 {:.1} ms, p99 {:.1} ms; TPOT p50 {:.2} ms, p99 {:.2} ms; end-to-end p50 {:.1} ms, p99 {:.1} ms (model predictions)",
+            self.ttft.p50_ms,
+            self.ttft.p99_ms,
+            self.tpot.p50_ms,
+            self.tpot.p99_ms,
+            self.end_to_end.p50_ms,
+            self.end_to_end.p99_ms
         )?;
+        writeln!(f, "output    {:.0} tokens/s", self.output_tokens_per_s)?;
         write!(
             f,
             "events    {} events, {} blocks stored, {} removed; rebuilt registry matches pools: {}",
@@ -277,6 +287,10 @@ struct Sim<'a> {
     sources: BlockSources,
     ttft_ns: Vec<u64>,
     e2e_ns: Vec<u64>,
+    tpot_ns: Vec<u64>,
+    /// When each request's first token landed.
+    first_token_at: Vec<Timestamp>,
+    output_tokens: u64,
     completed: u64,
     too_large: u64,
     waits: u64,
@@ -336,6 +350,9 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
         sources: BlockSources::default(),
         ttft_ns: Vec::new(),
         e2e_ns: Vec::new(),
+        tpot_ns: Vec::new(),
+        first_token_at: vec![Timestamp::ZERO; requests.len()],
+        output_tokens: 0,
         completed: 0,
         too_large: 0,
         waits: 0,
@@ -566,6 +583,7 @@ impl Sim<'_> {
                             .saturating_duration_since(request.arrival)
                             .as_nanos() as u64,
                     );
+                    self.first_token_at[i] = pass.first_token_at;
                     // The prefill pass produced the first token.
                     let remaining = request.output_tokens.saturating_sub(1);
                     let context = request.input_tokens + 1;
@@ -615,11 +633,18 @@ impl Sim<'_> {
 
     fn finish(&mut self, i: usize, held: BlockChain) {
         self.manager.device().release(held);
+        let request = &self.requests[i];
         self.e2e_ns.push(
             self.now
-                .saturating_duration_since(self.requests[i].arrival)
+                .saturating_duration_since(request.arrival)
                 .as_nanos() as u64,
         );
+        if request.output_tokens > 1 {
+            let decoding = self.now.saturating_duration_since(self.first_token_at[i]);
+            self.tpot_ns
+                .push(decoding.as_nanos() as u64 / (request.output_tokens - 1));
+        }
+        self.output_tokens += request.output_tokens;
         self.completed += 1;
     }
 
@@ -749,6 +774,8 @@ impl Sim<'_> {
             hit_ratio,
             ttft: Percentiles::of(self.ttft_ns),
             end_to_end: Percentiles::of(self.e2e_ns),
+            tpot: Percentiles::of(self.tpot_ns),
+            output_tokens_per_s: self.output_tokens as f64 / (simulated_ns as f64 / 1e9),
             recomputed_hit_blocks: stats.recomputed_hit_blocks,
             offloaded_blocks: stats.offloaded_blocks,
             offload_skipped_blocks: stats.offload_skipped_blocks,
@@ -828,6 +855,8 @@ mod tests {
             (0.29, 0.39)
         );
         assert_eq!(report.passes, 4);
+        // Both decode one token per 100 µs pass after their first.
+        assert_eq!((report.tpot.p50_ms, report.tpot.max_ms), (0.1, 0.1));
     }
 
     #[test]
