@@ -1,8 +1,9 @@
 //! The pool's LRU with leaf-first release reproduces the exact hit ratios of
 //! `shared/data/mooncake/conversation_lru_reference.csv` (one shared LRU cache replaying
 //! the Mooncake conversation trace) to the 4th decimal, at every capacity listed; so does
-//! the full simulator run as one worker with a device cache of that many 512-token blocks,
-//! no lower tiers and instant compute.
+//! the full simulator run as one worker with a device cache of that many 512-token blocks
+//! holding prompts (generated tokens take no blocks, as in the reference), no lower tiers
+//! and instant compute.
 
 mod common;
 
@@ -65,6 +66,7 @@ fn the_simulator_as_one_worker_reproduces_the_mooncake_lru_reference() {
                 block_size_tokens: 512, bytes_per_block: 1, onboard: CostAware,
                 max_inflight_transfers: 16,
                 tiers: [(tier: Device, capacity_blocks: {capacity}, eviction: Lru)],
+                batching: (decode_blocks: false),
             ),
             workload: MooncakeTrace(path: "conversation_trace.jsonl"),
         )"#

@@ -11,8 +11,11 @@
 //! Compute is continuously batched: one forward pass at a time holds every decoding
 //! sequence (one token each) and prefill chunks of the oldest prompts up to the token
 //! budget ([`crate::scenario::Batching`]); the compute model times the pass, and first
-//! tokens land when its prefill part ends. Not modelled yet: decode tokens taking new
-//! blocks, and preemption. Latencies are predictions of the model.
+//! tokens land when its prefill part ends. Generated tokens take device blocks as they
+//! go; when none is free, the newest running request is preempted (recompute: its blocks
+//! go back, and it prefills its prompt and the tokens generated so far again when a
+//! request finishes). At one instant, work in the worker finishes before new requests
+//! arrive. Latencies are predictions of the model.
 //! Never: read a clock or iterate an unordered map.
 
 use crate::compute::{ComputeModel, Pass, UnknownProfile};
@@ -58,8 +61,8 @@ enum State {
     /// Generating, one token per pass.
     Decoding {
         held: BlockChain,
-        /// Output tokens still to generate.
-        remaining: u64,
+        /// Blocks for generated tokens (never registered: nobody shares them).
+        extra: Vec<MutableBlock<Reset>>,
         /// Tokens in its KV cache.
         context: u64,
     },
@@ -190,6 +193,8 @@ pub struct Report {
     pub simulated_s: f64,
     /// Forward passes run.
     pub passes: u64,
+    /// Requests taken off the device to make room (recompute preemption).
+    pub preemptions: u64,
 }
 
 impl Report {
@@ -288,6 +293,12 @@ struct Sim<'a> {
     ttft_ns: Vec<u64>,
     e2e_ns: Vec<u64>,
     tpot_ns: Vec<u64>,
+    /// Per request: output tokens generated so far (kept across preemptions), whether
+    /// its first token and its prompt blocks have been counted.
+    generated: Vec<u64>,
+    first_token_done: Vec<bool>,
+    counted: Vec<bool>,
+    preemptions: u64,
     /// When each request's first token landed.
     first_token_at: Vec<Timestamp>,
     output_tokens: u64,
@@ -351,6 +362,10 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
         ttft_ns: Vec::new(),
         e2e_ns: Vec::new(),
         tpot_ns: Vec::new(),
+        generated: vec![0; requests.len()],
+        first_token_done: vec![false; requests.len()],
+        counted: vec![false; requests.len()],
+        preemptions: 0,
         first_token_at: vec![Timestamp::ZERO; requests.len()],
         output_tokens: 0,
         completed: 0,
@@ -379,6 +394,18 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
             (None, Some(a)) => (a, Event::Arrival(arrivals.next().unwrap_or(0))),
             _ => match sim.queue.pop() {
                 Some(next) => next,
+                None if !sim.waiting.is_empty() && sim.states.is_empty() => {
+                    // Nothing runs that would retry the queue (only after a preemption):
+                    // retry it now, once; if nothing starts, the rest cannot be served.
+                    let waiting = sim.waiting.len();
+                    sim.retry_waiting();
+                    sim.settle();
+                    sim.start_pass();
+                    if sim.waiting.len() == waiting && sim.states.is_empty() {
+                        break;
+                    }
+                    continue;
+                }
                 None => break,
             },
         };
@@ -408,7 +435,10 @@ impl Sim<'_> {
 
     fn arrive(&mut self, i: usize) {
         let request = &self.requests[i];
-        if request.blocks.len() > self.manager.device().capacity() {
+        // Prompt and output together must fit the device, or no preemption can help.
+        let blocks_needed =
+            (request.input_tokens + request.output_tokens).div_ceil(self.block_size);
+        if blocks_needed > self.manager.device().capacity() as u64 {
             self.too_large += 1;
             return;
         }
@@ -452,18 +482,25 @@ impl Sim<'_> {
         let need = request.blocks.len() - held.len();
         match self.manager.allocate(need, self.now) {
             Ok(computing) => {
-                let sources = &mut self.sources;
-                sources.total += request.blocks.len() as u64;
-                sources.device += device_hits as u64;
-                sources.host += onboarded[Tier::Host.index()] as u64;
-                sources.disk += onboarded[Tier::Disk.index()] as u64;
-                sources.remote += onboarded[Tier::Remote.index()] as u64;
-                sources.computed += need as u64;
-                sources.prompt_tokens += request.input_tokens;
-                sources.hit_tokens +=
-                    (held.len() as u64 * self.block_size).min(request.input_tokens);
+                // A preempted request starting again is not a new request to count.
+                if !self.counted[i] {
+                    self.counted[i] = true;
+                    let sources = &mut self.sources;
+                    sources.total += request.blocks.len() as u64;
+                    sources.device += device_hits as u64;
+                    sources.host += onboarded[Tier::Host.index()] as u64;
+                    sources.disk += onboarded[Tier::Disk.index()] as u64;
+                    sources.remote += onboarded[Tier::Remote.index()] as u64;
+                    sources.computed += need as u64;
+                    sources.prompt_tokens += request.input_tokens;
+                    sources.hit_tokens +=
+                        (held.len() as u64 * self.block_size).min(request.input_tokens);
+                }
+                // After a preemption the tokens generated so far are recomputed too.
                 let cached = (held.len() as u64 * self.block_size).min(request.input_tokens);
-                let remaining = request.input_tokens.saturating_sub(cached).max(1);
+                let remaining = (request.input_tokens + self.generated[i])
+                    .saturating_sub(cached)
+                    .max(1);
                 self.states.insert(
                     i,
                     State::Prefilling {
@@ -578,47 +615,22 @@ impl Sim<'_> {
                         .map(|(block, identity)| block.apply_identity(*identity))
                         .collect();
                     held.extend(self.manager.register(complete, self.now));
-                    self.ttft_ns.push(
-                        pass.first_token_at
-                            .saturating_duration_since(request.arrival)
-                            .as_nanos() as u64,
-                    );
-                    self.first_token_at[i] = pass.first_token_at;
-                    // The prefill pass produced the first token.
-                    let remaining = request.output_tokens.saturating_sub(1);
-                    let context = request.input_tokens + 1;
-                    if remaining == 0 {
-                        self.finish(i, held);
-                        finished = true;
-                    } else {
-                        self.states.insert(
-                            i,
-                            State::Decoding {
-                                held,
-                                remaining,
-                                context,
-                            },
+                    if !self.first_token_done[i] {
+                        self.first_token_done[i] = true;
+                        self.ttft_ns.push(
+                            pass.first_token_at
+                                .saturating_duration_since(request.arrival)
+                                .as_nanos() as u64,
                         );
+                        self.first_token_at[i] = pass.first_token_at;
                     }
+                    // The prefill pass produces the next token.
+                    self.generated[i] += 1;
+                    finished |= self.decoded(i, held, Vec::new());
                 }
-                Some(State::Decoding {
-                    held,
-                    remaining,
-                    context,
-                }) => {
-                    if remaining <= 1 {
-                        self.finish(i, held);
-                        finished = true;
-                    } else {
-                        self.states.insert(
-                            i,
-                            State::Decoding {
-                                held,
-                                remaining: remaining - 1,
-                                context: context + 1,
-                            },
-                        );
-                    }
+                Some(State::Decoding { held, extra, .. }) => {
+                    self.generated[i] += 1;
+                    finished |= self.decoded(i, held, extra);
                 }
                 Some(other) => {
                     self.states.insert(i, other);
@@ -629,6 +641,90 @@ impl Sim<'_> {
         if finished {
             self.retry_waiting();
         }
+    }
+
+    /// Request `i` has one more token: done, or decoding on with a block for the next
+    /// token if it needs one (preempting the newest running request when none is free).
+    /// Returns whether it is done.
+    fn decoded(&mut self, i: usize, held: BlockChain, mut extra: Vec<MutableBlock<Reset>>) -> bool {
+        let request = &self.requests[i];
+        let (input, output) = (request.input_tokens, request.output_tokens);
+        if self.generated[i] >= output {
+            drop(extra);
+            self.finish(i, held);
+            return true;
+        }
+        let context = input + self.generated[i];
+        // Room for the next token: prompt and generated tokens so far, plus one.
+        let needed = if self.batching.decode_blocks {
+            (context + 1).div_ceil(self.block_size) as usize
+        } else {
+            0
+        };
+        while held.len() + extra.len() < needed {
+            match self.manager.allocate(1, self.now) {
+                Ok(mut block) => extra.append(&mut block),
+                Err(_) => {
+                    let newest = self
+                        .states
+                        .iter()
+                        .rev()
+                        .find(|(_, s)| {
+                            matches!(s, State::Decoding { .. } | State::Prefilling { .. })
+                        })
+                        .map(|(j, _)| *j)
+                        .filter(|j| *j > i);
+                    match newest {
+                        Some(j) => self.preempt(j),
+                        None => {
+                            // It is the newest itself: it steps back.
+                            drop(extra);
+                            self.manager.device().release(held);
+                            self.preempted(i);
+                            return false;
+                        }
+                    }
+                }
+            }
+        }
+        self.states.insert(
+            i,
+            State::Decoding {
+                held,
+                extra,
+                context,
+            },
+        );
+        false
+    }
+
+    /// Takes request `j` off the device (recompute preemption): its blocks go back and it
+    /// waits at the head of the queue to prefill its prompt and generated tokens again.
+    fn preempt(&mut self, j: usize) {
+        match self.states.remove(&j) {
+            Some(State::Decoding { held, extra, .. }) => {
+                drop(extra);
+                self.manager.device().release(held);
+            }
+            Some(State::Prefilling {
+                held, computing, ..
+            }) => {
+                drop(computing);
+                self.manager.device().release(held);
+                self.prefill_queue.retain(|queued| *queued != j);
+            }
+            Some(other) => {
+                self.states.insert(j, other);
+                return;
+            }
+            None => return,
+        }
+        self.preempted(j);
+    }
+
+    fn preempted(&mut self, j: usize) {
+        self.preemptions += 1;
+        self.waiting.push_front(j);
     }
 
     fn finish(&mut self, i: usize, held: BlockChain) {
@@ -787,6 +883,7 @@ impl Sim<'_> {
             },
             simulated_s: simulated_ns as f64 / 1e9,
             passes: self.passes,
+            preemptions: self.preemptions,
         }
     }
 }
@@ -870,5 +967,22 @@ mod tests {
         let report = simulate(&scenario, &requests).unwrap();
         assert_eq!((report.ttft.p50_ms, report.ttft.max_ms), (0.15, 0.19));
         assert_eq!(report.completed, 2);
+    }
+
+    #[test]
+    fn decoding_takes_blocks_and_preempts_the_newest_request_when_they_run_out() {
+        // Six blocks of 16 tokens. A and B (32 prompt tokens, 40 out) each need 5 blocks
+        // by their last token: together they do not fit, so B, the newer, steps back
+        // once A needs its blocks, and finishes after A.
+        let mut scenario = scenario();
+        scenario.worker.tiers[0].capacity_blocks = 6;
+        let requests = [request(0, 1000, 32, 40), request(1, 2000, 32, 40)];
+        let report = simulate(&scenario, &requests).unwrap();
+        assert_eq!(report.completed, 2);
+        assert!(report.preemptions >= 1, "{report:?}");
+        assert!(report.events.rebuild_matches_pools);
+        // A request too big for the device even alone is rejected, not stuck.
+        let report = simulate(&scenario, &[request(0, 1000, 32, 80)]).unwrap();
+        assert_eq!((report.completed, report.rejected_too_large), (0, 1));
     }
 }

@@ -41,6 +41,9 @@ pub struct Batching {
     pub max_batch_tokens: usize,
     /// Whether a prompt may be prefilled over several passes.
     pub chunked_prefill: bool,
+    /// Whether generated tokens take device blocks (and so can force preemption). Off,
+    /// the device holds prompts only: the cache-sizing view of the Mooncake reference.
+    pub decode_blocks: bool,
 }
 
 impl Default for Batching {
@@ -50,6 +53,7 @@ impl Default for Batching {
             max_seqs: 256,
             max_batch_tokens: 8192,
             chunked_prefill: true,
+            decode_blocks: true,
         }
     }
 }
