@@ -585,6 +585,37 @@ impl Sim<'_> {
         };
         let mut finished = false;
         for (i, tokens) in pass.members {
+            // The common case in place: a decoding sequence that goes on and has room
+            // for its next token, or gets a block for it without preempting anyone.
+            if let Some(State::Decoding {
+                held,
+                extra,
+                context,
+            }) = self.states.get_mut(&i)
+            {
+                let generated = self.generated[i] + 1;
+                if generated < self.requests[i].output_tokens {
+                    let next = self.requests[i].input_tokens + generated;
+                    let needed = if self.batching.decode_blocks {
+                        (next + 1).div_ceil(self.block_size) as usize
+                    } else {
+                        0
+                    };
+                    let room = held.len() + extra.len() >= needed
+                        || match self.manager.allocate(1, self.now) {
+                            Ok(mut block) => {
+                                extra.append(&mut block);
+                                held.len() + extra.len() >= needed
+                            }
+                            Err(_) => false,
+                        };
+                    if room {
+                        self.generated[i] = generated;
+                        *context = next;
+                        continue;
+                    }
+                }
+            }
             match self.states.remove(&i) {
                 Some(State::Prefilling {
                     held,

@@ -23,7 +23,8 @@ use crate::hardware::{Completion, Hardware, SubmitError, TransferRequest};
 use crate::ids::{RequestId, SequenceHash, Timestamp, TransferId};
 use crate::phase::Phase;
 use crate::pool::{
-    AllocError, BlockChain, BlockPool, ImmutableBlock, MutableBlock, PoolConfig, ResetError,
+    AllocError, BlockChain, BlockPool, ImmutableBlock, MutableBlock, PoolConfig, PoolCounts,
+    PoolStats, ResetError,
 };
 use crate::tier::Tier;
 use serde::{Deserialize, Serialize};
@@ -128,6 +129,16 @@ enum InFlight {
     },
 }
 
+/// What decides the write-back pump's scan of one tier: the tier's counts and counters,
+/// the lower tier's counters, and the blocks pinned for copies in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WritebackFingerprint {
+    counts: PoolCounts,
+    stats: PoolStats,
+    dst_stats: PoolStats,
+    pinned: usize,
+}
+
 /// The block manager of one worker, generic over the hardware that moves its bytes.
 ///
 /// # Driving it
@@ -147,6 +158,8 @@ pub struct Manager<H: Hardware> {
     // Blocks being copied into a tier, so a block is never copied twice at once.
     offloading: BTreeSet<(Tier, SequenceHash)>,
     writeback_pinned: [usize; 4],
+    // Per tier, what the write-back pump last saw when it found nothing more to copy.
+    writeback_seen: [Option<WritebackFingerprint>; 4],
     outputs: VecDeque<ManagerOutput>,
     events: Vec<KvCacheEvent>,
     next_event_id: u64,
@@ -180,6 +193,7 @@ impl<H: Hardware> Manager<H> {
             onboarding: BTreeMap::new(),
             offloading: BTreeSet::new(),
             writeback_pinned: [0; 4],
+            writeback_seen: [None; 4],
             outputs: VecDeque::new(),
             events: Vec::new(),
             next_event_id: 0,
@@ -542,9 +556,21 @@ impl<H: Hardware> Manager<H> {
             };
             let pool = self.pool_of(tier);
             let dst = self.pool_of(to);
-            let free = pool.counts().free;
-            let need = watermark.saturating_sub(free + self.writeback_pinned[tier.index()]);
+            let counts = pool.counts();
+            let need = watermark.saturating_sub(counts.free + self.writeback_pinned[tier.index()]);
             if need == 0 {
+                continue;
+            }
+            // The coldest blocks and which of them the lower tier has change only when
+            // one of these does; unchanged since a scan that found nothing, skip the scan
+            // (a full device with everything already copied would rescan every call).
+            let seen = WritebackFingerprint {
+                counts,
+                stats: pool.stats(),
+                dst_stats: dst.stats(),
+                pinned: self.writeback_pinned[tier.index()],
+            };
+            if self.writeback_seen[tier.index()] == Some(seen) {
                 continue;
             }
             let candidates: Vec<ImmutableBlock> = pool
@@ -553,7 +579,10 @@ impl<H: Hardware> Manager<H> {
                 .filter(|identity| !dst.contains(identity.sequence_hash))
                 .filter_map(|identity| pool.pin(identity.sequence_hash))
                 .collect();
-            if !candidates.is_empty() {
+            if candidates.is_empty() {
+                self.writeback_seen[tier.index()] = Some(seen);
+            } else {
+                self.writeback_seen[tier.index()] = None;
                 self.offload(tier, candidates, now);
             }
         }
