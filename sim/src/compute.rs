@@ -238,16 +238,14 @@ impl ComputeModel {
                 model,
                 gpu,
                 calibration,
-            } => {
-                let t = new_tokens as f64;
-                let pairs = t * cached_tokens as f64 + t * t / 2.0;
-                let flops =
-                    2.0 * model.params as f64 * t + model.attention_flops_per_pair() * pairs;
-                let bytes = (model.weight_bytes()
-                    + (cached_tokens + new_tokens) * model.kv_bytes_per_token())
-                    as f64;
-                roofline_time(flops, bytes, gpu, calibration)
-            }
+            } => roofline_work(
+                model,
+                gpu,
+                calibration,
+                &[(new_tokens, cached_tokens)],
+                0,
+                0,
+            ),
             ComputeModel::Dynosim => {
                 let t = new_tokens as f64;
                 millis(4.21e-7 * t * t + 0.01518 * t + 16.5)
@@ -271,13 +269,7 @@ impl ComputeModel {
                 model,
                 gpu,
                 calibration,
-            } => {
-                let flops = 2.0 * model.params as f64 * batch as f64
-                    + model.attention_flops_per_pair() * context_tokens as f64;
-                let bytes =
-                    (model.weight_bytes() + context_tokens * model.kv_bytes_per_token()) as f64;
-                roofline_time(flops, bytes, gpu, calibration)
-            }
+            } => roofline_work(model, gpu, calibration, &[], batch, context_tokens),
             ComputeModel::Dynosim => {
                 let u = context_tokens as f64 / capacity_tokens.max(1) as f64;
                 millis((-25.74 * u * u + 54.01 * u + 5.74).max(1.0))
@@ -333,16 +325,7 @@ impl ComputeModel {
                 calibration,
             } => {
                 let work = |prefills: &[(u64, u64)], decodes: u64, context: u64| {
-                    let pairs: f64 = prefills
-                        .iter()
-                        .map(|(t, c)| *t as f64 * *c as f64 + (*t as f64).powi(2) / 2.0)
-                        .sum();
-                    let tokens: u64 = prefills.iter().map(|(t, _)| t).sum::<u64>() + decodes;
-                    let kv: u64 = prefills.iter().map(|(t, c)| t + c).sum::<u64>() + context;
-                    let flops = 2.0 * model.params as f64 * tokens as f64
-                        + model.attention_flops_per_pair() * (pairs + context as f64);
-                    let bytes = (model.weight_bytes() + kv * model.kv_bytes_per_token()) as f64;
-                    roofline_time(flops, bytes, gpu, calibration)
+                    roofline_work(model, gpu, calibration, prefills, decodes, context)
                 };
                 let prefill = if pass.prefills.is_empty() {
                     Duration::ZERO
@@ -372,6 +355,28 @@ impl ComputeModel {
 
 fn millis(ms: f64) -> Duration {
     Duration::from_nanos((ms * 1e6).round().max(0.0) as u64)
+}
+
+/// The roofline time of prefill chunks `(new, cached)` and `decodes` sequences attending
+/// to `context` tokens in one pass: weights read once, every token's FLOPs and KV reads.
+fn roofline_work(
+    model: &ModelSpec,
+    gpu: &GpuSpec,
+    calibration: &Calibration,
+    prefills: &[(u64, u64)],
+    decodes: u64,
+    context: u64,
+) -> Duration {
+    let pairs: f64 = prefills
+        .iter()
+        .map(|(t, c)| *t as f64 * *c as f64 + (*t as f64).powi(2) / 2.0)
+        .sum();
+    let tokens: u64 = prefills.iter().map(|(t, _)| t).sum::<u64>() + decodes;
+    let kv: u64 = prefills.iter().map(|(t, c)| t + c).sum::<u64>() + context;
+    let flops = 2.0 * model.params as f64 * tokens as f64
+        + model.attention_flops_per_pair() * (pairs + context as f64);
+    let bytes = (model.weight_bytes() + kv * model.kv_bytes_per_token()) as f64;
+    roofline_time(flops, bytes, gpu, calibration)
 }
 
 fn roofline_time(flops: f64, bytes: f64, gpu: &GpuSpec, calibration: &Calibration) -> Duration {

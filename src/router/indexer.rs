@@ -514,16 +514,7 @@ impl KvIndexer {
                 if position == 0 {
                     mask = node.mask.slots;
                 }
-                let mut dropped = mask & !node.mask.slots;
-                while dropped != 0 {
-                    let slot = dropped.trailing_zeros();
-                    dropped &= dropped - 1;
-                    done.push(self.overlap(Candidate {
-                        slot,
-                        blocks: depth,
-                        by_tier,
-                    }));
-                }
+                self.emit_mask(mask & !node.mask.slots, depth, by_tier, done);
                 mask &= node.mask.slots;
                 depth += matched;
                 by_tier[fastest(node.mask.tiers)] += matched;
@@ -580,19 +571,30 @@ impl KvIndexer {
             current = node;
         }
         if in_mask {
-            while mask != 0 {
-                let slot = mask.trailing_zeros();
-                mask &= mask - 1;
-                done.push(self.overlap(Candidate {
-                    slot,
-                    blocks: depth,
-                    by_tier,
-                }));
-            }
+            self.emit_mask(mask, depth, by_tier, done);
         }
         done.extend(active.drain(..).map(|candidate| self.overlap(candidate)));
         done.sort_unstable_by_key(|w| w.worker);
         done
+    }
+
+    /// Records every slot of `mask` as matching `depth` blocks, `by_tier` of them.
+    fn emit_mask(
+        &self,
+        mut mask: u64,
+        depth: u32,
+        by_tier: [u32; 4],
+        done: &mut Vec<WorkerOverlap>,
+    ) {
+        while mask != 0 {
+            let slot = mask.trailing_zeros();
+            mask &= mask - 1;
+            done.push(self.overlap(Candidate {
+                slot,
+                blocks: depth,
+                by_tier,
+            }));
+        }
     }
 
     fn overlap(&self, candidate: Candidate) -> WorkerOverlap {

@@ -389,11 +389,12 @@ impl BlockTree {
         self.free.push(id);
     }
 
-    /// Points the locations of `id`'s blocks from offset `from` on, which were in
-    /// `old` at the same depths, at `id`.
-    fn relabel(&mut self, old: NodeId, id: NodeId, from: usize) {
+    /// Points the locations of `id`'s blocks at `offsets`, which were in `old` at the
+    /// same depths, at `id`.
+    fn relabel(&mut self, old: NodeId, id: NodeId, offsets: std::ops::Range<usize>) {
         let node = &self.nodes[id as usize];
-        for (offset, block) in node.blocks.iter().enumerate().skip(from) {
+        let (from, to) = (offsets.start, offsets.end.min(node.len()));
+        for (offset, block) in node.blocks.iter().enumerate().take(to).skip(from) {
             let before = Location {
                 node: old,
                 depth: node.depth + offset as u32,
@@ -442,7 +443,7 @@ impl BlockTree {
             let first = tail.first_tokens_hash();
             trim(&mut node.blocks);
             let tail_id = self.alloc(tail);
-            self.relabel(id, tail_id, 0);
+            self.relabel(id, tail_id, 0..usize::MAX);
             self.set_parent_of_children(tail_id);
             self.node_mut(id).children = Children::One(first, tail_id);
             (id, tail_id)
@@ -462,7 +463,7 @@ impl BlockTree {
             let head_id = self.alloc(head);
             self.node_mut(id).parent = head_id;
             self.node_mut(parent).children.insert(first, head_id);
-            self.relabel(id, head_id, 0);
+            self.relabel(id, head_id, 0..usize::MAX);
             (head_id, id)
         }
     }
@@ -480,7 +481,7 @@ impl BlockTree {
             node.blocks.extend(taken);
             node.children = children;
             self.release(child);
-            self.relabel(child, parent, from);
+            self.relabel(child, parent, from..usize::MAX);
             self.set_parent_of_children(parent);
             parent
         } else {
@@ -496,19 +497,7 @@ impl BlockTree {
             self.release(parent);
             self.node_mut(grandparent).children.insert(first, child);
             // Only the parent's former blocks (now first in the run) moved.
-            let node = &self.nodes[child as usize];
-            for (offset, block) in node.blocks[..from_parent].iter().enumerate() {
-                let before = Location {
-                    node: parent,
-                    depth: node.depth + offset as u32,
-                };
-                if let Some(location) = self
-                    .locations
-                    .find_mut(hash_of(block.block_hash), |l| *l == before)
-                {
-                    location.node = child;
-                }
-            }
+            self.relabel(parent, child, 0..from_parent);
             child
         }
     }
