@@ -38,6 +38,20 @@ pub struct TransferRequest {
     pub bytes: u64,
 }
 
+impl TransferRequest {
+    /// The contract every `Hardware::submit` checks first: source and destination block
+    /// lists pair up and are not empty.
+    pub fn check_shape(&self) -> Result<(), SubmitError> {
+        if self.src_blocks.len() != self.dst_blocks.len() || self.src_blocks.is_empty() {
+            return Err(SubmitError::Malformed {
+                src: self.src_blocks.len(),
+                dst: self.dst_blocks.len(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// A transfer finished, well or not.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Completion {
@@ -111,12 +125,7 @@ impl DeadlineQueue {
     /// Checks `request` against the contract (pairwise non-empty block lists) and the
     /// bound, before the hardware models it.
     pub fn admit(&self, request: &TransferRequest) -> Result<(), SubmitError> {
-        if request.src_blocks.len() != request.dst_blocks.len() || request.src_blocks.is_empty() {
-            return Err(SubmitError::Malformed {
-                src: request.src_blocks.len(),
-                dst: request.dst_blocks.len(),
-            });
-        }
+        request.check_shape()?;
         if self.pending.len() >= self.max_in_flight {
             return Err(SubmitError::QueueFull {
                 depth: self.pending.len(),

@@ -277,12 +277,7 @@ impl Hardware for SimHardware {
         request: TransferRequest,
         now: Timestamp,
     ) -> Result<TransferId, SubmitError> {
-        if request.src_blocks.len() != request.dst_blocks.len() || request.src_blocks.is_empty() {
-            return Err(SubmitError::Malformed {
-                src: request.src_blocks.len(),
-                dst: request.dst_blocks.len(),
-            });
-        }
+        request.check_shape()?;
         if self.links.len() >= self.profile.max_inflight_transfers {
             return Err(SubmitError::QueueFull {
                 depth: self.links.len(),
