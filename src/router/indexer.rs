@@ -91,6 +91,14 @@ pub struct IndexerStats {
     pub event_id_gaps: u64,
 }
 
+impl IndexerStats {
+    /// Blocks and events refused as malformed or inconsistent (unknown parents, chain
+    /// mismatches, removals of blocks not held): zero on a well-formed stream.
+    pub fn rejections(&self) -> u64 {
+        self.parent_not_found + self.chain_mismatches + self.unknown_removals
+    }
+}
+
 /// One worker's overlap with a query.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WorkerOverlap {

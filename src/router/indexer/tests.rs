@@ -118,6 +118,7 @@ fn bad_events_are_counted_and_leave_other_workers_alone() {
         ),
         (1, 1, 1, 1)
     );
+    assert_eq!(stats.rejections(), 3);
     // Worker 2 kept the block before the forged one; worker 1 is untouched.
     let scores = index.find_matches(&query(&[1, 2, 3]), false);
     assert_eq!((scores.score(key(1)), scores.score(key(2))), (3, 1));
