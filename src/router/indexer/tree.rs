@@ -128,10 +128,19 @@ fn block_at(nodes: &[Node], location: Location) -> Option<&NodeBlock> {
     node.blocks.get(offset as usize)
 }
 
-/// Gives back a run's spare capacity once it is mostly unused (after a split or a cut),
-/// so that memory follows the blocks held, not the longest run ever seen.
+/// Forgets the position `at`, where the block `hash` was.
+fn forget(locations: &mut HashTable<Location>, at: Location, hash: SequenceHash) {
+    if let Ok(entry) = locations.find_entry(hash_of(hash), |l| *l == at) {
+        entry.remove();
+    }
+}
+
+/// Gives back a run's spare capacity once more than three quarters of it is unused (after
+/// a split or a cut), so that memory follows the blocks held, not the longest run ever
+/// seen. Not sooner: LRU eviction cuts a leaf a few blocks at a time, and shrinking at
+/// half reallocated on most cuts.
 fn trim(blocks: &mut SmallVec<[NodeBlock; 1]>) {
-    if blocks.capacity() > 2 * blocks.len() + 2 {
+    if blocks.capacity() > 4 * blocks.len() + 4 {
         blocks.shrink_to_fit();
     }
 }
@@ -408,14 +417,6 @@ impl BlockTree {
         }
     }
 
-    /// Forgets the location of the block at `depth` of `id`.
-    fn forget(&mut self, id: NodeId, depth: u32, hash: SequenceHash) {
-        let at = Location { node: id, depth };
-        if let Ok(entry) = self.locations.find_entry(hash_of(hash), |l| *l == at) {
-            entry.remove();
-        }
-    }
-
     fn set_parent_of_children(&mut self, id: NodeId) {
         for child in self.node(id).children.ids() {
             self.node_mut(child).parent = id;
@@ -513,14 +514,17 @@ impl BlockTree {
         debug_assert!(lo < hi && hi <= len);
         // A leaf losing its last holders at the end just gets shorter.
         if holders.is_empty() && hi == len && lo > 0 && node.children.is_empty() {
-            let depth = node.depth;
             self.pairs -= (hi - lo) * node.holders.len();
-            let blocks = &mut self.node_mut(id).blocks;
-            let removed: SmallVec<[NodeBlock; 8]> = blocks.drain(lo..).collect();
-            trim(blocks);
-            for (offset, block) in removed.iter().enumerate() {
-                self.forget(id, depth + (lo + offset) as u32, block.block_hash);
+            let node = &mut self.nodes[id as usize];
+            for (offset, block) in node.blocks[lo..].iter().enumerate() {
+                let at = Location {
+                    node: id,
+                    depth: node.depth + (lo + offset) as u32,
+                };
+                forget(&mut self.locations, at, block.block_hash);
             }
+            node.blocks.truncate(lo);
+            trim(&mut node.blocks);
             return;
         }
         let mut middle = id;
@@ -550,7 +554,11 @@ impl BlockTree {
                 let (parent, first, depth) = (node.parent, node.first_tokens_hash(), node.depth);
                 let blocks = std::mem::take(&mut self.node_mut(id).blocks);
                 for (offset, block) in blocks.iter().enumerate() {
-                    self.forget(id, depth + offset as u32, block.block_hash);
+                    let at = Location {
+                        node: id,
+                        depth: depth + offset as u32,
+                    };
+                    forget(&mut self.locations, at, block.block_hash);
                 }
                 self.node_mut(parent).children.remove(first);
                 self.release(id);
