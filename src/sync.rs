@@ -6,10 +6,10 @@
 //! these and nothing else. Never: add primitives that no code uses.
 
 #[cfg(loom)]
-pub use loom::sync::{Arc, Mutex, MutexGuard};
+pub use loom::sync::{atomic::AtomicU64, Arc, Mutex, MutexGuard};
 
 #[cfg(not(loom))]
-pub use std::sync::{Arc, Mutex, MutexGuard};
+pub use std::sync::{atomic::AtomicU64, Arc, Mutex, MutexGuard};
 
 /// Locks `mutex`, recovering the data from a poisoned lock: a panic on another thread has
 /// already been reported, and block accounting must stay reachable for the handles that

@@ -1,45 +1,62 @@
-//! One simulated worker serving a workload, and the report of the run.
+//! A simulated cluster serving a workload, and the report of the run.
 //!
-//! Owns: the run loop ([`simulate`]) and [`Report`]. Requests arrive at their times; each
-//! is looked up (device hits, lower-tier hits onboarded over the modelled links), its
-//! remaining blocks are allocated and prefilled, registered (and offloaded per the tier
-//! policies), decoded, and released. A request that finds no free device blocks waits
-//! and is retried, first come first served, when another finishes. Every event the
-//! manager emits is replayed into a registry replica, and the run checks at the end that
-//! it matches the pools: the router's view can be rebuilt from events alone.
+//! Owns: the run loop ([`simulate`]) and [`Report`]. Requests arrive at their times and
+//! the router in the loop picks each one's worker ([`crate::scenario::Routing`]): the KV
+//! router scores the workers from the events they published, or round-robin ignores
+//! them. On its worker a request is looked up (device hits, lower-tier hits onboarded
+//! over the modelled links), its remaining blocks are allocated and prefilled,
+//! registered (and offloaded per the tier policies), decoded, and released. A request
+//! that finds no free device blocks waits on its worker and is retried, first come first
+//! served, when another finishes there.
 //!
-//! Compute is continuously batched: one forward pass at a time holds every decoding
-//! sequence (one token each) and prefill chunks of the oldest prompts up to the token
-//! budget ([`crate::scenario::Batching`]); the compute model times the pass, and first
-//! tokens land when its prefill part ends. Generated tokens take device blocks as they
-//! go; when none is free, the newest running request is preempted (recompute: its blocks
-//! go back, and it prefills its prompt and the tokens generated so far again when a
-//! request finishes). At one instant, work in the worker finishes before new requests
-//! arrive. Latencies are predictions of the model.
+//! Events: every worker's manager publishes into the simulated event plane, which
+//! delivers to the router after a delay and may lose events (seeded). Each worker's
+//! events are also replayed into a registry replica of its own. At the end the run
+//! checks that the replicas match the pools, and that the router's view of every worker
+//! matches that worker's pools (it cannot once events were lost: the report says so).
+//!
+//! Compute is continuously batched per worker: one forward pass at a time holds every
+//! decoding sequence (one token each) and prefill chunks of the oldest prompts up to the
+//! token budget ([`crate::scenario::Batching`]); the compute model times the pass, and
+//! first tokens land when its prefill part ends. Generated tokens take device blocks as
+//! they go; when none is free, the worker's newest running request is preempted
+//! (recompute: its blocks go back, and it prefills its prompt and the tokens generated so
+//! far again when a request finishes). At one instant, work in the workers finishes
+//! before new requests arrive. Latencies are predictions of the model.
 //! Never: read a clock or iterate an unordered map.
 
 use crate::compute::{ComputeModel, Pass, UnknownProfile};
 use crate::engine::EventQueue;
 use crate::hardware::{LinkUsage, SimHardware};
-use crate::scenario::{Batching, Scenario};
+use crate::scenario::{Batching, EventPlaneSpec, Routing, Scenario};
 use crate::workload::Request;
 use kvtwin::block::Reset;
-use kvtwin::events::{KvCacheEventData, RegistryReplica};
+use kvtwin::events::{KvCacheEvent, KvCacheEventData, RegistryReplica};
 use kvtwin::hardware::Hardware;
-use kvtwin::ids::{RequestId, SequenceHash, Timestamp};
+use kvtwin::ids::{LocalBlockHash, RequestId, SequenceHash, Timestamp, WorkerId};
 use kvtwin::manager::{Manager, ManagerConfigError, ManagerOutput};
 use kvtwin::pool::{BlockChain, ImmutableBlock, MutableBlock};
+use kvtwin::router::indexer::WorkerKey;
+use kvtwin::router::{Router, WorkerMode};
 use kvtwin::tier::Tier;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
+/// Index of a worker in the cluster (also its `WorkerId`).
+type WorkerIndex = usize;
+
 #[derive(Debug)]
 enum Event {
     Arrival(usize),
-    Poll,
-    /// The forward pass in flight is done.
-    PassDone,
+    /// A worker's transfer deadline.
+    Poll(WorkerIndex),
+    /// The worker's forward pass in flight is done.
+    PassDone(WorkerIndex),
+    /// An event of the worker reaches the router.
+    Deliver(WorkerIndex, KvCacheEvent),
 }
 
 #[derive(Debug)]
@@ -90,9 +107,11 @@ pub struct BlockSources {
     pub hit_tokens: u64,
 }
 
-/// Latency percentiles in milliseconds (predictions of the model).
+/// Latency statistics in milliseconds (predictions of the model).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Percentiles {
+    /// Mean.
+    pub mean_ms: f64,
     /// Median.
     pub p50_ms: f64,
     /// 90th percentile.
@@ -113,7 +132,16 @@ impl Percentiles {
             let rank = ((q * samples_ns.len() as f64).ceil() as usize).clamp(1, samples_ns.len());
             samples_ns[rank - 1] as f64 / 1e6
         };
+        // Summed in integer nanoseconds: no float-order effects.
+        let mean_ms = if samples_ns.is_empty() {
+            0.0
+        } else {
+            samples_ns.iter().map(|s| u128::from(*s)).sum::<u128>() as f64
+                / samples_ns.len() as f64
+                / 1e6
+        };
         Self {
+            mean_ms,
             p50_ms: at(0.50),
             p90_ms: at(0.90),
             p99_ms: at(0.99),
@@ -122,7 +150,7 @@ impl Percentiles {
     }
 }
 
-/// One link's traffic.
+/// One kind of link's traffic, summed over the nodes.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LinkReport {
     /// The link.
@@ -131,11 +159,11 @@ pub struct LinkReport {
     pub bytes: u64,
     /// Transfers carried.
     pub transfers: u64,
-    /// Busy time over simulated time.
+    /// Busy time over simulated time, averaged over the nodes.
     pub utilisation: f64,
 }
 
-/// Events the worker emitted.
+/// Events the workers emitted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct EventCounts {
     /// Events.
@@ -144,8 +172,27 @@ pub struct EventCounts {
     pub stored_blocks: u64,
     /// Blocks in `Removed` events.
     pub removed_blocks: u64,
-    /// Whether replaying them rebuilt every tier's registry exactly.
+    /// Whether replaying each worker's events rebuilt every tier's registry exactly.
     pub rebuild_matches_pools: bool,
+}
+
+/// What the router did.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RoutingReport {
+    /// `kv` or `round_robin`.
+    pub mode: &'static str,
+    /// Requests sent to each worker.
+    pub requests_per_worker: Vec<u64>,
+    /// Mean overlap (blocks, any tier) the router saw on the worker it chose (KV routing).
+    pub mean_overlap_blocks: f64,
+    /// Events the router applied.
+    pub events_applied: u64,
+    /// Events the router refused (counted by kind in its indexer).
+    pub events_rejected: u64,
+    /// Events lost on the event plane.
+    pub events_dropped: u64,
+    /// Whether, at the end, the router's view of every worker is that worker's pools.
+    pub view_matches_pools: bool,
 }
 
 /// What a run did.
@@ -155,6 +202,8 @@ pub struct Report {
     pub scenario: String,
     /// The seed.
     pub seed: u64,
+    /// Workers in the cluster.
+    pub workers: usize,
     /// Requests in the workload.
     pub requests: u64,
     /// Requests served to the end.
@@ -185,16 +234,21 @@ pub struct Report {
     pub offload_skipped_blocks: u64,
     /// Transfers submitted.
     pub transfers: u64,
-    /// Traffic per link.
+    /// Traffic per kind of link.
     pub links: Vec<LinkReport>,
     /// Events emitted.
     pub events: EventCounts,
+    /// Routing.
+    pub routing: RoutingReport,
     /// Simulated time at the end.
     pub simulated_s: f64,
     /// Forward passes run.
     pub passes: u64,
     /// Requests taken off the device to make room (recompute preemption).
     pub preemptions: u64,
+    /// Events the engine processed (arrivals, passes, transfer deadlines, deliveries):
+    /// the simulator's own work, for `kvtwin bench sim`.
+    pub engine_events: u64,
 }
 
 impl Report {
@@ -216,13 +270,17 @@ impl fmt::Display for Report {
         };
         writeln!(
             f,
-            "scenario {} (seed {}), {:.1} s simulated, {} forward passes",
-            self.scenario, self.seed, self.simulated_s, self.passes
+            "scenario {} (seed {}), {} worker(s), {:.1} s simulated, {} forward passes",
+            self.scenario, self.seed, self.workers, self.simulated_s, self.passes
         )?;
         writeln!(
             f,
-            "requests  {} arrived, {} completed, {} too large for the device, {} waits for blocks",
-            self.requests, self.completed, self.rejected_too_large, self.waits_for_blocks
+            "requests  {} arrived, {} completed, {} too large for the device, {} waits for blocks, {} preemptions",
+            self.requests,
+            self.completed,
+            self.rejected_too_large,
+            self.waits_for_blocks,
+            self.preemptions
         )?;
         writeln!(
             f,
@@ -260,15 +318,33 @@ impl fmt::Display for Report {
         }
         writeln!(
             f,
-            "latency   TTFT p50 {:.1} ms, p99 {:.1} ms; TPOT p50 {:.2} ms, p99 {:.2} ms; end-to-end p50 {:.1} ms, p99 {:.1} ms (model predictions)",
+            "latency   TTFT mean {:.1} ms, p50 {:.1} ms, p99 {:.1} ms; TPOT mean {:.2} ms, p99 {:.2} ms; end-to-end p50 {:.1} ms, p99 {:.1} ms (model predictions)",
+            self.ttft.mean_ms,
             self.ttft.p50_ms,
             self.ttft.p99_ms,
-            self.tpot.p50_ms,
+            self.tpot.mean_ms,
             self.tpot.p99_ms,
             self.end_to_end.p50_ms,
             self.end_to_end.p99_ms
         )?;
         writeln!(f, "output    {:.0} tokens/s", self.output_tokens_per_s)?;
+        let r = &self.routing;
+        let (least, most) = (
+            r.requests_per_worker.iter().min().copied().unwrap_or(0),
+            r.requests_per_worker.iter().max().copied().unwrap_or(0),
+        );
+        writeln!(
+            f,
+            "routing   {}: {}–{} requests per worker, mean overlap {:.2} blocks; router applied {} events, refused {}, {} lost; router view matches pools: {}",
+            r.mode,
+            least,
+            most,
+            r.mean_overlap_blocks,
+            r.events_applied,
+            r.events_rejected,
+            r.events_dropped,
+            r.view_matches_pools
+        )?;
         write!(
             f,
             "events    {} events, {} blocks stored, {} removed; rebuilt registry matches pools: {}",
@@ -280,14 +356,34 @@ impl fmt::Display for Report {
     }
 }
 
-struct Sim<'a> {
-    requests: &'a [Request],
+/// One worker: its manager on its own node, and the requests it runs.
+struct Worker {
+    key: WorkerKey,
     manager: Manager<SimHardware>,
-    queue: EventQueue<Event>,
     states: BTreeMap<usize, State>,
+    /// Requests waiting for device blocks, first come first served.
     waiting: VecDeque<usize>,
     poll_at: BTreeSet<Timestamp>,
     replica: RegistryReplica,
+    /// Requests whose prefill is not done, oldest first.
+    prefill_queue: VecDeque<usize>,
+    pass: Option<PassInFlight>,
+    routed: u64,
+}
+
+struct Sim<'a> {
+    requests: &'a [Request],
+    workers: Vec<Worker>,
+    queue: EventQueue<Event>,
+    routing: Routing,
+    router: Router,
+    event_plane: EventPlaneSpec,
+    /// The event plane's losses (its own stream of the run's seed).
+    event_rng: ChaCha8Rng,
+    events_delivered: u64,
+    events_rejected: u64,
+    events_dropped: u64,
+    overlap_blocks: u64,
     events: EventCounts,
     sources: BlockSources,
     ttft_ns: Vec<u64>,
@@ -306,17 +402,16 @@ struct Sim<'a> {
     too_large: u64,
     waits: u64,
     block_size: u64,
+    device_capacity_blocks: u64,
     compute: ComputeModel,
     device_capacity_tokens: u64,
     batching: Batching,
-    /// Requests whose prefill is not done, oldest first.
-    prefill_queue: VecDeque<usize>,
-    pass: Option<PassInFlight>,
     passes: u64,
+    engine_events: u64,
     now: Timestamp,
 }
 
-/// The forward pass running now.
+/// The forward pass running now on a worker.
 #[derive(Debug)]
 struct PassInFlight {
     /// Requests in it, with the tokens each processes.
@@ -337,26 +432,68 @@ pub enum SimError {
     Compute(#[from] UnknownProfile),
 }
 
-/// Runs `requests` through one worker configured by `scenario`.
+/// The seed of one component's random stream, from the run's seed: components draw
+/// independently, so adding draws to one never shifts another's (splitmix64 finaliser).
+fn stream_seed(seed: u64, component: u64) -> u64 {
+    let mut z = seed ^ component.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Random streams of a run.
+const STREAM_SCHEDULER: u64 = 1;
+const STREAM_EVENT_PLANE: u64 = 2;
+
+/// Runs `requests` through the cluster configured by `scenario`.
 pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, SimError> {
-    let config = scenario.worker.manager_config();
+    let base = scenario.worker.manager_config();
     let compute = scenario.hardware.compute_model()?;
-    let device_capacity_tokens = config
+    let device_capacity_blocks: u64 = base
         .tiers
         .iter()
         .filter(|t| t.tier == Tier::Device)
-        .map(|t| (t.capacity_blocks * config.block_size_tokens) as u64)
+        .map(|t| t.capacity_blocks as u64)
         .sum();
-    let hardware = SimHardware::new(scenario.hardware.clone(), config.block_size_tokens);
-    let block_size = config.block_size_tokens as u64;
+    let block_size = base.block_size_tokens as u64;
+    let cluster = &scenario.cluster;
+    let mut scheduler = cluster.scheduler;
+    scheduler.seed = stream_seed(scenario.seed ^ scheduler.seed, STREAM_SCHEDULER);
+    let mut router = Router::new(scheduler);
+    let mut workers = Vec::with_capacity(cluster.workers);
+    for index in 0..cluster.workers.max(1) {
+        let mut config = base.clone();
+        config.worker_id = WorkerId::new(index as u64);
+        let key = WorkerKey {
+            worker: config.worker_id,
+            dp_rank: config.dp_rank,
+        };
+        router.add_worker(key, WorkerMode::Events);
+        let hardware = SimHardware::new(scenario.hardware.clone(), config.block_size_tokens);
+        workers.push(Worker {
+            key,
+            manager: Manager::new(hardware, config)?,
+            states: BTreeMap::new(),
+            waiting: VecDeque::new(),
+            poll_at: BTreeSet::new(),
+            replica: RegistryReplica::new(),
+            prefill_queue: VecDeque::new(),
+            pass: None,
+            routed: 0,
+        });
+    }
     let mut sim = Sim {
         requests,
-        manager: Manager::new(hardware, config)?,
+        workers,
         queue: EventQueue::new(),
-        states: BTreeMap::new(),
-        waiting: VecDeque::new(),
-        poll_at: BTreeSet::new(),
-        replica: RegistryReplica::new(),
+        routing: cluster.routing,
+        router,
+        event_plane: cluster.event_plane,
+        event_rng: ChaCha8Rng::seed_from_u64(stream_seed(scenario.seed, STREAM_EVENT_PLANE)),
+        events_delivered: 0,
+        events_rejected: 0,
+        events_dropped: 0,
+        overlap_blocks: 0,
         events: EventCounts::default(),
         sources: BlockSources::default(),
         ttft_ns: Vec::new(),
@@ -372,17 +509,18 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
         too_large: 0,
         waits: 0,
         block_size,
+        device_capacity_blocks,
         compute,
-        device_capacity_tokens,
+        device_capacity_tokens: device_capacity_blocks * block_size,
         batching: scenario.worker.batching,
-        prefill_queue: VecDeque::new(),
-        pass: None,
         passes: 0,
+        engine_events: 0,
         now: Timestamp::ZERO,
     };
     // Arrivals in time order (ties in request order). At one instant, work already in
-    // the worker (passes, transfers) finishes before new requests arrive, so a worker
-    // infinitely fast serves requests one at a time, as a cache replay does.
+    // the workers (passes, transfers, event deliveries) finishes before new requests
+    // arrive, so a worker infinitely fast serves requests one at a time, as a cache
+    // replay does.
     let mut arrivals: Vec<usize> = (0..requests.len()).collect();
     arrivals.sort_by_key(|i| (requests[*i].arrival, *i));
     let mut arrivals = arrivals.into_iter().peekable();
@@ -394,37 +532,49 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
             (None, Some(a)) => (a, Event::Arrival(arrivals.next().unwrap_or(0))),
             _ => match sim.queue.pop() {
                 Some(next) => next,
-                None if !sim.waiting.is_empty() && sim.states.is_empty() => {
-                    // Nothing runs that would retry the queue (only after a preemption):
-                    // retry it now, once; if nothing starts, the rest cannot be served.
-                    let waiting = sim.waiting.len();
-                    sim.retry_waiting();
-                    sim.settle();
-                    sim.start_pass();
-                    if sim.waiting.len() == waiting && sim.states.is_empty() {
-                        break;
+                None => {
+                    // Nothing is scheduled: only requests waiting on idle workers are
+                    // left (after a preemption). Retry them once; if nothing starts,
+                    // the rest cannot be served.
+                    if sim.retry_idle_workers() {
+                        continue;
                     }
-                    continue;
+                    break;
                 }
-                None => break,
             },
         };
         sim.now = at;
-        sim.manager.hardware().clock().set(at);
-        match event {
+        sim.engine_events += 1;
+        let touched = match event {
             Event::Arrival(i) => sim.arrive(i),
-            Event::Poll => {
-                sim.poll_at.remove(&at);
+            Event::Poll(w) => {
+                sim.set_clock(w);
+                sim.workers[w].poll_at.remove(&at);
+                Some(w)
             }
-            Event::PassDone => sim.pass_done(),
+            Event::PassDone(w) => {
+                sim.set_clock(w);
+                sim.pass_done(w);
+                Some(w)
+            }
+            Event::Deliver(w, event) => {
+                sim.deliver(w, &event);
+                None
+            }
+        };
+        if let Some(w) = touched {
+            sim.settle(w);
+            sim.start_pass(w);
         }
-        sim.settle();
-        sim.start_pass();
     }
     Ok(sim.report(scenario))
 }
 
 impl Sim<'_> {
+    fn set_clock(&self, w: WorkerIndex) {
+        self.workers[w].manager.hardware().clock().set(self.now);
+    }
+
     fn hashes(&self, i: usize) -> Vec<SequenceHash> {
         self.requests[i]
             .blocks
@@ -433,17 +583,39 @@ impl Sim<'_> {
             .collect()
     }
 
-    fn arrive(&mut self, i: usize) {
+    /// Routes request `i` and admits it on its worker; returns the worker, or `None` for
+    /// a request no worker could ever serve.
+    fn arrive(&mut self, i: usize) -> Option<WorkerIndex> {
         let request = &self.requests[i];
         // Prompt and output together must fit the device, or no preemption can help.
         let blocks_needed =
             (request.input_tokens + request.output_tokens).div_ceil(self.block_size);
-        if blocks_needed > self.manager.device().capacity() as u64 {
+        if blocks_needed > self.device_capacity_blocks {
             self.too_large += 1;
-            return;
+            return None;
         }
+        let w = match self.routing {
+            Routing::RoundRobin => i % self.workers.len(),
+            Routing::Kv => {
+                let query: Vec<LocalBlockHash> =
+                    request.blocks.iter().map(|b| b.local_hash).collect();
+                let decision = self.router.route(&query, self.now)?;
+                self.overlap_blocks += u64::from(decision.overlap_blocks);
+                decision.worker.worker.get() as usize
+            }
+        };
+        self.workers[w].routed += 1;
+        self.set_clock(w);
+        self.admit(w, i);
+        Some(w)
+    }
+
+    /// Looks request `i` up on worker `w` and starts onboarding or prefilling it.
+    fn admit(&mut self, w: WorkerIndex, i: usize) {
         let hashes = self.hashes(i);
-        let mut plan = self.manager.lookup(&hashes, self.now);
+        let now = self.now;
+        let manager = &mut self.workers[w].manager;
+        let mut plan = manager.lookup(&hashes, now);
         let device_hits = plan.device_blocks().len();
         let onboard_tiers: Vec<Tier> = plan
             .onboard_blocks()
@@ -451,13 +623,12 @@ impl Sim<'_> {
             .map(ImmutableBlock::tier)
             .collect();
         if !onboard_tiers.is_empty()
-            && self
-                .manager
-                .start_onboard(RequestId::new(i as u64), &mut plan, self.now)
+            && manager
+                .start_onboard(RequestId::new(i as u64), &mut plan, now)
                 .is_ok()
         {
             let held = plan.into_device_blocks();
-            self.states.insert(
+            self.workers[w].states.insert(
                 i,
                 State::Onboarding {
                     held,
@@ -468,11 +639,12 @@ impl Sim<'_> {
             return;
         }
         let held = plan.into_device_blocks();
-        self.start_prefill(i, held, device_hits, [0; 4]);
+        self.start_prefill(w, i, held, device_hits, [0; 4]);
     }
 
     fn start_prefill(
         &mut self,
+        w: WorkerIndex,
         i: usize,
         held: BlockChain,
         device_hits: usize,
@@ -480,7 +652,8 @@ impl Sim<'_> {
     ) {
         let request = &self.requests[i];
         let need = request.blocks.len() - held.len();
-        match self.manager.allocate(need, self.now) {
+        let worker = &mut self.workers[w];
+        match worker.manager.allocate(need, self.now) {
             Ok(computing) => {
                 // A preempted request starting again is not a new request to count.
                 if !self.counted[i] {
@@ -501,7 +674,7 @@ impl Sim<'_> {
                 let remaining = (request.input_tokens + self.generated[i])
                     .saturating_sub(cached)
                     .max(1);
-                self.states.insert(
+                worker.states.insert(
                     i,
                     State::Prefilling {
                         held,
@@ -510,27 +683,28 @@ impl Sim<'_> {
                         cached,
                     },
                 );
-                self.prefill_queue.push_back(i);
+                worker.prefill_queue.push_back(i);
             }
             Err(_) => {
-                self.manager.device().release(held);
+                worker.manager.device().release(held);
                 self.waits += 1;
-                self.waiting.push_back(i);
+                worker.waiting.push_back(i);
             }
         }
     }
 
-    /// Starts the next forward pass if none is running and there is work: every
+    /// Starts worker `w`'s next forward pass if none is running and there is work: every
     /// decoding sequence generates one token, and prefill chunks fill the rest of the
     /// token budget, oldest request first (chunked prefill), up to `max_seqs` sequences.
-    fn start_pass(&mut self) {
-        if self.pass.is_some() {
+    fn start_pass(&mut self, w: WorkerIndex) {
+        let worker = &mut self.workers[w];
+        if worker.pass.is_some() {
             return;
         }
         let batching = self.batching;
         let mut pass = Pass::default();
         let mut members: Vec<(usize, u64)> = Vec::new();
-        for (i, state) in &self.states {
+        for (i, state) in &worker.states {
             if let State::Decoding { context, .. } = state {
                 if members.len() >= batching.max_seqs {
                     break;
@@ -541,13 +715,13 @@ impl Sim<'_> {
             }
         }
         let mut budget = (batching.max_batch_tokens as u64).saturating_sub(pass.decodes);
-        for i in &self.prefill_queue {
+        for i in &worker.prefill_queue {
             if budget == 0 || members.len() >= batching.max_seqs {
                 break;
             }
             let Some(State::Prefilling {
                 remaining, cached, ..
-            }) = self.states.get(i)
+            }) = worker.states.get(i)
             else {
                 continue;
             };
@@ -568,30 +742,32 @@ impl Sim<'_> {
         }
         let time = self.compute.pass(&pass, self.device_capacity_tokens);
         self.passes += 1;
-        self.pass = Some(PassInFlight {
+        worker.pass = Some(PassInFlight {
             members,
             first_token_at: self.now.saturating_add(time.prefill),
         });
         self.queue
-            .push(self.now.saturating_add(time.total), Event::PassDone);
+            .push(self.now.saturating_add(time.total), Event::PassDone(w));
     }
 
-    /// Applies the finished pass: prefill chunks advance (a finished prompt registers
-    /// its blocks, and its first token counts from the end of the pass's prefill part),
-    /// decoding sequences gain a token (a finished one releases its blocks).
-    fn pass_done(&mut self) {
-        let Some(pass) = self.pass.take() else {
+    /// Applies worker `w`'s finished pass: prefill chunks advance (a finished prompt
+    /// registers its blocks, and its first token counts from the end of the pass's
+    /// prefill part), decoding sequences gain a token (a finished one releases its
+    /// blocks).
+    fn pass_done(&mut self, w: WorkerIndex) {
+        let Some(pass) = self.workers[w].pass.take() else {
             return;
         };
         let mut finished = false;
         for (i, tokens) in pass.members {
+            let worker = &mut self.workers[w];
             // The common case in place: a decoding sequence that goes on and has room
             // for its next token, or gets a block for it without preempting anyone.
             if let Some(State::Decoding {
                 held,
                 extra,
                 context,
-            }) = self.states.get_mut(&i)
+            }) = worker.states.get_mut(&i)
             {
                 let generated = self.generated[i] + 1;
                 if generated < self.requests[i].output_tokens {
@@ -602,7 +778,7 @@ impl Sim<'_> {
                         0
                     };
                     let room = held.len() + extra.len() >= needed
-                        || match self.manager.allocate(1, self.now) {
+                        || match worker.manager.allocate(1, self.now) {
                             Ok(mut block) => {
                                 extra.append(&mut block);
                                 held.len() + extra.len() >= needed
@@ -616,14 +792,29 @@ impl Sim<'_> {
                     }
                 }
             }
-            match self.states.remove(&i) {
+            match worker.states.remove(&i) {
                 Some(State::Prefilling {
-                    held,
-                    computing,
+                    mut held,
+                    mut computing,
                     remaining,
                     cached,
                 }) if remaining > tokens => {
-                    self.states.insert(
+                    // Blocks filled by the chunks so far are registered now, as an
+                    // engine's prefix cache does: a request arriving meanwhile can hit
+                    // them.
+                    let request = &self.requests[i];
+                    let full =
+                        (((cached + tokens) / self.block_size) as usize).min(request.blocks.len());
+                    if full > held.len() {
+                        let done = full - held.len();
+                        let complete = computing
+                            .drain(..done)
+                            .zip(&request.blocks[held.len()..full])
+                            .map(|(block, identity)| block.apply_identity(*identity))
+                            .collect();
+                        held.extend(worker.manager.register(complete, self.now));
+                    }
+                    worker.states.insert(
                         i,
                         State::Prefilling {
                             held,
@@ -638,14 +829,14 @@ impl Sim<'_> {
                     computing,
                     ..
                 }) => {
-                    self.prefill_queue.retain(|queued| *queued != i);
+                    worker.prefill_queue.retain(|queued| *queued != i);
                     let request = &self.requests[i];
                     let complete = computing
                         .into_iter()
                         .zip(&request.blocks[held.len()..])
                         .map(|(block, identity)| block.apply_identity(*identity))
                         .collect();
-                    held.extend(self.manager.register(complete, self.now));
+                    held.extend(worker.manager.register(complete, self.now));
                     if !self.first_token_done[i] {
                         self.first_token_done[i] = true;
                         self.ttft_ns.push(
@@ -657,32 +848,38 @@ impl Sim<'_> {
                     }
                     // The prefill pass produces the next token.
                     self.generated[i] += 1;
-                    finished |= self.decoded(i, held, Vec::new());
+                    finished |= self.decoded(w, i, held, Vec::new());
                 }
                 Some(State::Decoding { held, extra, .. }) => {
                     self.generated[i] += 1;
-                    finished |= self.decoded(i, held, extra);
+                    finished |= self.decoded(w, i, held, extra);
                 }
                 Some(other) => {
-                    self.states.insert(i, other);
+                    worker.states.insert(i, other);
                 }
                 None => {}
             }
         }
         if finished {
-            self.retry_waiting();
+            self.retry_waiting(w);
         }
     }
 
-    /// Request `i` has one more token: done, or decoding on with a block for the next
-    /// token if it needs one (preempting the newest running request when none is free).
-    /// Returns whether it is done.
-    fn decoded(&mut self, i: usize, held: BlockChain, mut extra: Vec<MutableBlock<Reset>>) -> bool {
+    /// Request `i` on worker `w` has one more token: done, or decoding on with a block
+    /// for the next token if it needs one (preempting the worker's newest running
+    /// request when none is free). Returns whether it is done.
+    fn decoded(
+        &mut self,
+        w: WorkerIndex,
+        i: usize,
+        held: BlockChain,
+        mut extra: Vec<MutableBlock<Reset>>,
+    ) -> bool {
         let request = &self.requests[i];
         let (input, output) = (request.input_tokens, request.output_tokens);
         if self.generated[i] >= output {
             drop(extra);
-            self.finish(i, held);
+            self.finish(w, i, held);
             return true;
         }
         let context = input + self.generated[i];
@@ -693,10 +890,11 @@ impl Sim<'_> {
             0
         };
         while held.len() + extra.len() < needed {
-            match self.manager.allocate(1, self.now) {
+            let worker = &mut self.workers[w];
+            match worker.manager.allocate(1, self.now) {
                 Ok(mut block) => extra.append(&mut block),
                 Err(_) => {
-                    let newest = self
+                    let newest = worker
                         .states
                         .iter()
                         .rev()
@@ -706,19 +904,19 @@ impl Sim<'_> {
                         .map(|(j, _)| *j)
                         .filter(|j| *j > i);
                     match newest {
-                        Some(j) => self.preempt(j),
+                        Some(j) => self.preempt(w, j),
                         None => {
                             // It is the newest itself: it steps back.
                             drop(extra);
-                            self.manager.device().release(held);
-                            self.preempted(i);
+                            worker.manager.device().release(held);
+                            self.preempted(w, i);
                             return false;
                         }
                     }
                 }
             }
         }
-        self.states.insert(
+        self.workers[w].states.insert(
             i,
             State::Decoding {
                 held,
@@ -729,38 +927,44 @@ impl Sim<'_> {
         false
     }
 
-    /// Takes request `j` off the device (recompute preemption): its blocks go back and it
-    /// waits at the head of the queue to prefill its prompt and generated tokens again.
-    fn preempt(&mut self, j: usize) {
-        match self.states.remove(&j) {
+    /// Takes request `j` off worker `w`'s device (recompute preemption): its blocks go
+    /// back and it waits at the head of the worker's queue to prefill its prompt and
+    /// generated tokens again.
+    fn preempt(&mut self, w: WorkerIndex, j: usize) {
+        let worker = &mut self.workers[w];
+        match worker.states.remove(&j) {
             Some(State::Decoding { held, extra, .. }) => {
                 drop(extra);
-                self.manager.device().release(held);
+                worker.manager.device().release(held);
             }
             Some(State::Prefilling {
                 held, computing, ..
             }) => {
                 drop(computing);
-                self.manager.device().release(held);
-                self.prefill_queue.retain(|queued| *queued != j);
+                worker.manager.device().release(held);
+                worker.prefill_queue.retain(|queued| *queued != j);
             }
             Some(other) => {
-                self.states.insert(j, other);
+                worker.states.insert(j, other);
                 return;
             }
             None => return,
         }
-        self.preempted(j);
+        self.preempted(w, j);
     }
 
-    fn preempted(&mut self, j: usize) {
+    fn preempted(&mut self, w: WorkerIndex, j: usize) {
         self.preemptions += 1;
-        self.waiting.push_front(j);
+        self.workers[w].waiting.push_front(j);
     }
 
-    fn finish(&mut self, i: usize, held: BlockChain) {
-        self.manager.device().release(held);
+    fn finish(&mut self, w: WorkerIndex, i: usize, held: BlockChain) {
+        let worker = &mut self.workers[w];
+        worker.manager.device().release(held);
         let request = &self.requests[i];
+        if self.routing == Routing::Kv {
+            self.router.finish(worker.key, request.blocks.len() as u64);
+        }
         self.e2e_ns.push(
             self.now
                 .saturating_duration_since(request.arrival)
@@ -775,27 +979,50 @@ impl Sim<'_> {
         self.completed += 1;
     }
 
-    /// First come, first served: retries waiting requests until one still does not fit.
-    fn retry_waiting(&mut self) {
-        while let Some(next) = self.waiting.pop_front() {
-            let before = self.waiting.len();
-            self.arrive(next);
-            if self.waiting.len() > before {
-                if let Some(again) = self.waiting.pop_back() {
-                    self.waiting.push_front(again);
+    /// First come, first served: retries worker `w`'s waiting requests until one still
+    /// does not fit.
+    fn retry_waiting(&mut self, w: WorkerIndex) {
+        while let Some(next) = self.workers[w].waiting.pop_front() {
+            let before = self.workers[w].waiting.len();
+            self.admit(w, next);
+            let waiting = &mut self.workers[w].waiting;
+            if waiting.len() > before {
+                if let Some(again) = waiting.pop_back() {
+                    waiting.push_front(again);
                 }
                 break;
             }
         }
     }
 
-    /// Lets the manager act on finished transfers, routes its outputs, drains events and
-    /// schedules the next transfer deadline.
-    fn settle(&mut self) {
+    /// Retries the queues of workers that have waiting requests and nothing running;
+    /// returns whether any of them started something.
+    fn retry_idle_workers(&mut self) -> bool {
+        let mut progressed = false;
+        for w in 0..self.workers.len() {
+            let worker = &self.workers[w];
+            if worker.waiting.is_empty() || !worker.states.is_empty() {
+                continue;
+            }
+            let waiting = worker.waiting.len();
+            self.set_clock(w);
+            self.retry_waiting(w);
+            self.settle(w);
+            self.start_pass(w);
+            let worker = &self.workers[w];
+            progressed |= worker.waiting.len() != waiting || !worker.states.is_empty();
+        }
+        progressed
+    }
+
+    /// Lets worker `w`'s manager act on finished transfers, routes its outputs, sends its
+    /// events into the event plane and schedules its next transfer deadline.
+    fn settle(&mut self, w: WorkerIndex) {
         loop {
-            self.manager.handle_completions(self.now);
+            let worker = &mut self.workers[w];
+            worker.manager.handle_completions(self.now);
             let mut progressed = false;
-            while let Some(output) = self.manager.poll_output() {
+            while let Some(output) = self.workers[w].manager.poll_output() {
                 progressed = true;
                 if let ManagerOutput::OnboardComplete {
                     request, blocks, ..
@@ -806,7 +1033,7 @@ impl Sim<'_> {
                         mut held,
                         device_hits,
                         onboard_tiers,
-                    }) = self.states.remove(&i)
+                    }) = self.workers[w].states.remove(&i)
                     {
                         // Only what arrived counts as onboarded; the rest is computed.
                         let mut onboard = [0usize; 4];
@@ -814,7 +1041,7 @@ impl Sim<'_> {
                             onboard[tier.index()] += 1;
                         }
                         held.extend(blocks);
-                        self.start_prefill(i, held, device_hits, onboard);
+                        self.start_prefill(w, i, held, device_hits, onboard);
                     }
                 }
             }
@@ -822,7 +1049,8 @@ impl Sim<'_> {
                 break;
             }
         }
-        for event in self.manager.take_events() {
+        let events = self.workers[w].manager.take_events();
+        for event in events {
             self.events.events += 1;
             match &event.data {
                 KvCacheEventData::Stored { blocks, .. } => {
@@ -834,49 +1062,116 @@ impl Sim<'_> {
                 KvCacheEventData::Cleared => {}
             }
             // A gap or duplicate would make the rebuild differ, which the report shows.
-            let _ = self.replica.apply(&event);
+            let _ = self.workers[w].replica.apply(&event);
+            self.publish(w, event);
         }
-        if let Some(deadline) = self.manager.poll_timeout() {
-            if self.poll_at.insert(deadline) {
-                self.queue.push(deadline.max(self.now), Event::Poll);
+        let worker = &mut self.workers[w];
+        if let Some(deadline) = worker.manager.poll_timeout() {
+            if worker.poll_at.insert(deadline) {
+                self.queue.push(deadline.max(self.now), Event::Poll(w));
             }
         }
     }
 
+    /// Sends worker `w`'s event towards the router: lost with the plane's probability,
+    /// applied now without delay, delivered later otherwise (in order: equal delays
+    /// keep the queue's insertion order).
+    fn publish(&mut self, w: WorkerIndex, event: KvCacheEvent) {
+        let plane = self.event_plane;
+        if plane.drop_probability > 0.0 && self.event_rng.gen::<f64>() < plane.drop_probability {
+            self.events_dropped += 1;
+            return;
+        }
+        if plane.delay_us == 0 {
+            self.deliver(w, &event);
+        } else {
+            let at = self
+                .now
+                .saturating_add(std::time::Duration::from_micros(plane.delay_us));
+            self.queue.push(at, Event::Deliver(w, event));
+        }
+    }
+
+    fn deliver(&mut self, w: WorkerIndex, event: &KvCacheEvent) {
+        self.events_delivered += 1;
+        let worker = self.workers[w].key.worker;
+        if self.router.apply(worker, event).is_err() {
+            self.events_rejected += 1;
+        }
+    }
+
+    /// Whether the router's view of each worker is exactly that worker's pools: every
+    /// registered block, in every tier it is registered in, and nothing else.
+    fn router_view_matches_pools(&self) -> bool {
+        self.workers.iter().all(|worker| {
+            let mut pools: BTreeMap<SequenceHash, u8> = BTreeMap::new();
+            for tier in Tier::ALL {
+                if let Some(pool) = worker.manager.pool(tier) {
+                    for hash in pool.snapshot().registered.keys() {
+                        *pools.entry(*hash).or_default() |= 1 << tier.index();
+                    }
+                }
+            }
+            self.router.indexer().blocks_of(worker.key) == pools
+        })
+    }
+
     fn report(self, scenario: &Scenario) -> Report {
         let simulated_ns = self.now.as_nanos().max(1);
-        let rebuild_matches_pools = Tier::ALL.iter().all(|tier| match self.manager.pool(*tier) {
-            Some(pool) => {
-                pool.snapshot()
-                    .registered
-                    .keys()
-                    .copied()
-                    .collect::<BTreeSet<_>>()
-                    == *self.replica.hashes(*tier)
-            }
-            None => self.replica.hashes(*tier).is_empty(),
+        let rebuild_matches_pools = self.workers.iter().all(|worker| {
+            Tier::ALL
+                .iter()
+                .all(|tier| match worker.manager.pool(*tier) {
+                    Some(pool) => {
+                        pool.snapshot()
+                            .registered
+                            .keys()
+                            .copied()
+                            .collect::<BTreeSet<_>>()
+                            == *worker.replica.hashes(*tier)
+                    }
+                    None => worker.replica.hashes(*tier).is_empty(),
+                })
         });
-        let stats = self.manager.stats();
-        let links = self
-            .manager
-            .hardware()
-            .link_usage()
+        let view_matches_pools = self.router_view_matches_pools();
+        let mut stats = self.workers[0].manager.stats();
+        for worker in &self.workers[1..] {
+            let more = worker.manager.stats();
+            stats.recomputed_hit_blocks += more.recomputed_hit_blocks;
+            for (sum, add) in stats.offloaded_blocks.iter_mut().zip(more.offloaded_blocks) {
+                *sum += add;
+            }
+            stats.offload_skipped_blocks += more.offload_skipped_blocks;
+            stats.transfers_submitted += more.transfers_submitted;
+        }
+        // Links by kind, summed over the nodes (each worker is a node of `hardware`).
+        let mut usage: Vec<(&'static str, LinkUsage)> = Vec::new();
+        for worker in &self.workers {
+            for (index, (link, add)) in worker
+                .manager
+                .hardware()
+                .link_usage()
+                .into_iter()
+                .enumerate()
+            {
+                if usage.len() <= index {
+                    usage.push((link.name(), LinkUsage::default()));
+                }
+                let sum = &mut usage[index].1;
+                sum.bytes += add.bytes;
+                sum.busy_ns += add.busy_ns;
+                sum.transfers += add.transfers;
+            }
+        }
+        let nodes = self.workers.len() as f64;
+        let links = usage
             .into_iter()
-            .map(
-                |(
-                    link,
-                    LinkUsage {
-                        bytes,
-                        busy_ns,
-                        transfers,
-                    },
-                )| LinkReport {
-                    link: link.name(),
-                    bytes,
-                    transfers,
-                    utilisation: busy_ns as f64 / simulated_ns as f64,
-                },
-            )
+            .map(|(link, usage)| LinkReport {
+                link,
+                bytes: usage.bytes,
+                transfers: usage.transfers,
+                utilisation: usage.busy_ns as f64 / simulated_ns as f64 / nodes,
+            })
             .collect();
         let sources = self.sources;
         let hit_ratio = if sources.total == 0 {
@@ -889,10 +1184,28 @@ impl Sim<'_> {
         } else {
             sources.hit_tokens as f64 / sources.prompt_tokens as f64
         };
+        let routed: u64 = self.workers.iter().map(|w| w.routed).sum();
+        let routing = RoutingReport {
+            mode: match self.routing {
+                Routing::Kv => "kv",
+                Routing::RoundRobin => "round_robin",
+            },
+            requests_per_worker: self.workers.iter().map(|w| w.routed).collect(),
+            mean_overlap_blocks: if routed == 0 {
+                0.0
+            } else {
+                self.overlap_blocks as f64 / routed as f64
+            },
+            events_applied: self.events_delivered - self.events_rejected,
+            events_rejected: self.events_rejected,
+            events_dropped: self.events_dropped,
+            view_matches_pools,
+        };
         Report {
             hit_token_ratio,
             scenario: scenario.name.clone(),
             seed: scenario.seed,
+            workers: self.workers.len(),
             requests: self.requests.len() as u64,
             completed: self.completed,
             rejected_too_large: self.too_large,
@@ -912,9 +1225,11 @@ impl Sim<'_> {
                 rebuild_matches_pools,
                 ..self.events
             },
+            routing,
             simulated_s: simulated_ns as f64 / 1e9,
             passes: self.passes,
             preemptions: self.preemptions,
+            engine_events: self.engine_events,
         }
     }
 }
@@ -924,7 +1239,8 @@ mod tests {
     use super::*;
     use crate::scenario::WorkloadSpec;
     use kvtwin::block::BlockIdentity;
-    use kvtwin::ids::LocalBlockHash;
+    use kvtwin::manager::{OffloadPolicy, TierConfig};
+    use kvtwin::pool::EvictionPolicyKind;
     use std::path::Path;
 
     /// One worker, 16-token blocks, 100 tokens a pass, prefill 1 µs a token and a decode
@@ -1015,5 +1331,157 @@ mod tests {
         // A request too big for the device even alone is rejected, not stuck.
         let report = simulate(&scenario, &[request(0, 1000, 32, 80)]).unwrap();
         assert_eq!((report.completed, report.rejected_too_large), (0, 1));
+    }
+
+    /// `n` requests every `gap_us`, all starting with the same `shared` 16-token blocks
+    /// (a system prompt), then `own` blocks of their own, `output` tokens out.
+    fn shared_prefix_requests(
+        n: u64,
+        gap_us: u64,
+        shared: u64,
+        own: u64,
+        output: u64,
+    ) -> Vec<Request> {
+        (0..n)
+            .map(|i| {
+                let locals: Vec<LocalBlockHash> = (0..shared)
+                    .map(|b| LocalBlockHash::new(1 + b))
+                    .chain((0..own).map(|b| LocalBlockHash::new(1_000_000 + i * 1000 + b)))
+                    .collect();
+                Request {
+                    id: RequestId::new(i),
+                    arrival: Timestamp::from_nanos(i * gap_us * 1000),
+                    blocks: BlockIdentity::chain(&locals),
+                    input_tokens: (shared + own) * 16,
+                    output_tokens: output,
+                }
+            })
+            .collect()
+    }
+
+    fn cluster(workers: usize, routing: Routing) -> Scenario {
+        let mut scenario = scenario();
+        scenario.cluster.workers = workers;
+        scenario.cluster.routing = routing;
+        scenario
+    }
+
+    #[test]
+    fn kv_routing_spreads_a_shared_prefix_by_load_and_the_router_sees_every_pool() {
+        // Every request shares its first 8 blocks: by overlap alone all would go to the
+        // first worker that cached them (the hot spot); the load term spreads them.
+        let requests = shared_prefix_requests(40, 20, 8, 2, 50);
+        let report = simulate(&cluster(4, Routing::Kv), &requests).unwrap();
+        assert_eq!(report.completed, 40);
+        assert_eq!(report.routing.requests_per_worker.len(), 4);
+        assert!(
+            report.routing.requests_per_worker.iter().all(|n| *n >= 5),
+            "{:?}",
+            report.routing.requests_per_worker
+        );
+        // The router found the shared prefix on the worker it chose.
+        assert!(report.routing.mean_overlap_blocks > 4.0, "{report:?}");
+        assert!(report.routing.view_matches_pools);
+        assert_eq!(report.routing.events_rejected, 0);
+        assert_eq!(report.routing.events_applied, report.events.events);
+    }
+
+    #[test]
+    fn round_robin_takes_turns_and_each_worker_computes_the_shared_prefix_once() {
+        // 200 µs apart: a worker's previous prompt (160 µs of prefill) is cached by the
+        // time its next request comes.
+        let requests = shared_prefix_requests(40, 200, 8, 2, 50);
+        let rr = simulate(&cluster(4, Routing::RoundRobin), &requests).unwrap();
+        assert_eq!(rr.routing.requests_per_worker, vec![10, 10, 10, 10]);
+        assert_eq!(rr.routing.mean_overlap_blocks, 0.0);
+        // Each worker computes the shared prefix once: 4 × 8 blocks.
+        assert_eq!(rr.blocks.total - rr.blocks.computed, 40 * 8 - 4 * 8);
+        assert!(rr.routing.view_matches_pools);
+    }
+
+    #[test]
+    fn a_tiered_worker_under_pressure_publishes_events_the_router_accepts_in_order() {
+        // A small device writing back to host, and host to disk: blocks are copied down
+        // and evicted in the same batches of events. Cross-tier order matters: a block stored on host must
+        // reach the router before its parent leaves the device, or it is refused.
+        let mut scenario = cluster(2, Routing::Kv);
+        scenario.worker.tiers = vec![
+            TierConfig {
+                tier: Tier::Device,
+                capacity_blocks: 24,
+                eviction: EvictionPolicyKind::Lru,
+                offload: OffloadPolicy::WriteBack {
+                    low_watermark_blocks: 8,
+                },
+            },
+            TierConfig {
+                tier: Tier::Host,
+                capacity_blocks: 40,
+                eviction: EvictionPolicyKind::Lru,
+                offload: OffloadPolicy::WriteBack {
+                    low_watermark_blocks: 8,
+                },
+            },
+            TierConfig {
+                tier: Tier::Disk,
+                capacity_blocks: 60,
+                eviction: EvictionPolicyKind::Lru,
+                offload: OffloadPolicy::None,
+            },
+        ];
+        let requests = shared_prefix_requests(60, 300, 4, 6, 20);
+        let report = simulate(&scenario, &requests).unwrap();
+        assert_eq!(report.completed, 60);
+        assert!(
+            report.offloaded_blocks[Tier::Host.index()] > 0,
+            "{report:?}"
+        );
+        assert!(report.events.removed_blocks > 0, "{report:?}");
+        assert_eq!(report.routing.events_rejected, 0, "{report:?}");
+        assert!(report.routing.view_matches_pools);
+        assert!(report.events.rebuild_matches_pools);
+    }
+
+    #[test]
+    fn the_event_plane_delays_and_loses_events_as_configured() {
+        let requests = shared_prefix_requests(20, 20, 4, 2, 10);
+        // Delayed: every event still arrives (the run drains the plane), in order.
+        let mut delayed = cluster(2, Routing::Kv);
+        delayed.cluster.event_plane.delay_us = 5_000;
+        let report = simulate(&delayed, &requests).unwrap();
+        assert_eq!(report.routing.events_applied, report.events.events);
+        assert_eq!(report.routing.events_dropped, 0);
+        assert!(report.routing.view_matches_pools);
+        // Lost: the router learns nothing, and the report says its view is wrong.
+        let mut lossy = cluster(2, Routing::Kv);
+        lossy.cluster.event_plane.drop_probability = 1.0;
+        let report = simulate(&lossy, &requests).unwrap();
+        assert_eq!(report.routing.events_dropped, report.events.events);
+        assert_eq!(report.routing.events_applied, 0);
+        assert!(!report.routing.view_matches_pools);
+        assert_eq!(report.routing.mean_overlap_blocks, 0.0);
+        // Half lost, drawn from the run's seed: the same seed loses the same events.
+        let mut half = cluster(2, Routing::Kv);
+        half.cluster.event_plane.drop_probability = 0.5;
+        let (a, b) = (
+            simulate(&half, &requests).unwrap(),
+            simulate(&half, &requests).unwrap(),
+        );
+        assert_eq!(a.to_json(), b.to_json());
+        assert!(
+            a.routing.events_dropped > 0 && a.routing.events_applied > 0,
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn blocks_filled_by_earlier_prefill_chunks_are_hits_for_a_request_arriving_meanwhile() {
+        // A's 160 tokens take two passes (100-token budget): after the first (100 µs) six
+        // full blocks are registered, so B, same prompt, arriving at 150 µs, hits them.
+        let mut requests = shared_prefix_requests(2, 150, 10, 0, 2);
+        requests[1].arrival = Timestamp::from_nanos(150_000);
+        let report = simulate(&scenario(), &requests).unwrap();
+        assert_eq!(report.completed, 2);
+        assert_eq!(report.blocks.device, 6, "{report:?}");
     }
 }

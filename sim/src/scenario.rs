@@ -9,6 +9,7 @@ use crate::hardware::HardwareProfile;
 use crate::workload::ConversationSpec;
 use kvtwin::ids::WorkerId;
 use kvtwin::manager::{ManagerConfig, ManagerConfigError, OnboardPolicy, TierConfig};
+use kvtwin::router::scheduler::SchedulerConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -73,6 +74,54 @@ impl WorkerSpec {
     }
 }
 
+/// How requests are spread over the workers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Routing {
+    /// The KV-aware router: the scheduler's cost over the indexer's overlaps and the
+    /// workers' load ([`kvtwin::router::scheduler`]).
+    #[default]
+    Kv,
+    /// Each request to the next worker in turn (DynoSim's deterministic baseline).
+    RoundRobin,
+}
+
+/// How KV events travel from the workers to the router.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventPlaneSpec {
+    /// Time from a worker emitting an event to the router applying it.
+    pub delay_us: u64,
+    /// Probability that an event is lost on the way (drawn from the run's seed).
+    pub drop_probability: f64,
+}
+
+/// The cluster around the workers: how many, and how requests reach them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSpec {
+    /// Identical workers, each on its own node of `hardware` (numbered from 0).
+    pub workers: usize,
+    /// How each request picks its worker.
+    pub routing: Routing,
+    /// The KV router's cost weights. Its `seed` is mixed with the scenario's seed, so one
+    /// seed still fixes the run.
+    pub scheduler: SchedulerConfig,
+    /// The event plane between the workers and the router.
+    pub event_plane: EventPlaneSpec,
+}
+
+impl Default for ClusterSpec {
+    /// One worker behind the KV router, events delivered at once.
+    fn default() -> Self {
+        Self {
+            workers: 1,
+            routing: Routing::Kv,
+            scheduler: SchedulerConfig::default(),
+            event_plane: EventPlaneSpec::default(),
+        }
+    }
+}
+
 /// Where the requests come from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WorkloadSpec {
@@ -95,8 +144,11 @@ pub struct Scenario {
     pub seed: u64,
     /// The node.
     pub hardware: HardwareProfile,
-    /// The worker.
+    /// The worker (every worker of the cluster is configured alike).
     pub worker: WorkerSpec,
+    /// How many workers, and how requests and events reach them.
+    #[serde(default)]
+    pub cluster: ClusterSpec,
     /// The requests.
     pub workload: WorkloadSpec,
 }
@@ -133,6 +185,14 @@ pub enum ScenarioError {
         /// Which name, and the ones there are.
         source: crate::compute::UnknownProfile,
     },
+    /// The cluster section is not runnable.
+    #[error("{path}: cluster: {reason}", path = path.display())]
+    Cluster {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// The worker configuration is not runnable.
     #[error("{path}: worker: {source}", path = path.display())]
     Invalid {
@@ -165,8 +225,20 @@ impl Scenario {
         Ok(scenario)
     }
 
-    /// Checks what parsing cannot: the worker is runnable, the compute profile exists.
+    /// Checks what parsing cannot: the worker is runnable, the compute profile exists,
+    /// the cluster has workers and the event plane a probability.
     fn validate(&self, path: &Path) -> Result<(), ScenarioError> {
+        let cluster = |reason: &str| ScenarioError::Cluster {
+            path: path.to_owned(),
+            reason: reason.to_string(),
+        };
+        if self.cluster.workers == 0 {
+            return Err(cluster("workers must be at least 1"));
+        }
+        let drop = self.cluster.event_plane.drop_probability;
+        if !(0.0..=1.0).contains(&drop) {
+            return Err(cluster("event_plane.drop_probability must be within 0..=1"));
+        }
         self.worker
             .manager_config()
             .validate()

@@ -8,7 +8,7 @@
 //! Never: read a clock, or iterate anything unordered.
 
 use kvtwin::block::BlockIdentity;
-use kvtwin::ids::{LocalBlockHash, RequestId, SequenceHash, Timestamp};
+use kvtwin::ids::{LocalBlockHash, RequestId, Timestamp};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -170,15 +170,15 @@ pub fn read_mooncake_trace(path: &Path) -> Result<Vec<Request>, TraceError> {
                 line: index + 1,
                 source,
             })?;
-        let mut blocks: Vec<BlockIdentity> = Vec::with_capacity(record.hash_ids.len());
-        for (position, id) in record.hash_ids.iter().enumerate() {
-            blocks.push(BlockIdentity {
-                sequence_hash: SequenceHash::new(*id),
-                local_hash: LocalBlockHash::new(*id),
-                parent: blocks.last().map(|b| b.sequence_hash),
-                position: position as u32,
-            });
-        }
+        // A hash id names a block's tokens; the sequence hash chains it to its prefix as
+        // an engine's would, so that the router's chain check accepts the events and a
+        // block is shared only under the same prefix.
+        let locals: Vec<LocalBlockHash> = record
+            .hash_ids
+            .iter()
+            .map(|id| LocalBlockHash::new(*id))
+            .collect();
+        let blocks = BlockIdentity::chain(&locals);
         requests.push(Request {
             id: RequestId::new(requests.len() as u64),
             arrival: Timestamp::from_nanos(record.timestamp.saturating_mul(1_000_000)),
@@ -244,7 +244,11 @@ mod tests {
         )
         .unwrap();
         let requests = read_mooncake_trace(&path).unwrap();
-        assert_eq!(requests[0].blocks[1].parent, Some(SequenceHash::new(1)));
+        assert_eq!(
+            requests[0].blocks[1].parent,
+            Some(requests[0].blocks[0].sequence_hash)
+        );
+        assert_eq!(requests[0].blocks[1].local_hash, LocalBlockHash::new(2));
         assert_eq!(requests[0].arrival, Timestamp::from_nanos(2_000_000));
         std::fs::remove_dir_all(&dir).unwrap();
     }

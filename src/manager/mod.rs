@@ -23,12 +23,14 @@ use crate::hardware::{Completion, Hardware, SubmitError, TransferRequest};
 use crate::ids::{RequestId, SequenceHash, Timestamp, TransferId};
 use crate::phase::Phase;
 use crate::pool::{
-    AllocError, BlockChain, BlockPool, ImmutableBlock, MutableBlock, PoolConfig, PoolCounts,
-    PoolStats, ResetError,
+    AllocError, BlockChain, BlockPool, ImmutableBlock, MutableBlock, PoolConfig, ResetError,
+    SharedCounters,
 };
+use crate::sync::Arc;
 use crate::tier::Tier;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// `start_onboard` could not start.
@@ -95,6 +97,9 @@ pub struct ManagerStats {
     pub offload_skipped_blocks: u64,
     /// Offloaded blocks whose transfer failed.
     pub offload_failed_blocks: u64,
+    /// Blocks not offloaded because this worker holds their parent in no tier: prefix
+    /// lookups cannot reach them, and a router would refuse their `Stored` event.
+    pub orphans_not_offloaded: u64,
     /// Transfers submitted.
     pub transfers_submitted: u64,
     /// Bytes in submitted transfers.
@@ -129,16 +134,6 @@ enum InFlight {
     },
 }
 
-/// What decides the write-back pump's scan of one tier: the tier's counts and counters,
-/// the lower tier's counters, and the blocks pinned for copies in flight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct WritebackFingerprint {
-    counts: PoolCounts,
-    stats: PoolStats,
-    dst_stats: PoolStats,
-    pinned: usize,
-}
-
 /// The block manager of one worker, generic over the hardware that moves its bytes.
 ///
 /// # Driving it
@@ -159,7 +154,13 @@ pub struct Manager<H: Hardware> {
     offloading: BTreeSet<(Tier, SequenceHash)>,
     writeback_pinned: [usize; 4],
     // Per tier, what the write-back pump last saw when it found nothing more to copy.
-    writeback_seen: [Option<WritebackFingerprint>; 4],
+    /// Per write-back tier, the pools' change count when its pump last found nothing to
+    /// do: until it moves, the answer is the same.
+    writeback_seen: [Option<u64>; 4],
+    /// The pools' counters: event order and change count.
+    counters: Arc<SharedCounters>,
+    /// The event count when the pools' outboxes were last emptied.
+    events_collected: u64,
     outputs: VecDeque<ManagerOutput>,
     events: Vec<KvCacheEvent>,
     next_event_id: u64,
@@ -172,6 +173,7 @@ impl<H: Hardware> Manager<H> {
     pub fn new(hardware: H, config: ManagerConfig) -> Result<Self, ManagerConfigError> {
         config.validate()?;
         let mut pools: [Option<BlockPool>; 4] = Default::default();
+        let counters = Arc::new(SharedCounters::default());
         for tier in &config.tiers {
             let pool = BlockPool::new(PoolConfig {
                 tier: tier.tier,
@@ -183,6 +185,7 @@ impl<H: Hardware> Manager<H> {
                 tier: tier.tier,
                 source,
             })?;
+            pool.share_counters(counters.clone());
             pools[tier.tier.index()] = Some(pool);
         }
         Ok(Self {
@@ -194,6 +197,8 @@ impl<H: Hardware> Manager<H> {
             offloading: BTreeSet::new(),
             writeback_pinned: [0; 4],
             writeback_seen: [None; 4],
+            counters,
+            events_collected: 0,
             outputs: VecDeque::new(),
             events: Vec::new(),
             next_event_id: 0,
@@ -262,6 +267,11 @@ impl<H: Hardware> Manager<H> {
             .iter()
             .find(|t| t.tier == tier)
             .map_or(OffloadPolicy::None, |t| t.offload)
+    }
+
+    /// Whether any tier has `hash` registered.
+    fn holds_anywhere(&self, hash: SequenceHash) -> bool {
+        self.pools.iter().flatten().any(|pool| pool.contains(hash))
     }
 
     fn pool_of(&self, tier: Tier) -> BlockPool {
@@ -485,6 +495,17 @@ impl<H: Hardware> Manager<H> {
             if dst.contains(hash) || self.offloading.contains(&(to, hash)) {
                 continue;
             }
+            // A block whose parent left every tier (the parent was copied down, evicted
+            // from the device first as the colder copy, then evicted below) is
+            // unreachable: copying it would waste the lower tier.
+            if source
+                .identity()
+                .parent
+                .is_some_and(|parent| !self.holds_anywhere(parent))
+            {
+                self.stats.orphans_not_offloaded += 1;
+                continue;
+            }
             if self.in_flight.len() >= self.config.max_inflight_transfers {
                 skipped += 1;
                 continue;
@@ -554,33 +575,29 @@ impl<H: Hardware> Manager<H> {
             let Some(to) = self.lower_tier(tier) else {
                 continue;
             };
+            // The coldest blocks and which of them the lower tier has change only when
+            // the pools do; unchanged since a look that found nothing to do, skip it (a
+            // full device with everything already copied would rescan every call).
+            let changes = self.counters.changes.load(Ordering::Relaxed);
+            if self.writeback_seen[tier.index()] == Some(changes) {
+                continue;
+            }
             let pool = self.pool_of(tier);
             let dst = self.pool_of(to);
             let counts = pool.counts();
             let need = watermark.saturating_sub(counts.free + self.writeback_pinned[tier.index()]);
             if need == 0 {
+                self.writeback_seen[tier.index()] = Some(changes);
                 continue;
             }
-            // The coldest blocks and which of them the lower tier has change only when
-            // one of these does; unchanged since a scan that found nothing, skip the scan
-            // (a full device with everything already copied would rescan every call).
-            let seen = WritebackFingerprint {
-                counts,
-                stats: pool.stats(),
-                dst_stats: dst.stats(),
-                pinned: self.writeback_pinned[tier.index()],
-            };
-            if self.writeback_seen[tier.index()] == Some(seen) {
-                continue;
-            }
-            let candidates: Vec<ImmutableBlock> = pool
-                .coldest_cached(need)
+            let mut coldest = pool.coldest_cached(need);
+            dst.retain_missing(&mut coldest);
+            let candidates: Vec<ImmutableBlock> = coldest
                 .into_iter()
-                .filter(|identity| !dst.contains(identity.sequence_hash))
                 .filter_map(|identity| pool.pin(identity.sequence_hash))
                 .collect();
             if candidates.is_empty() {
-                self.writeback_seen[tier.index()] = Some(seen);
+                self.writeback_seen[tier.index()] = Some(changes);
             } else {
                 self.writeback_seen[tier.index()] = None;
                 self.offload(tier, candidates, now);
@@ -643,7 +660,17 @@ impl<H: Hardware> Manager<H> {
                 let blocks = sources.len();
                 match completion.result {
                     Ok(()) => {
-                        let complete = copies_of(&sources, targets);
+                        // The parent of a block may have left every tier while the copy
+                        // was in flight: such a copy is an orphan (see `offload`) and
+                        // its target goes back unregistered.
+                        let (complete, orphans): (Vec<_>, Vec<_>) =
+                            copies_of(&sources, targets).into_iter().partition(|copy| {
+                                copy.identity()
+                                    .parent
+                                    .is_none_or(|parent| self.holds_anywhere(parent))
+                            });
+                        self.stats.orphans_not_offloaded += orphans.len() as u64;
+                        drop(orphans);
                         let copies = self.pool_of(to).register_chain(complete);
                         self.stats.offloaded_blocks[to.index()] += blocks as u64;
                         self.outputs
@@ -708,22 +735,30 @@ impl<H: Hardware> Manager<H> {
         self.outputs.pop_front()
     }
 
-    /// The events of every tier since the last call, numbered for this worker (tiers in
-    /// order, each tier's events in the order they happened).
+    /// The events of every tier since the last call, numbered for this worker, in the
+    /// order they happened.
     #[must_use]
     pub fn take_events(&mut self) -> Vec<KvCacheEvent> {
         self.collect_pool_events();
         std::mem::take(&mut self.events)
     }
 
+    /// Moves the pools' events into the manager's stream in the order they happened
+    /// across tiers (a block offloaded to host before its parent left the device must be
+    /// stored before the parent is removed, or a router would refuse it).
     fn collect_pool_events(&mut self) {
-        for index in 0..self.pools.len() {
-            let Some(pool) = &self.pools[index] else {
-                continue;
-            };
-            for data in pool.take_events() {
-                self.push_event(data);
-            }
+        let events = self.counters.events.load(Ordering::Relaxed);
+        if events == self.events_collected {
+            return;
+        }
+        self.events_collected = events;
+        let mut ordered: Vec<(u64, KvCacheEventData)> = Vec::new();
+        for pool in self.pools.iter().flatten() {
+            ordered.extend(pool.take_ordered_events());
+        }
+        ordered.sort_by_key(|(stamp, _)| *stamp);
+        for (_, data) in ordered {
+            self.push_event(data);
         }
     }
 

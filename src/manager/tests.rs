@@ -498,3 +498,106 @@ fn write_back_with_the_priority_policy_offloads_finished_reasoning_first() {
     );
     assert_eq!(host.counts().cached, 1);
 }
+
+/// (kind, tier) of each event: what the order test compares.
+fn kinds(events: &[KvCacheEvent]) -> Vec<(&'static str, Tier)> {
+    events
+        .iter()
+        .map(|e| match &e.data {
+            KvCacheEventData::Stored { tier, .. } => ("stored", *tier),
+            KvCacheEventData::Removed { tier, .. } => ("removed", *tier),
+            KvCacheEventData::Cleared => ("cleared", Tier::Device),
+        })
+        .collect()
+}
+
+#[test]
+fn events_of_all_tiers_come_in_the_order_they_happened() {
+    // X fills the device and is written through to host; then Y evicts X's leaf from the
+    // device. Listed tier by tier, the device's removal would come before the host's
+    // store, and a router would see X's leaf leave the worker before it reached host.
+    let mut m = manager(
+        vec![
+            tier(Tier::Device, 2, OffloadPolicy::WriteThrough),
+            tier(Tier::Host, 8, OffloadPolicy::None),
+        ],
+        TransferTiming::Instant,
+    );
+    compute(&mut m, &chain(1, 2), at(0));
+    let _ = drain(&mut m, at(0));
+    compute(&mut m, &chain(2, 1), at(1));
+    let events = m.take_events();
+    assert_eq!(
+        kinds(&events),
+        vec![
+            ("stored", Tier::Device),
+            ("stored", Tier::Host),
+            ("removed", Tier::Device),
+            ("stored", Tier::Device),
+        ],
+        "{events:?}"
+    );
+    assert!(events
+        .windows(2)
+        .all(|w| w[1].event_id == w[0].event_id + 1));
+}
+
+#[test]
+fn a_block_whose_parent_left_every_tier_is_not_offloaded() {
+    let mut m = manager(
+        vec![
+            tier(Tier::Device, 3, OffloadPolicy::None),
+            tier(Tier::Host, 1, OffloadPolicy::None),
+        ],
+        TransferTiming::Instant,
+    );
+    let ab = chain(1, 2);
+    compute(&mut m, &ab, at(0));
+    // a goes to host; b stays on device, held.
+    let a = m.device().pin(ab[0].sequence_hash).unwrap();
+    m.offload(Tier::Device, vec![a], at(0));
+    let _ = drain(&mut m, at(0));
+    let b = m.device().pin(ab[1].sequence_hash).unwrap();
+    // x takes the host's only block (a leaves host), then a block for y evicts a from
+    // the device: b is an orphan now.
+    let x = chain(2, 1);
+    compute(&mut m, &x, at(1));
+    let x_block = m.device().pin(x[0].sequence_hash).unwrap();
+    m.offload(Tier::Device, vec![x_block], at(1));
+    let _ = drain(&mut m, at(1));
+    let _y = m.allocate(1, at(2)).unwrap();
+    assert!(!m.holds_anywhere(ab[0].sequence_hash));
+    m.offload(Tier::Device, vec![b], at(2));
+    let _ = drain(&mut m, at(2));
+    assert_eq!(m.stats().orphans_not_offloaded, 1);
+    assert!(!m.pool(Tier::Host).unwrap().contains(ab[1].sequence_hash));
+    assert_eq!(m.transfers_in_flight(), 0);
+}
+
+#[test]
+fn a_copy_whose_parent_left_every_tier_in_flight_is_not_registered() {
+    let mut m = manager(
+        vec![
+            tier(Tier::Device, 3, OffloadPolicy::None),
+            tier(Tier::Host, 1, OffloadPolicy::None),
+        ],
+        TransferTiming::Fixed(MS),
+    );
+    let ab = chain(1, 2);
+    compute(&mut m, &ab, at(0));
+    let a = m.device().pin(ab[0].sequence_hash).unwrap();
+    m.offload(Tier::Device, vec![a], at(0));
+    let _ = drain(&mut m, at(1));
+    // b's copy takes the host's only block (a leaves host) and is in flight when two
+    // device allocations evict a from the device.
+    let b = m.device().pin(ab[1].sequence_hash).unwrap();
+    m.offload(Tier::Device, vec![b], at(1));
+    assert_eq!(m.transfers_in_flight(), 1);
+    let _two = m.allocate(2, at(1)).unwrap();
+    assert!(!m.holds_anywhere(ab[0].sequence_hash));
+    let _ = drain(&mut m, at(2));
+    assert_eq!(m.stats().orphans_not_offloaded, 1);
+    assert!(!m.pool(Tier::Host).unwrap().contains(ab[1].sequence_hash));
+    // The target block went back: host has room again.
+    assert_eq!(m.pool(Tier::Host).unwrap().counts().free, 1);
+}

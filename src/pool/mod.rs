@@ -30,7 +30,7 @@ use crate::block::{BlockIdentity, Complete, Reset};
 use crate::events::{KvCacheEventData, StoredBlock};
 use crate::ids::{BlockId, SequenceHash};
 use crate::phase::Phase;
-use crate::sync::{lock, Arc, Mutex};
+use crate::sync::{lock, Arc, AtomicU64, Mutex};
 use crate::tier::Tier;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -159,13 +159,30 @@ const EMPTY_IDENTITY: BlockIdentity = BlockIdentity {
     position: 0,
 };
 
+/// Counters shared by the pools of one manager (all relaxed atomics, read without a
+/// pool's lock): the order of their events, and a count of their state changes, which
+/// lets the manager skip work when nothing changed since it last looked.
+#[derive(Debug, Default)]
+pub(crate) struct SharedCounters {
+    /// Events pushed by any of the pools: each event's place in their common order.
+    pub(crate) events: AtomicU64,
+    /// State changes (allocation, release, registration, eviction, re-tagging) in any of
+    /// the pools.
+    pub(crate) changes: AtomicU64,
+}
+
 #[derive(Debug)]
 pub(crate) struct PoolInner {
     slots: Vec<Slot>,
     free: Vec<BlockId>,
     policy: policy::BuiltinPolicy,
     registry: FxHashMap<SequenceHash, BlockId>,
-    outbox: Vec<KvCacheEventData>,
+    /// Queued events, each with its place in the order of events (see `next_stamp`).
+    outbox: Vec<(u64, KvCacheEventData)>,
+    /// The counters shared with the other pools of one manager, if any.
+    shared: Option<Arc<SharedCounters>>,
+    /// The order of a pool on its own.
+    local_order: u64,
     stats: PoolStats,
     tier: Tier,
 }
@@ -186,6 +203,8 @@ impl PoolInner {
             policy: policy::BuiltinPolicy::new(config.eviction, capacity),
             registry: FxHashMap::with_capacity_and_hasher(capacity, Default::default()),
             outbox: Vec::new(),
+            shared: None,
+            local_order: 0,
             stats: PoolStats::default(),
             tier: config.tier,
         }
@@ -197,6 +216,7 @@ impl PoolInner {
 
     /// Free → active, or cached → (evicted) → active.
     fn take_block(&mut self) -> Option<BlockId> {
+        self.touch();
         let id = match self.free.pop() {
             Some(id) => id,
             None => {
@@ -214,6 +234,7 @@ impl PoolInner {
 
     /// Registered (cached, already out of the policy) → Reset; emits `Removed`.
     fn evict(&mut self, id: BlockId) {
+        self.touch();
         let slot = &mut self.slots[id.index()];
         assert!(
             slot.state == SlotState::Registered && slot.refcount == 0,
@@ -228,39 +249,83 @@ impl PoolInner {
         self.push_removed(hash);
     }
 
-    fn push_removed(&mut self, hash: SequenceHash) {
-        if let Some(KvCacheEventData::Removed { block_hashes, .. }) = self.outbox.last_mut() {
-            block_hashes.push(hash);
-            return;
+    /// The place of the next event in the order of events of every pool sharing it: a
+    /// manager merges its pools' outboxes by it, so that a consumer sees a block stored
+    /// in one tier before its parent leaves another.
+    fn next_stamp(&mut self) -> u64 {
+        match &self.shared {
+            Some(shared) => shared
+                .events
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            None => {
+                self.local_order += 1;
+                self.local_order
+            }
         }
-        self.outbox.push(KvCacheEventData::Removed {
-            block_hashes: vec![hash],
-            tier: self.tier,
-        });
+    }
+
+    /// Counts a state change in the shared counters.
+    #[inline]
+    fn touch(&self) {
+        if let Some(shared) = &self.shared {
+            shared
+                .changes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn push_removed(&mut self, hash: SequenceHash) {
+        let stamp = self.next_stamp();
+        // Extend the previous Removed event when no other event came in between.
+        if let Some((last, KvCacheEventData::Removed { block_hashes, .. })) = self.outbox.last_mut()
+        {
+            if *last + 1 == stamp {
+                block_hashes.push(hash);
+                *last = stamp;
+                return;
+            }
+        }
+        self.outbox.push((
+            stamp,
+            KvCacheEventData::Removed {
+                block_hashes: vec![hash],
+                tier: self.tier,
+            },
+        ));
     }
 
     fn push_stored(&mut self, identity: &BlockIdentity) {
+        let stamp = self.next_stamp();
         let block = StoredBlock {
             block_hash: identity.sequence_hash,
             tokens_hash: identity.local_hash,
         };
-        // Extend the previous Stored event when this block continues its chain: the
-        // router sees one event per chain, as from Dynamo's engines.
-        if let Some(KvCacheEventData::Stored { blocks, .. }) = self.outbox.last_mut() {
-            if identity.parent.is_some() && blocks.last().map(|b| b.block_hash) == identity.parent {
+        // Extend the previous Stored event when this block continues its chain and no
+        // other event came in between: the router sees one event per chain, as from
+        // Dynamo's engines.
+        if let Some((last, KvCacheEventData::Stored { blocks, .. })) = self.outbox.last_mut() {
+            if *last + 1 == stamp
+                && identity.parent.is_some()
+                && blocks.last().map(|b| b.block_hash) == identity.parent
+            {
                 blocks.push(block);
+                *last = stamp;
                 return;
             }
         }
-        self.outbox.push(KvCacheEventData::Stored {
-            parent_hash: identity.parent,
-            blocks: vec![block],
-            tier: self.tier,
-        });
+        self.outbox.push((
+            stamp,
+            KvCacheEventData::Stored {
+                parent_hash: identity.parent,
+                blocks: vec![block],
+                tier: self.tier,
+            },
+        ));
     }
 
     /// Active mutable → free.
     fn return_mutable(&mut self, id: BlockId) {
+        self.touch();
         let slot = &mut self.slots[id.index()];
         assert_eq!(slot.state, SlotState::Mutable, "double return of {id:?}");
         slot.state = SlotState::Free;
@@ -270,6 +335,7 @@ impl PoolInner {
     /// Takes a reference to a registered block (cached → active if it was cached).
     #[inline]
     fn acquire(&mut self, id: BlockId) {
+        self.touch();
         let slot = &mut self.slots[id.index()];
         debug_assert_eq!(slot.state, SlotState::Registered);
         if slot.refcount == 0 {
@@ -295,6 +361,7 @@ impl PoolInner {
     /// Drops a reference; the last one makes the block cached.
     #[inline]
     fn release(&mut self, id: BlockId, placement: Placement) {
+        self.touch();
         let slot = &mut self.slots[id.index()];
         assert!(
             slot.state == SlotState::Registered && slot.refcount > 0,
@@ -310,6 +377,7 @@ impl PoolInner {
     /// Complete (mutable) → Registered, or the existing block of the same hash.
     /// Returns the registered block and whether it was a duplicate.
     fn register(&mut self, id: BlockId, identity: BlockIdentity) -> (BlockId, bool) {
+        self.touch();
         if let Some(&existing) = self.registry.get(&identity.sequence_hash) {
             self.acquire(existing);
             self.return_mutable(id);
@@ -332,6 +400,7 @@ impl PoolInner {
     }
 
     fn set_phase(&mut self, id: BlockId, phase: Phase) {
+        self.touch();
         let slot = &mut self.slots[id.index()];
         if slot.phase == phase {
             return;
@@ -491,6 +560,13 @@ impl BlockPool {
         lock(&self.shared.inner).registry.contains_key(&hash)
     }
 
+    /// Keeps the identities whose blocks this pool does not have: `contains` for a whole
+    /// batch under one lock.
+    pub fn retain_missing(&self, identities: &mut Vec<BlockIdentity>) {
+        let inner = lock(&self.shared.inner);
+        identities.retain(|identity| !inner.registry.contains_key(&identity.sequence_hash));
+    }
+
     /// How many leading `hashes` are registered here (touches nothing).
     pub fn prefix_len(&self, hashes: &[SequenceHash]) -> usize {
         let inner = lock(&self.shared.inner);
@@ -605,7 +681,22 @@ impl BlockPool {
     /// Takes the queued events, oldest first.
     #[must_use]
     pub fn take_events(&self) -> Vec<KvCacheEventData> {
+        self.take_ordered_events()
+            .into_iter()
+            .map(|(_, data)| data)
+            .collect()
+    }
+
+    /// Takes the queued events with their places in the shared event order.
+    pub(crate) fn take_ordered_events(&self) -> Vec<(u64, KvCacheEventData)> {
         std::mem::take(&mut lock(&self.shared.inner).outbox)
+    }
+
+    /// Counts this pool's events and state changes together with every pool given the
+    /// same counters (one manager's tiers), for [`BlockPool::take_ordered_events`] and
+    /// the manager's change checks.
+    pub(crate) fn share_counters(&self, counters: Arc<SharedCounters>) {
+        lock(&self.shared.inner).shared = Some(counters);
     }
 
     /// Number of queued events.

@@ -455,6 +455,21 @@ impl KvIndexer {
         Ok(())
     }
 
+    /// Every block `worker` holds, with the tiers it holds it in (bit `Tier::index`): the
+    /// router's view of one worker, to compare with the worker's own pools. O(index).
+    pub fn blocks_of(&self, worker: WorkerKey) -> BTreeMap<SequenceHash, u8> {
+        let mut out = BTreeMap::new();
+        let Some(&slot) = self.by_key.get(&worker) else {
+            return out;
+        };
+        for node in self.tree.live() {
+            if let Some(holder) = node.holder(slot) {
+                out.extend(node.blocks.iter().map(|b| (b.block_hash, holder.tiers())));
+            }
+        }
+        out
+    }
+
     /// Forgets `worker` (every dp rank): its blocks and its event-id history.
     pub fn remove_worker(&mut self, worker: WorkerId) {
         let range = WorkerKey { worker, dp_rank: 0 }..=WorkerKey {

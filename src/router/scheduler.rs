@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 
 /// Weights of the cost formula (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct SchedulerConfig {
     /// Fraction of a block's prefill saved by a hit in each tier (device, host, disk,
     /// remote).

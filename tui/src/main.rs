@@ -5,6 +5,7 @@
 //! answers "how big must the cache be for this trace?". All logic lives in the libraries.
 
 mod bench;
+mod bench_sim;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -86,6 +87,10 @@ enum Bench {
         #[arg(long, default_value_t = 1)]
         threads: usize,
     },
+    /// Run the full simulator on a trace (or the built-in synthetic workload) and print
+    /// one JSON line: wall time, simulated requests and engine events per wall second,
+    /// peak memory, and the headline outputs.
+    Sim(bench_sim::SimArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -118,6 +123,7 @@ fn main() -> Result<()> {
             json,
         } => cache_sizes(&trace, &capacity_blocks, block_tokens, policy, json),
         Command::Bench(Bench::Router { workload, threads }) => bench::router(&workload, threads),
+        Command::Bench(Bench::Sim(args)) => bench_sim::run(&args),
     }
 }
 

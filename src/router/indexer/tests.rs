@@ -363,3 +363,32 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn blocks_of_lists_what_a_worker_holds_with_its_tiers() {
+    let mut index = KvIndexer::new();
+    let chain = chain_of(&[1, 2, 3]);
+    index
+        .apply(WorkerId::new(1), &stored(1, None, &chain, Tier::Device))
+        .unwrap();
+    index
+        .apply(WorkerId::new(1), &stored(2, None, &chain[..1], Tier::Host))
+        .unwrap();
+    index
+        .apply(WorkerId::new(2), &stored(1, None, &chain[..2], Tier::Disk))
+        .unwrap();
+    let held = index.blocks_of(key(1));
+    let device = 1 << Tier::Device.index();
+    let host = 1 << Tier::Host.index();
+    assert_eq!(held.into_iter().collect::<Vec<_>>(), {
+        let mut expected = vec![
+            (chain[0].sequence_hash, device | host),
+            (chain[1].sequence_hash, device),
+            (chain[2].sequence_hash, device),
+        ];
+        expected.sort();
+        expected
+    });
+    assert_eq!(index.blocks_of(key(2)).len(), 2);
+    assert!(index.blocks_of(key(3)).is_empty());
+}

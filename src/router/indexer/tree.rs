@@ -719,6 +719,11 @@ impl BlockTree {
             + spilled
     }
 
+    /// The live nodes, in slab order.
+    pub(super) fn live(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().filter(|node| node.parent != FREE)
+    }
+
     /// Live nodes (for statistics).
     pub(super) fn live_nodes(&self) -> usize {
         self.nodes.len() - self.free.len()
