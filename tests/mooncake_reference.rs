@@ -2,8 +2,8 @@
 //! `shared/data/mooncake/conversation_lru_reference.csv` (one shared LRU cache replaying
 //! the Mooncake conversation trace) to the 4th decimal, at every capacity listed; so does
 //! the full simulator run as one worker with a device cache of that many 512-token blocks
-//! holding prompts (generated tokens take no blocks, as in the reference), no lower tiers
-//! and instant compute.
+//! holding prompts (generated tokens take no blocks, and partial last blocks are cached,
+//! as in the reference), no lower tiers and instant compute.
 
 mod common;
 
@@ -67,6 +67,8 @@ fn the_simulator_as_one_worker_reproduces_the_mooncake_lru_reference() {
                 max_inflight_transfers: 16,
                 tiers: [(tier: Device, capacity_blocks: {capacity}, eviction: Lru)],
                 batching: (decode_blocks: false),
+                // The reference caches every hash id, the partial last block included.
+                cache_partial_blocks: true,
             ),
             workload: MooncakeTrace(path: "conversation_trace.jsonl"),
         )"#

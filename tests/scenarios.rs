@@ -1,6 +1,7 @@
 //! Replays every `scenarios/*.ron` and checks what must hold for any scenario: every
 //! servable request completes, and replaying the emitted events rebuilds every tier's
-//! registry (the router's view equals the pools).
+//! registry, and the router in the loop accepts every event and ends with a view equal to
+//! every worker's pools.
 
 mod common;
 
@@ -39,6 +40,13 @@ fn every_scenario_runs_to_completion_and_its_events_rebuild_the_pools() {
             "{}: events do not rebuild the pools",
             path.display()
         );
+        if report.routing.events_dropped == 0 {
+            assert!(
+                report.routing.view_matches_pools && report.routing.events_rejected == 0,
+                "{}: the router refused events or its view differs from the pools",
+                path.display()
+            );
+        }
         assert!(
             report.blocks.total > 0,
             "{}: nothing was served",

@@ -402,6 +402,7 @@ struct Sim<'a> {
     too_large: u64,
     waits: u64,
     block_size: u64,
+    cache_partial_blocks: bool,
     device_capacity_blocks: u64,
     compute: ComputeModel,
     device_capacity_tokens: u64,
@@ -430,6 +431,19 @@ pub enum SimError {
     /// The hardware profile names a compute profile that is not built in.
     #[error("hardware.compute: {0}")]
     Compute(#[from] UnknownProfile),
+}
+
+/// The prompt blocks of `request` that can be cached: all of them, or only the full ones
+/// when partial blocks are not cached ([`crate::scenario::WorkerSpec`]).
+fn cacheable_blocks(request: &Request, block_size: u64, cache_partial_blocks: bool) -> usize {
+    if cache_partial_blocks {
+        request.blocks.len()
+    } else {
+        request
+            .blocks
+            .len()
+            .min((request.input_tokens / block_size) as usize)
+    }
 }
 
 /// The seed of one component's random stream, from the run's seed: components draw
@@ -509,6 +523,7 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
         too_large: 0,
         waits: 0,
         block_size,
+        cache_partial_blocks: scenario.worker.cache_partial_blocks,
         device_capacity_blocks,
         compute,
         device_capacity_tokens: device_capacity_blocks * block_size,
@@ -575,9 +590,28 @@ impl Sim<'_> {
         self.workers[w].manager.hardware().clock().set(self.now);
     }
 
+    fn cacheable(&self, i: usize) -> usize {
+        cacheable_blocks(
+            &self.requests[i],
+            self.block_size,
+            self.cache_partial_blocks,
+        )
+    }
+
+    /// The prompt blocks of request `i` a lookup may hit: the cacheable ones, less the
+    /// last when that would leave no prompt token to compute (engines compute at least
+    /// one token to produce the first output, as vLLM caps its hits).
+    fn hittable(&self, i: usize) -> usize {
+        let request = &self.requests[i];
+        if self.cache_partial_blocks {
+            return request.blocks.len();
+        }
+        self.cacheable(i)
+            .min((request.input_tokens.saturating_sub(1) / self.block_size) as usize)
+    }
+
     fn hashes(&self, i: usize) -> Vec<SequenceHash> {
-        self.requests[i]
-            .blocks
+        self.requests[i].blocks[..self.hittable(i)]
             .iter()
             .map(|b| b.sequence_hash)
             .collect()
@@ -597,8 +631,10 @@ impl Sim<'_> {
         let w = match self.routing {
             Routing::RoundRobin => i % self.workers.len(),
             Routing::Kv => {
-                let query: Vec<LocalBlockHash> =
-                    request.blocks.iter().map(|b| b.local_hash).collect();
+                let query: Vec<LocalBlockHash> = request.blocks[..self.hittable(i)]
+                    .iter()
+                    .map(|b| b.local_hash)
+                    .collect();
                 let decision = self.router.route(&query, self.now)?;
                 self.overlap_blocks += u64::from(decision.overlap_blocks);
                 decision.worker.worker.get() as usize
@@ -803,8 +839,9 @@ impl Sim<'_> {
                     // engine's prefix cache does: a request arriving meanwhile can hit
                     // them.
                     let request = &self.requests[i];
-                    let full =
-                        (((cached + tokens) / self.block_size) as usize).min(request.blocks.len());
+                    let cacheable =
+                        cacheable_blocks(request, self.block_size, self.cache_partial_blocks);
+                    let full = (((cached + tokens) / self.block_size) as usize).min(cacheable);
                     if full > held.len() {
                         let done = full - held.len();
                         let complete = computing
@@ -826,14 +863,20 @@ impl Sim<'_> {
                 }
                 Some(State::Prefilling {
                     mut held,
-                    computing,
+                    mut computing,
                     ..
                 }) => {
                     worker.prefill_queue.retain(|queued| *queued != i);
                     let request = &self.requests[i];
+                    // A partial last block that is not cached stays the request's own,
+                    // like the blocks of generated tokens.
+                    let cacheable =
+                        cacheable_blocks(request, self.block_size, self.cache_partial_blocks);
+                    let own = computing
+                        .split_off(cacheable.saturating_sub(held.len()).min(computing.len()));
                     let complete = computing
                         .into_iter()
-                        .zip(&request.blocks[held.len()..])
+                        .zip(&request.blocks[held.len()..cacheable])
                         .map(|(block, identity)| block.apply_identity(*identity))
                         .collect();
                     held.extend(worker.manager.register(complete, self.now));
@@ -848,7 +891,7 @@ impl Sim<'_> {
                     }
                     // The prefill pass produces the next token.
                     self.generated[i] += 1;
-                    finished |= self.decoded(w, i, held, Vec::new());
+                    finished |= self.decoded(w, i, held, own);
                 }
                 Some(State::Decoding { held, extra, .. }) => {
                     self.generated[i] += 1;

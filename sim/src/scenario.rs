@@ -30,6 +30,11 @@ pub struct WorkerSpec {
     /// How the worker batches forward passes.
     #[serde(default)]
     pub batching: Batching,
+    /// Whether a prompt's partial last block is cached (registered and findable) like a
+    /// full one. Engines cache full blocks only (off, the default); the Mooncake LRU
+    /// reference treats every hash id as a cacheable block (on).
+    #[serde(default)]
+    pub cache_partial_blocks: bool,
 }
 
 /// Continuous batching: what one forward pass may hold.
