@@ -5,8 +5,8 @@
 //! Owns: the event queue ([`engine`]), the hardware model ([`hardware`], its shared links
 //! in [`links`], forward-pass times in [`compute`]), workloads
 //! ([`workload`]: synthetic conversations and Mooncake traces), scenarios ([`scenario`],
-//! RON), the single-worker run loop and its report ([`run`]), and trace replay through
-//! one pool for cache sizing ([`cache`]).
+//! RON), the cluster's run loop and its report ([`run`]), latency statistics in bounded
+//! memory ([`stats`]), and trace replay through one pool for cache sizing ([`cache`]).
 //!
 //! Invariant: a scenario and a seed fully determine a run: no wall clock, no unseeded
 //! randomness, ordered maps wherever iteration order is observable. Latencies it prints
@@ -20,4 +20,5 @@ pub mod hardware;
 pub mod links;
 pub mod run;
 pub mod scenario;
+pub mod stats;
 pub mod workload;

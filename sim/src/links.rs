@@ -151,6 +151,8 @@ impl FluidLinks {
         now: Timestamp,
     ) {
         self.advance(now);
+        // Rates change now: move the bytes in service up to here first.
+        self.progress(now);
         let links: Vec<(usize, f64)> = links
             .iter()
             .filter(|l| **l < self.specs.len())
@@ -273,19 +275,35 @@ impl FluidLinks {
 
     /// Moves every flow forward to `now`, exactly: rates change at each flow that gets
     /// through on the way, and queued flows start as slots free.
+    ///
+    /// Bytes are moved only up to the last rate change, never to `now` itself: moving
+    /// them at every call would round differently however often a caller looks, and
+    /// landing times would depend on it. Between rate changes a flow's progress is
+    /// implied by its rate.
     pub fn advance(&mut self, now: Timestamp) {
-        loop {
-            let step_to = match self.next_through() {
-                Some(through) if through <= now => through,
-                _ => now,
-            };
-            self.progress(step_to);
+        while let Some(through) = self.next_through().filter(|through| *through <= now) {
+            self.progress(through);
             if !self.finish_through() {
-                // Nothing got through on the way (only rounding could do that): carry on
-                // to `now` so that time never stalls.
-                self.progress(now);
-                break;
+                // Due but not through: only rounding in `remaining` does that. Land the
+                // nearest flow, so that time never stalls.
+                self.finish_nearest();
             }
+        }
+    }
+
+    /// Lands the in-service flow with the least time left (ties: the lowest id), then
+    /// shares the links again: the fallback when rounding keeps a due flow just short.
+    fn finish_nearest(&mut self) {
+        let nearest = self
+            .flows
+            .iter()
+            .filter_map(|(id, flow)| Self::ns_left(flow).map(|ns| (ns, *id)))
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        if let Some((_, id)) = nearest {
+            if let Some(flow) = self.flows.get_mut(&id) {
+                flow.remaining = 0.0;
+            }
+            self.finish_through();
         }
     }
 

@@ -29,6 +29,7 @@ use crate::compute::{ComputeModel, Pass, UnknownProfile};
 use crate::engine::EventQueue;
 use crate::hardware::{LinkUsage, SimHardware};
 use crate::scenario::{Batching, EventPlaneSpec, Routing, Scenario};
+use crate::stats::Latencies;
 use crate::workload::Request;
 use kvtwin::block::Reset;
 use kvtwin::events::{KvCacheEvent, KvCacheEventData, RegistryReplica};
@@ -41,6 +42,7 @@ use kvtwin::router::{Router, WorkerMode};
 use kvtwin::tier::Tier;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
@@ -56,7 +58,8 @@ enum Event {
     /// The worker's forward pass in flight is done.
     PassDone(WorkerIndex),
     /// An event of the worker reaches the router.
-    Deliver(WorkerIndex, KvCacheEvent),
+    /// Boxed: the queue moves its entries as it sifts, and most are small.
+    Deliver(WorkerIndex, Box<KvCacheEvent>),
 }
 
 #[derive(Debug)]
@@ -123,29 +126,15 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    fn of(mut samples_ns: Vec<u64>) -> Self {
-        samples_ns.sort_unstable();
-        let at = |q: f64| -> f64 {
-            if samples_ns.is_empty() {
-                return 0.0;
-            }
-            let rank = ((q * samples_ns.len() as f64).ceil() as usize).clamp(1, samples_ns.len());
-            samples_ns[rank - 1] as f64 / 1e6
-        };
-        // Summed in integer nanoseconds: no float-order effects.
-        let mean_ms = if samples_ns.is_empty() {
-            0.0
-        } else {
-            samples_ns.iter().map(|s| u128::from(*s)).sum::<u128>() as f64
-                / samples_ns.len() as f64
-                / 1e6
-        };
+    fn of(mut samples: Latencies) -> Self {
+        let mut at = |q: f64| samples.quantile(q) as f64 / 1e6;
+        let (p50_ms, p90_ms, p99_ms, max_ms) = (at(0.50), at(0.90), at(0.99), at(1.0));
         Self {
-            mean_ms,
-            p50_ms: at(0.50),
-            p90_ms: at(0.90),
-            p99_ms: at(0.99),
-            max_ms: at(1.0),
+            mean_ms: samples.mean() / 1e6,
+            p50_ms,
+            p90_ms,
+            p99_ms,
+            max_ms,
         }
     }
 }
@@ -368,11 +357,27 @@ struct Worker {
     /// Requests whose prefill is not done, oldest first.
     prefill_queue: VecDeque<usize>,
     pass: Option<PassInFlight>,
+    /// The members buffer of the last pass, kept for the next.
+    spare_members: Vec<(usize, u64)>,
     routed: u64,
 }
 
-struct Sim<'a> {
-    requests: &'a [Request],
+/// A request between its arrival and its end, and what the run keeps about it. Only
+/// these are held: memory follows the requests in flight, not the length of the trace.
+struct Live {
+    request: Request,
+    /// Output tokens generated so far (kept across preemptions).
+    generated: u64,
+    /// When its first token landed.
+    first_token_at: Option<Timestamp>,
+    /// Whether its prompt blocks have been counted in the sources.
+    counted: bool,
+}
+
+struct Sim {
+    /// Requests in flight by arrival number (looked up, never iterated).
+    live: FxHashMap<usize, Live>,
+    arrived: u64,
     workers: Vec<Worker>,
     queue: EventQueue<Event>,
     routing: Routing,
@@ -386,17 +391,10 @@ struct Sim<'a> {
     overlap_blocks: u64,
     events: EventCounts,
     sources: BlockSources,
-    ttft_ns: Vec<u64>,
-    e2e_ns: Vec<u64>,
-    tpot_ns: Vec<u64>,
-    /// Per request: output tokens generated so far (kept across preemptions), whether
-    /// its first token and its prompt blocks have been counted.
-    generated: Vec<u64>,
-    first_token_done: Vec<bool>,
-    counted: Vec<bool>,
+    ttft: Latencies,
+    e2e: Latencies,
+    tpot: Latencies,
     preemptions: u64,
-    /// When each request's first token landed.
-    first_token_at: Vec<Timestamp>,
     output_tokens: u64,
     completed: u64,
     too_large: u64,
@@ -409,17 +407,34 @@ struct Sim<'a> {
     batching: Batching,
     passes: u64,
     engine_events: u64,
+    /// When the next request arrives, if one does: decode plans stop there (see
+    /// `PassInFlight`).
+    next_arrival: Option<Timestamp>,
     now: Timestamp,
 }
 
 /// The forward pass running now on a worker.
+///
+/// A pass of decodes only may stand for several consecutive passes (steps) with the same
+/// members when every step but the last is *silent*: each member gains a token without
+/// finishing, without needing a block, and without any other change a scheduler could
+/// see. Such steps are applied together when the pass ends, which is what makes long
+/// decode phases cheap to simulate. The plan stops at the first step that ends at or
+/// after the next arrival, and before the worker's next transfer deadline: nothing can
+/// touch the worker before its last step, so the run is step for step the one an
+/// engine doing one pass at a time produces (a test compares both).
 #[derive(Debug)]
 struct PassInFlight {
     /// Requests in it, with the tokens each processes.
     members: Vec<(usize, u64)>,
     /// When its prefill part ends.
     first_token_at: Timestamp,
+    /// Steps it stands for (1 for an ordinary pass).
+    steps: usize,
 }
+
+/// Steps one decode pass may stand for at most.
+const MAX_PLANNED_STEPS: usize = 512;
 
 /// A scenario the simulator cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -446,6 +461,28 @@ fn cacheable_blocks(request: &Request, block_size: u64, cache_partial_blocks: bo
     }
 }
 
+/// Steps a decoding request can take after the current one that are silent: it neither
+/// finishes nor needs another block for the token after (see `PassInFlight`).
+fn silent_steps(live: &Live, state: Option<&State>, block_size: u64, batching: Batching) -> u64 {
+    let Some(State::Decoding { held, extra, .. }) = state else {
+        return 0;
+    };
+    let (input, output, generated) = (
+        live.request.input_tokens,
+        live.request.output_tokens,
+        live.generated,
+    );
+    // Step j leaves `generated + j` tokens: silent while that is under `output` and the
+    // token after still fits the blocks held.
+    let by_output = output.saturating_sub(generated + 1);
+    let by_blocks = if batching.decode_blocks {
+        ((held.len() + extra.len()) as u64 * block_size).saturating_sub(input + generated + 1)
+    } else {
+        u64::MAX
+    };
+    by_output.min(by_blocks)
+}
+
 /// The seed of one component's random stream, from the run's seed: components draw
 /// independently, so adding draws to one never shifts another's (splitmix64 finaliser).
 fn stream_seed(seed: u64, component: u64) -> u64 {
@@ -459,8 +496,22 @@ fn stream_seed(seed: u64, component: u64) -> u64 {
 const STREAM_SCHEDULER: u64 = 1;
 const STREAM_EVENT_PLANE: u64 = 2;
 
-/// Runs `requests` through the cluster configured by `scenario`.
+/// Runs `requests` through the cluster configured by `scenario`, in arrival order (ties
+/// in the slice's order).
 pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, SimError> {
+    let mut order: Vec<usize> = (0..requests.len()).collect();
+    order.sort_by_key(|i| (requests[*i].arrival, *i));
+    simulate_stream(scenario, order.into_iter().map(|i| requests[i].clone()))
+}
+
+/// Runs a stream of requests, which must come in arrival order (a request dated before
+/// the one ahead of it arrives with it), through the cluster configured by `scenario`.
+/// The run holds only the requests in flight: with a trace read as it goes
+/// ([`crate::workload::MooncakeTraceReader`]), memory does not grow with its length.
+pub fn simulate_stream(
+    scenario: &Scenario,
+    requests: impl IntoIterator<Item = Request>,
+) -> Result<Report, SimError> {
     let base = scenario.worker.manager_config();
     let compute = scenario.hardware.compute_model()?;
     let device_capacity_blocks: u64 = base
@@ -493,11 +544,13 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
             replica: RegistryReplica::new(),
             prefill_queue: VecDeque::new(),
             pass: None,
+            spare_members: Vec::new(),
             routed: 0,
         });
     }
     let mut sim = Sim {
-        requests,
+        live: FxHashMap::default(),
+        arrived: 0,
         workers,
         queue: EventQueue::new(),
         routing: cluster.routing,
@@ -510,14 +563,10 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
         overlap_blocks: 0,
         events: EventCounts::default(),
         sources: BlockSources::default(),
-        ttft_ns: Vec::new(),
-        e2e_ns: Vec::new(),
-        tpot_ns: Vec::new(),
-        generated: vec![0; requests.len()],
-        first_token_done: vec![false; requests.len()],
-        counted: vec![false; requests.len()],
+        ttft: Latencies::new(),
+        e2e: Latencies::new(),
+        tpot: Latencies::new(),
         preemptions: 0,
-        first_token_at: vec![Timestamp::ZERO; requests.len()],
         output_tokens: 0,
         completed: 0,
         too_large: 0,
@@ -530,23 +579,22 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
         batching: scenario.worker.batching,
         passes: 0,
         engine_events: 0,
+        next_arrival: None,
         now: Timestamp::ZERO,
     };
-    // Arrivals in time order (ties in request order). At one instant, work already in
-    // the workers (passes, transfers, event deliveries) finishes before new requests
-    // arrive, so a worker infinitely fast serves requests one at a time, as a cache
-    // replay does.
-    let mut arrivals: Vec<usize> = (0..requests.len()).collect();
-    arrivals.sort_by_key(|i| (requests[*i].arrival, *i));
-    let mut arrivals = arrivals.into_iter().peekable();
+    // At one instant, work already in the workers (passes, transfers, event deliveries)
+    // finishes before new requests arrive, so a worker infinitely fast serves requests
+    // one at a time, as a cache replay does.
+    let mut arrivals = requests.into_iter().peekable();
     loop {
         let internal = sim.queue.peek_time();
-        let arrival = arrivals.peek().map(|i| requests[*i].arrival);
+        let arrival = arrivals.peek().map(|r| r.arrival.max(sim.now));
+        sim.next_arrival = arrival;
         let (at, event) = match (internal, arrival) {
-            (Some(t), Some(a)) if a < t => (a, Event::Arrival(arrivals.next().unwrap_or(0))),
-            (None, Some(a)) => (a, Event::Arrival(arrivals.next().unwrap_or(0))),
+            (Some(t), Some(a)) if a < t => (a, None),
+            (None, Some(a)) => (a, None),
             _ => match sim.queue.pop() {
-                Some(next) => next,
+                Some((at, event)) => (at, Some(event)),
                 None => {
                     // Nothing is scheduled: only requests waiting on idle workers are
                     // left (after a preemption). Retry them once; if nothing starts,
@@ -556,6 +604,13 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
                     }
                     break;
                 }
+            },
+        };
+        let event = match event {
+            Some(event) => event,
+            None => match arrivals.next() {
+                Some(request) => Event::Arrival(sim.admit_new(request)),
+                None => break,
             },
         };
         sim.now = at;
@@ -585,24 +640,40 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
     Ok(sim.report(scenario))
 }
 
-impl Sim<'_> {
+impl Sim {
+    /// Numbers a new request and holds it while it is in flight.
+    fn admit_new(&mut self, request: Request) -> usize {
+        let i = self.arrived as usize;
+        self.arrived += 1;
+        self.live.insert(
+            i,
+            Live {
+                request,
+                generated: 0,
+                first_token_at: None,
+                counted: false,
+            },
+        );
+        i
+    }
+
+    fn request(&self, i: usize) -> &Request {
+        &self.live[&i].request
+    }
+
     fn set_clock(&self, w: WorkerIndex) {
         self.workers[w].manager.hardware().clock().set(self.now);
     }
 
     fn cacheable(&self, i: usize) -> usize {
-        cacheable_blocks(
-            &self.requests[i],
-            self.block_size,
-            self.cache_partial_blocks,
-        )
+        cacheable_blocks(self.request(i), self.block_size, self.cache_partial_blocks)
     }
 
     /// The prompt blocks of request `i` a lookup may hit: the cacheable ones, less the
     /// last when that would leave no prompt token to compute (engines compute at least
     /// one token to produce the first output, as vLLM caps its hits).
     fn hittable(&self, i: usize) -> usize {
-        let request = &self.requests[i];
+        let request = self.request(i);
         if self.cache_partial_blocks {
             return request.blocks.len();
         }
@@ -611,7 +682,7 @@ impl Sim<'_> {
     }
 
     fn hashes(&self, i: usize) -> Vec<SequenceHash> {
-        self.requests[i].blocks[..self.hittable(i)]
+        self.request(i).blocks[..self.hittable(i)]
             .iter()
             .map(|b| b.sequence_hash)
             .collect()
@@ -620,12 +691,13 @@ impl Sim<'_> {
     /// Routes request `i` and admits it on its worker; returns the worker, or `None` for
     /// a request no worker could ever serve.
     fn arrive(&mut self, i: usize) -> Option<WorkerIndex> {
-        let request = &self.requests[i];
+        let request = self.request(i);
         // Prompt and output together must fit the device, or no preemption can help.
         let blocks_needed =
             (request.input_tokens + request.output_tokens).div_ceil(self.block_size);
         if blocks_needed > self.device_capacity_blocks {
             self.too_large += 1;
+            self.live.remove(&i);
             return None;
         }
         let w = match self.routing {
@@ -686,14 +758,18 @@ impl Sim<'_> {
         device_hits: usize,
         onboarded: [usize; 4],
     ) {
-        let request = &self.requests[i];
+        let live = self
+            .live
+            .get_mut(&i)
+            .expect("an admitted request is in flight");
+        let request = &live.request;
         let need = request.blocks.len() - held.len();
         let worker = &mut self.workers[w];
         match worker.manager.allocate(need, self.now) {
             Ok(computing) => {
                 // A preempted request starting again is not a new request to count.
-                if !self.counted[i] {
-                    self.counted[i] = true;
+                if !live.counted {
+                    live.counted = true;
                     let sources = &mut self.sources;
                     sources.total += request.blocks.len() as u64;
                     sources.device += device_hits as u64;
@@ -707,7 +783,7 @@ impl Sim<'_> {
                 }
                 // After a preemption the tokens generated so far are recomputed too.
                 let cached = (held.len() as u64 * self.block_size).min(request.input_tokens);
-                let remaining = (request.input_tokens + self.generated[i])
+                let remaining = (request.input_tokens + live.generated)
                     .saturating_sub(cached)
                     .max(1);
                 worker.states.insert(
@@ -739,7 +815,8 @@ impl Sim<'_> {
         }
         let batching = self.batching;
         let mut pass = Pass::default();
-        let mut members: Vec<(usize, u64)> = Vec::new();
+        // The buffer of the last pass, emptied (no allocation per pass).
+        let mut members = std::mem::take(&mut worker.spare_members);
         for (i, state) in &worker.states {
             if let State::Decoding { context, .. } = state {
                 if members.len() >= batching.max_seqs {
@@ -774,16 +851,62 @@ impl Sim<'_> {
             budget = budget.saturating_sub(chunk);
         }
         if members.is_empty() {
+            worker.spare_members = members;
             return;
         }
         let time = self.compute.pass(&pass, self.device_capacity_tokens);
-        self.passes += 1;
+        let (mut end, mut steps) = (self.now.saturating_add(time.total), 1);
+        let decoding = worker
+            .states
+            .values()
+            .filter(|s| matches!(s, State::Decoding { .. }))
+            .count();
+        if batching.plan_decode_steps
+            && pass.prefills.is_empty()
+            && worker.prefill_queue.is_empty()
+            && decoding == members.len()
+        {
+            // Decodes only, all of them: plan the silent steps that follow (see
+            // `PassInFlight`): none starts at or after the next arrival, and each ends
+            // before the worker's next transfer deadline.
+            let silent = members
+                .iter()
+                .map(|(i, _)| {
+                    silent_steps(
+                        &self.live[i],
+                        worker.states.get(i),
+                        self.block_size,
+                        batching,
+                    )
+                })
+                .min()
+                .unwrap_or(0)
+                .min((MAX_PLANNED_STEPS - 1) as u64);
+            let deadline = worker.poll_at.first().copied();
+            let mut step = Pass {
+                prefills: Vec::new(),
+                decodes: pass.decodes,
+                decode_context: pass.decode_context,
+            };
+            for _ in 0..silent {
+                if self.next_arrival.is_some_and(|arrival| end >= arrival) {
+                    break;
+                }
+                step.decode_context += step.decodes;
+                let next =
+                    end.saturating_add(self.compute.pass(&step, self.device_capacity_tokens).total);
+                if deadline.is_some_and(|deadline| next >= deadline) {
+                    break;
+                }
+                (end, steps) = (next, steps + 1);
+            }
+        }
         worker.pass = Some(PassInFlight {
             members,
             first_token_at: self.now.saturating_add(time.prefill),
+            steps,
         });
-        self.queue
-            .push(self.now.saturating_add(time.total), Event::PassDone(w));
+        self.queue.push(end, Event::PassDone(w));
     }
 
     /// Applies worker `w`'s finished pass: prefill chunks advance (a finished prompt
@@ -794,8 +917,22 @@ impl Sim<'_> {
         let Some(pass) = self.workers[w].pass.take() else {
             return;
         };
+        self.passes += pass.steps as u64;
+        // The silent steps first: a token each, nothing else (see `PassInFlight`).
+        let silent = (pass.steps - 1) as u64;
+        if silent > 0 {
+            for (i, _) in &pass.members {
+                if let (Some(live), Some(State::Decoding { context, .. })) =
+                    (self.live.get_mut(i), self.workers[w].states.get_mut(i))
+                {
+                    live.generated += silent;
+                    *context += silent;
+                }
+            }
+        }
         let mut finished = false;
-        for (i, tokens) in pass.members {
+        let mut members = pass.members;
+        for (i, tokens) in members.drain(..) {
             let worker = &mut self.workers[w];
             // The common case in place: a decoding sequence that goes on and has room
             // for its next token, or gets a block for it without preempting anyone.
@@ -805,9 +942,13 @@ impl Sim<'_> {
                 context,
             }) = worker.states.get_mut(&i)
             {
-                let generated = self.generated[i] + 1;
-                if generated < self.requests[i].output_tokens {
-                    let next = self.requests[i].input_tokens + generated;
+                let live = self
+                    .live
+                    .get_mut(&i)
+                    .expect("a decoding request is in flight");
+                let generated = live.generated + 1;
+                if generated < live.request.output_tokens {
+                    let next = live.request.input_tokens + generated;
                     let needed = if self.batching.decode_blocks {
                         (next + 1).div_ceil(self.block_size) as usize
                     } else {
@@ -822,7 +963,7 @@ impl Sim<'_> {
                             Err(_) => false,
                         };
                     if room {
-                        self.generated[i] = generated;
+                        live.generated = generated;
                         *context = next;
                         continue;
                     }
@@ -838,7 +979,7 @@ impl Sim<'_> {
                     // Blocks filled by the chunks so far are registered now, as an
                     // engine's prefix cache does: a request arriving meanwhile can hit
                     // them.
-                    let request = &self.requests[i];
+                    let request = &self.live[&i].request;
                     let cacheable =
                         cacheable_blocks(request, self.block_size, self.cache_partial_blocks);
                     let full = (((cached + tokens) / self.block_size) as usize).min(cacheable);
@@ -867,7 +1008,11 @@ impl Sim<'_> {
                     ..
                 }) => {
                     worker.prefill_queue.retain(|queued| *queued != i);
-                    let request = &self.requests[i];
+                    let live = self
+                        .live
+                        .get_mut(&i)
+                        .expect("a prefilling request is in flight");
+                    let request = &live.request;
                     // A partial last block that is not cached stays the request's own,
                     // like the blocks of generated tokens.
                     let cacheable =
@@ -880,21 +1025,22 @@ impl Sim<'_> {
                         .map(|(block, identity)| block.apply_identity(*identity))
                         .collect();
                     held.extend(worker.manager.register(complete, self.now));
-                    if !self.first_token_done[i] {
-                        self.first_token_done[i] = true;
-                        self.ttft_ns.push(
+                    if live.first_token_at.is_none() {
+                        live.first_token_at = Some(pass.first_token_at);
+                        self.ttft.push(
                             pass.first_token_at
                                 .saturating_duration_since(request.arrival)
                                 .as_nanos() as u64,
                         );
-                        self.first_token_at[i] = pass.first_token_at;
                     }
                     // The prefill pass produces the next token.
-                    self.generated[i] += 1;
+                    live.generated += 1;
                     finished |= self.decoded(w, i, held, own);
                 }
                 Some(State::Decoding { held, extra, .. }) => {
-                    self.generated[i] += 1;
+                    if let Some(live) = self.live.get_mut(&i) {
+                        live.generated += 1;
+                    }
                     finished |= self.decoded(w, i, held, extra);
                 }
                 Some(other) => {
@@ -903,6 +1049,7 @@ impl Sim<'_> {
                 None => {}
             }
         }
+        self.workers[w].spare_members = members;
         if finished {
             self.retry_waiting(w);
         }
@@ -918,14 +1065,14 @@ impl Sim<'_> {
         held: BlockChain,
         mut extra: Vec<MutableBlock<Reset>>,
     ) -> bool {
-        let request = &self.requests[i];
-        let (input, output) = (request.input_tokens, request.output_tokens);
-        if self.generated[i] >= output {
+        let live = &self.live[&i];
+        let (input, output) = (live.request.input_tokens, live.request.output_tokens);
+        if live.generated >= output {
             drop(extra);
             self.finish(w, i, held);
             return true;
         }
-        let context = input + self.generated[i];
+        let context = input + live.generated;
         // Room for the next token: prompt and generated tokens so far, plus one.
         let needed = if self.batching.decode_blocks {
             (context + 1).div_ceil(self.block_size) as usize
@@ -1004,18 +1151,26 @@ impl Sim<'_> {
     fn finish(&mut self, w: WorkerIndex, i: usize, held: BlockChain) {
         let worker = &mut self.workers[w];
         worker.manager.device().release(held);
-        let request = &self.requests[i];
+        // Done: the request leaves the run; only its latencies stay, in the statistics.
+        let Some(Live {
+            request,
+            first_token_at,
+            ..
+        }) = self.live.remove(&i)
+        else {
+            return;
+        };
         if self.routing == Routing::Kv {
             self.router.finish(worker.key, request.blocks.len() as u64);
         }
-        self.e2e_ns.push(
+        self.e2e.push(
             self.now
                 .saturating_duration_since(request.arrival)
                 .as_nanos() as u64,
         );
-        if request.output_tokens > 1 {
-            let decoding = self.now.saturating_duration_since(self.first_token_at[i]);
-            self.tpot_ns
+        if let (true, Some(first)) = (request.output_tokens > 1, first_token_at) {
+            let decoding = self.now.saturating_duration_since(first);
+            self.tpot
                 .push(decoding.as_nanos() as u64 / (request.output_tokens - 1));
         }
         self.output_tokens += request.output_tokens;
@@ -1131,7 +1286,7 @@ impl Sim<'_> {
             let at = self
                 .now
                 .saturating_add(std::time::Duration::from_micros(plane.delay_us));
-            self.queue.push(at, Event::Deliver(w, event));
+            self.queue.push(at, Event::Deliver(w, Box::new(event)));
         }
     }
 
@@ -1249,15 +1404,15 @@ impl Sim<'_> {
             scenario: scenario.name.clone(),
             seed: scenario.seed,
             workers: self.workers.len(),
-            requests: self.requests.len() as u64,
+            requests: self.arrived,
             completed: self.completed,
             rejected_too_large: self.too_large,
             waits_for_blocks: self.waits,
             blocks: sources,
             hit_ratio,
-            ttft: Percentiles::of(self.ttft_ns),
-            end_to_end: Percentiles::of(self.e2e_ns),
-            tpot: Percentiles::of(self.tpot_ns),
+            ttft: Percentiles::of(self.ttft),
+            end_to_end: Percentiles::of(self.e2e),
+            tpot: Percentiles::of(self.tpot),
             output_tokens_per_s: self.output_tokens as f64 / (simulated_ns as f64 / 1e9),
             recomputed_hit_blocks: stats.recomputed_hit_blocks,
             offloaded_blocks: stats.offloaded_blocks,
@@ -1402,6 +1557,34 @@ mod tests {
             .collect()
     }
 
+    /// A small device writing back to host, and host to disk.
+    fn tiers_with_write_back() -> Vec<TierConfig> {
+        vec![
+            TierConfig {
+                tier: Tier::Device,
+                capacity_blocks: 24,
+                eviction: EvictionPolicyKind::Lru,
+                offload: OffloadPolicy::WriteBack {
+                    low_watermark_blocks: 8,
+                },
+            },
+            TierConfig {
+                tier: Tier::Host,
+                capacity_blocks: 40,
+                eviction: EvictionPolicyKind::Lru,
+                offload: OffloadPolicy::WriteBack {
+                    low_watermark_blocks: 8,
+                },
+            },
+            TierConfig {
+                tier: Tier::Disk,
+                capacity_blocks: 60,
+                eviction: EvictionPolicyKind::Lru,
+                offload: OffloadPolicy::None,
+            },
+        ]
+    }
+
     fn cluster(workers: usize, routing: Routing) -> Scenario {
         let mut scenario = scenario();
         scenario.cluster.workers = workers;
@@ -1448,30 +1631,7 @@ mod tests {
         // and evicted in the same batches of events. Cross-tier order matters: a block stored on host must
         // reach the router before its parent leaves the device, or it is refused.
         let mut scenario = cluster(2, Routing::Kv);
-        scenario.worker.tiers = vec![
-            TierConfig {
-                tier: Tier::Device,
-                capacity_blocks: 24,
-                eviction: EvictionPolicyKind::Lru,
-                offload: OffloadPolicy::WriteBack {
-                    low_watermark_blocks: 8,
-                },
-            },
-            TierConfig {
-                tier: Tier::Host,
-                capacity_blocks: 40,
-                eviction: EvictionPolicyKind::Lru,
-                offload: OffloadPolicy::WriteBack {
-                    low_watermark_blocks: 8,
-                },
-            },
-            TierConfig {
-                tier: Tier::Disk,
-                capacity_blocks: 60,
-                eviction: EvictionPolicyKind::Lru,
-                offload: OffloadPolicy::None,
-            },
-        ];
+        scenario.worker.tiers = tiers_with_write_back();
         let requests = shared_prefix_requests(60, 300, 4, 6, 20);
         let report = simulate(&scenario, &requests).unwrap();
         assert_eq!(report.completed, 60);
@@ -1526,5 +1686,73 @@ mod tests {
         let report = simulate(&scenario(), &requests).unwrap();
         assert_eq!(report.completed, 2);
         assert_eq!(report.blocks.device, 6, "{report:?}");
+    }
+
+    /// The report without `engine_events`, the one field planned decode steps change.
+    fn outcome(report: &Report) -> String {
+        let mut value: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        value.as_object_mut().unwrap().remove("engine_events");
+        value.to_string()
+    }
+
+    #[test]
+    fn planned_decode_steps_change_nothing_but_the_engine_event_count() {
+        let mut cases: Vec<(Scenario, Vec<Request>)> = Vec::new();
+        for (workers, routing, gap_us) in [
+            (1, Routing::Kv, 20),
+            (3, Routing::Kv, 700),
+            (4, Routing::RoundRobin, 3_000),
+        ] {
+            cases.push((
+                cluster(workers, routing),
+                shared_prefix_requests(30, gap_us, 4, 3, 120),
+            ));
+        }
+        // Preemption: decode blocks run out.
+        let mut tight = scenario();
+        tight.worker.tiers[0].capacity_blocks = 12;
+        cases.push((
+            tight,
+            vec![request(0, 1000, 32, 90), request(1, 2000, 32, 90)],
+        ));
+        // An arrival exactly at a step end: A's prefill ends at 96 µs, its decode steps at
+        // 196, 296, ... µs; B comes at 496 µs and joins the pass after the one that
+        // starts then.
+        let mut late = request(1, 2000, 32, 5);
+        late.arrival = Timestamp::from_nanos(496_000);
+        cases.push((scenario(), vec![request(0, 1000, 96, 30), late]));
+        // Transfers: write-back to host and disk, onboarding from them, and the
+        // deadlines they bring.
+        let mut tiered = cluster(2, Routing::Kv);
+        tiered.worker.tiers = tiers_with_write_back();
+        // Big blocks on 1 GB/s links: copies take milliseconds, decode steps 100 µs, so
+        // onboarded requests become ready in the middle of decode phases.
+        tiered.worker.bytes_per_block = 4 << 20;
+        tiered.worker.onboard = kvtwin::manager::OnboardPolicy::Always;
+        // Every tenth request repeats a prompt, by then copied down and evicted: onboarded.
+        let mut repeats = shared_prefix_requests(60, 300, 4, 6, 120);
+        for i in 10..repeats.len() {
+            let earlier = repeats[i - 10].blocks.clone();
+            repeats[i].blocks = earlier;
+        }
+        cases.push((tiered, repeats));
+        // A lossy, late event plane.
+        let mut lossy = cluster(2, Routing::Kv);
+        lossy.cluster.event_plane.delay_us = 250;
+        lossy.cluster.event_plane.drop_probability = 0.2;
+        cases.push((lossy, shared_prefix_requests(25, 100, 2, 2, 60)));
+        for (planned, requests) in cases {
+            let mut single = planned.clone();
+            single.worker.batching.plan_decode_steps = false;
+            let a = simulate(&planned, &requests).unwrap();
+            let b = simulate(&single, &requests).unwrap();
+            assert_eq!(outcome(&a), outcome(&b));
+            assert!(
+                a.engine_events < b.engine_events,
+                "{} vs {}",
+                a.engine_events,
+                b.engine_events
+            );
+        }
     }
 }

@@ -50,6 +50,10 @@ pub struct Batching {
     /// Whether generated tokens take device blocks (and so can force preemption). Off,
     /// the device holds prompts only: the cache-sizing view of the Mooncake reference.
     pub decode_blocks: bool,
+    /// Whether runs of decode passes in which nothing but token counts changes are
+    /// simulated as one event. The report is the same either way (a test checks it);
+    /// only `engine_events` and the wall time differ. Off is for that check.
+    pub plan_decode_steps: bool,
 }
 
 impl Default for Batching {
@@ -60,6 +64,7 @@ impl Default for Batching {
             max_batch_tokens: 8192,
             chunked_prefill: true,
             decode_blocks: true,
+            plan_decode_steps: true,
         }
     }
 }

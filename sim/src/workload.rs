@@ -1,10 +1,11 @@
 //! Workloads: the requests a run replays.
 //!
 //! Owns: [`Request`], the synthetic multi-turn conversation generator
-//! ([`ConversationSpec`]) and the Mooncake trace reader ([`read_mooncake_trace`]).
+//! ([`ConversationSpec`]) and the Mooncake trace readers ([`read_mooncake_trace`], whole,
+//! and [`MooncakeTraceReader`], a request at a time).
 //! Synthetic workloads draw from one ChaCha stream seeded by the run seed, so the same
-//! seed gives the same requests. In a Mooncake trace each hash id is a 512-token block and
-//! equal ids at one position mean an identical prefix, so the ids serve as sequence hashes.
+//! seed gives the same requests. In a Mooncake trace each hash id is a 512-token block's
+//! tokens; blocks are chained into sequence hashes, so equal hashes mean equal prefixes.
 //! Never: read a clock, or iterate anything unordered.
 
 use kvtwin::block::BlockIdentity;
@@ -152,42 +153,85 @@ struct MooncakeRecord {
 }
 
 /// Reads a Mooncake-format trace (JSON lines of `timestamp` in ms, `input_length`,
-/// `output_length`, `hash_ids`). Blank lines are skipped; any other bad line is an error
-/// naming it.
+/// `output_length`, `hash_ids`) whole. Blank lines are skipped; any other bad line is an
+/// error naming it. [`MooncakeTraceReader`] reads one request at a time.
 pub fn read_mooncake_trace(path: &Path) -> Result<Vec<Request>, TraceError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    let mut requests = Vec::new();
-    for (index, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let record: MooncakeRecord =
-            serde_json::from_str(line).map_err(|source| TraceError::Parse {
-                path: path.to_owned(),
-                line: index + 1,
-                source,
-            })?;
-        // A hash id names a block's tokens; the sequence hash chains it to its prefix as
-        // an engine's would, so that the router's chain check accepts the events and a
-        // block is shared only under the same prefix.
-        let locals: Vec<LocalBlockHash> = record
-            .hash_ids
-            .iter()
-            .map(|id| LocalBlockHash::new(*id))
-            .collect();
-        let blocks = BlockIdentity::chain(&locals);
-        requests.push(Request {
-            id: RequestId::new(requests.len() as u64),
-            arrival: Timestamp::from_nanos(record.timestamp.saturating_mul(1_000_000)),
-            blocks,
-            input_tokens: record.input_length,
-            output_tokens: record.output_length,
-        });
+    MooncakeTraceReader::open(path)?.collect()
+}
+
+/// A Mooncake-format trace read one line at a time, so that a run holds only the requests
+/// in flight however long the trace is.
+pub struct MooncakeTraceReader {
+    path: PathBuf,
+    lines: std::io::Lines<std::io::BufReader<std::fs::File>>,
+    line: usize,
+    next_id: u64,
+}
+
+impl MooncakeTraceReader {
+    /// Opens the trace at `path`.
+    pub fn open(path: &Path) -> Result<Self, TraceError> {
+        use std::io::BufRead;
+        let file = std::fs::File::open(path).map_err(|source| TraceError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(Self {
+            path: path.to_owned(),
+            lines: std::io::BufReader::new(file).lines(),
+            line: 0,
+            next_id: 0,
+        })
     }
-    Ok(requests)
+}
+
+impl Iterator for MooncakeTraceReader {
+    type Item = Result<Request, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let line = match self.lines.next()? {
+                Ok(line) => line,
+                Err(source) => {
+                    return Some(Err(TraceError::Io {
+                        path: self.path.clone(),
+                        source,
+                    }))
+                }
+            };
+            self.line += 1;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let record: MooncakeRecord = match serde_json::from_str(&line) {
+                Ok(record) => record,
+                Err(source) => {
+                    return Some(Err(TraceError::Parse {
+                        path: self.path.clone(),
+                        line: self.line,
+                        source,
+                    }))
+                }
+            };
+            // A hash id names a block's tokens; the sequence hash chains it to its
+            // prefix as an engine's would, so that the router's chain check accepts the
+            // events and a block is shared only under the same prefix.
+            let locals: Vec<LocalBlockHash> = record
+                .hash_ids
+                .iter()
+                .map(|id| LocalBlockHash::new(*id))
+                .collect();
+            let id = RequestId::new(self.next_id);
+            self.next_id += 1;
+            return Some(Ok(Request {
+                id,
+                arrival: Timestamp::from_nanos(record.timestamp.saturating_mul(1_000_000)),
+                blocks: BlockIdentity::chain(&locals),
+                input_tokens: record.input_length,
+                output_tokens: record.output_length,
+            }));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -28,8 +28,9 @@ use crate::pool::{
 };
 use crate::sync::Arc;
 use crate::tier::Tier;
+use rustc_hash::FxHashSet;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -151,7 +152,8 @@ pub struct Manager<H: Hardware> {
     in_flight: BTreeMap<TransferId, InFlight>,
     onboarding: BTreeMap<RequestId, OnboardJob>,
     // Blocks being copied into a tier, so a block is never copied twice at once.
-    offloading: BTreeSet<(Tier, SequenceHash)>,
+    /// Copies on their way down (membership only: never iterated).
+    offloading: FxHashSet<(Tier, SequenceHash)>,
     writeback_pinned: [usize; 4],
     // Per tier, what the write-back pump last saw when it found nothing more to copy.
     /// Per write-back tier, the pools' change count when its pump last found nothing to
@@ -194,7 +196,7 @@ impl<H: Hardware> Manager<H> {
             pools,
             in_flight: BTreeMap::new(),
             onboarding: BTreeMap::new(),
-            offloading: BTreeSet::new(),
+            offloading: FxHashSet::default(),
             writeback_pinned: [0; 4],
             writeback_seen: [None; 4],
             counters,
@@ -590,8 +592,22 @@ impl<H: Hardware> Manager<H> {
                 self.writeback_seen[tier.index()] = Some(changes);
                 continue;
             }
+            if self.in_flight.len() >= self.config.max_inflight_transfers {
+                // No room for a transfer: a completion (which changes the pools) makes
+                // some, and the next call looks again.
+                continue;
+            }
+            // Only blocks that `offload` will copy are pinned: a pinned block that went
+            // back would move to the hot end of its eviction order, and a scan must not
+            // reorder the cache it is looking at.
             let mut coldest = pool.coldest_cached(need);
             dst.retain_missing(&mut coldest);
+            coldest.retain(|identity| {
+                !self.offloading.contains(&(to, identity.sequence_hash))
+                    && identity
+                        .parent
+                        .is_none_or(|parent| self.holds_anywhere(parent))
+            });
             let candidates: Vec<ImmutableBlock> = coldest
                 .into_iter()
                 .filter_map(|identity| pool.pin(identity.sequence_hash))

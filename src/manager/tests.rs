@@ -6,6 +6,7 @@ use crate::events::RegistryReplica;
 use crate::ids::{LocalBlockHash, WorkerId};
 use crate::pool::EvictionPolicyKind;
 use crate::testing::{TestHardware, TransferTiming};
+use std::collections::BTreeSet;
 
 const MS: Duration = Duration::from_millis(1);
 

@@ -19,7 +19,6 @@ use kvtwin::tier::Tier;
 use kvtwin_sim::hardware::ComputeChoice;
 use kvtwin_sim::run::simulate;
 use kvtwin_sim::scenario::{Routing, Scenario, WorkloadSpec};
-use kvtwin_sim::workload::read_mooncake_trace;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -122,17 +121,24 @@ pub(crate) fn run(args: &SimArgs) -> Result<()> {
         bail!("--workers, --device-blocks and --block-tokens must be at least 1");
     }
     let scenario = scenario(args)?;
-    let requests = match &args.trace {
-        Some(trace) => read_mooncake_trace(trace)
-            .with_context(|| format!("reading trace {}", trace.display()))?,
-        None => match &scenario.workload {
-            WorkloadSpec::Conversations(spec) => spec.generate(scenario.seed, args.block_tokens),
-            WorkloadSpec::MooncakeTrace { .. } => bail!("the base scenario names no workload"),
-        },
+    // The trace is read as the run goes (and timed with it, as a peer reading its trace
+    // would be): memory follows the requests in flight, not the trace.
+    let (report, wall_s) = match &args.trace {
+        Some(trace) => {
+            let start = Instant::now();
+            let report = crate::simulate_trace(&scenario, trace)?;
+            (report, start.elapsed().as_secs_f64())
+        }
+        None => {
+            let WorkloadSpec::Conversations(spec) = &scenario.workload else {
+                bail!("the base scenario names no workload");
+            };
+            let requests = spec.generate(scenario.seed, args.block_tokens);
+            let start = Instant::now();
+            let report = simulate(&scenario, &requests).context("building the cluster")?;
+            (report, start.elapsed().as_secs_f64())
+        }
     };
-    let start = Instant::now();
-    let report = simulate(&scenario, &requests).context("building the cluster")?;
-    let wall_s = start.elapsed().as_secs_f64();
     let json = report.to_json();
     let per_s = |n: u64| n as f64 / wall_s.max(1e-9);
     let fraction = |n: u64| {

@@ -11,9 +11,9 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use kvtwin::pool::EvictionPolicyKind;
 use kvtwin_sim::cache;
-use kvtwin_sim::run::simulate;
+use kvtwin_sim::run::{simulate, simulate_stream, Report};
 use kvtwin_sim::scenario::{Scenario, WorkloadSpec};
-use kvtwin_sim::workload::{read_mooncake_trace, Request};
+use kvtwin_sim::workload::{read_mooncake_trace, MooncakeTraceReader, Request};
 use std::path::{Path, PathBuf};
 
 const DEFAULT_SCENARIO: &str = "scenarios/default.ron";
@@ -127,24 +127,41 @@ fn main() -> Result<()> {
     }
 }
 
-fn load_requests(
-    scenario: &Scenario,
-    scenario_path: &Path,
-    trace: Option<PathBuf>,
-) -> Result<Vec<Request>> {
+/// Where a run's requests come from: a trace, read as the run goes, or a generator.
+enum Requests {
+    Trace(PathBuf),
+    Generated(Vec<Request>),
+}
+
+fn requests_of(scenario: &Scenario, scenario_path: &Path, trace: Option<PathBuf>) -> Requests {
     if let Some(trace) = trace {
-        return read_mooncake_trace(&trace)
-            .with_context(|| format!("reading trace {}", trace.display()));
+        return Requests::Trace(trace);
     }
     match &scenario.workload {
         WorkloadSpec::Conversations(spec) => {
-            Ok(spec.generate(scenario.seed, scenario.worker.block_size_tokens))
+            Requests::Generated(spec.generate(scenario.seed, scenario.worker.block_size_tokens))
         }
         WorkloadSpec::MooncakeTrace { path } => {
-            let path = scenario_path.parent().unwrap_or(Path::new(".")).join(path);
-            read_mooncake_trace(&path).with_context(|| format!("reading trace {}", path.display()))
+            Requests::Trace(scenario_path.parent().unwrap_or(Path::new(".")).join(path))
         }
     }
+}
+
+/// Simulates `scenario` on a trace read a request at a time (memory follows the requests
+/// in flight, not the trace); a bad line stops the run with an error naming it.
+pub(crate) fn simulate_trace(scenario: &Scenario, trace: &Path) -> Result<Report> {
+    let reader = MooncakeTraceReader::open(trace)
+        .with_context(|| format!("reading trace {}", trace.display()))?;
+    let mut error = None;
+    let report = simulate_stream(
+        scenario,
+        reader.map_while(|request| request.map_err(|e| error = Some(e)).ok()),
+    )
+    .context("building the cluster")?;
+    if let Some(error) = error {
+        return Err(error).with_context(|| format!("reading trace {}", trace.display()));
+    }
+    Ok(report)
 }
 
 fn run(
@@ -167,14 +184,25 @@ fn run(
     if let Some(seed) = seed {
         scenario.seed = seed;
     }
-    let requests = load_requests(&scenario, path, trace)?;
-    eprintln!(
-        "kvtwin: simulating {} requests of {} ({})",
-        requests.len(),
-        scenario.name,
-        path.display()
-    );
-    let report = simulate(&scenario, &requests).context("building the worker")?;
+    let report = match requests_of(&scenario, path, trace) {
+        Requests::Trace(trace) => {
+            eprintln!(
+                "kvtwin: simulating {} on the trace {}",
+                scenario.name,
+                trace.display()
+            );
+            simulate_trace(&scenario, &trace)?
+        }
+        Requests::Generated(requests) => {
+            eprintln!(
+                "kvtwin: simulating {} requests of {} ({})",
+                requests.len(),
+                scenario.name,
+                path.display()
+            );
+            simulate(&scenario, &requests).context("building the cluster")?
+        }
+    };
     println!("{report}");
     if let Some(json) = json {
         std::fs::write(&json, report.to_json() + "\n")
