@@ -17,8 +17,8 @@ mod plan;
 pub use config::{ManagerConfig, ManagerConfigError, OffloadPolicy, OnboardPolicy, TierConfig};
 pub use plan::{LookupPlan, ManagerOutput};
 
-use crate::block::{Complete, Reset};
-use crate::events::{KvCacheEvent, KvCacheEventData};
+use crate::block::{BlockIdentity, Complete, Reset};
+use crate::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
 use crate::hardware::{Completion, Hardware, SubmitError, TransferRequest};
 use crate::ids::{RequestId, SequenceHash, Timestamp, TransferId};
 use crate::phase::Phase;
@@ -791,6 +791,47 @@ impl<H: Hardware> Manager<H> {
     /// When the hardware will next finish something, if it knows.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
         self.hardware.next_deadline()
+    }
+
+    /// Publishes the registered state of every tier as events, for a consumer that lost
+    /// track (a restarted router, or one that saw a gap in the event ids): a `Cleared`,
+    /// then a `Stored` per block, parents before children. Blocks that no prefix lookup
+    /// can reach (a block of their prefix is in no tier) are left out: a router would
+    /// refuse them, and no query could use them. Returns the blocks published.
+    pub fn publish_snapshot(&mut self) -> usize {
+        // Events already queued keep their place before the snapshot.
+        self.collect_pool_events();
+        self.push_event(KvCacheEventData::Cleared);
+        let mut blocks: Vec<(BlockIdentity, Tier)> = Vec::new();
+        for pool in self.pools.iter().flatten() {
+            blocks.extend(
+                pool.registered_identities()
+                    .into_iter()
+                    .map(|identity| (identity, pool.tier())),
+            );
+        }
+        blocks.sort_by_key(|(identity, tier)| (identity.position, *tier, identity.sequence_hash));
+        let mut reachable: FxHashSet<SequenceHash> = FxHashSet::default();
+        let mut published = 0;
+        for (identity, tier) in blocks {
+            if identity
+                .parent
+                .is_some_and(|parent| !reachable.contains(&parent))
+            {
+                continue;
+            }
+            reachable.insert(identity.sequence_hash);
+            self.push_event(KvCacheEventData::Stored {
+                parent_hash: identity.parent,
+                blocks: vec![StoredBlock {
+                    block_hash: identity.sequence_hash,
+                    tokens_hash: identity.local_hash,
+                }],
+                tier,
+            });
+            published += 1;
+        }
+        published
     }
 
     /// Forgets every cached block of every tier and emits one `Cleared`. Refuses while

@@ -602,3 +602,87 @@ fn a_copy_whose_parent_left_every_tier_in_flight_is_not_registered() {
     // The target block went back: host has room again.
     assert_eq!(m.pool(Tier::Host).unwrap().counts().free, 1);
 }
+
+/// The registry a fresh replica rebuilds from `events`, renumbered from 0 (a replica
+/// refuses to start mid-stream).
+fn rebuilt(events: &[KvCacheEvent]) -> [BTreeSet<SequenceHash>; 2] {
+    let mut replica = RegistryReplica::new();
+    for (id, event) in events.iter().enumerate() {
+        let mut event = event.clone();
+        event.event_id = id as u64;
+        replica.apply(&event).unwrap();
+    }
+    [
+        replica.hashes(Tier::Device).clone(),
+        replica.hashes(Tier::Host).clone(),
+    ]
+}
+
+fn registered(m: &Manager<TestHardware>, tier: Tier) -> BTreeSet<SequenceHash> {
+    m.pool(tier)
+        .unwrap()
+        .snapshot()
+        .registered
+        .into_keys()
+        .collect()
+}
+
+#[test]
+fn a_snapshot_republishes_every_reachable_block_after_a_cleared() {
+    let mut m = manager(
+        vec![
+            tier(Tier::Device, 4, OffloadPolicy::WriteThrough),
+            tier(Tier::Host, 8, OffloadPolicy::None),
+        ],
+        TransferTiming::Instant,
+    );
+    compute(&mut m, &chain(1, 3), at(0));
+    let _ = drain(&mut m, at(0));
+    compute(&mut m, &chain(2, 2), at(1));
+    let _ = drain(&mut m, at(1));
+    let history = m.take_events();
+    assert_eq!(m.publish_snapshot(), 4 + 5);
+    let snapshot = m.take_events();
+    assert!(matches!(snapshot[0].data, KvCacheEventData::Cleared));
+    // Numbered on from the history: a consumer sees no gap.
+    assert_eq!(snapshot[0].event_id, history.last().unwrap().event_id + 1);
+    let expected = [registered(&m, Tier::Device), registered(&m, Tier::Host)];
+    assert_eq!(rebuilt(&snapshot), expected);
+    assert_eq!(rebuilt(&[history, snapshot].concat()), expected);
+}
+
+#[test]
+fn a_snapshot_leaves_out_blocks_whose_prefix_left_every_tier() {
+    let mut m = manager(
+        vec![
+            tier(Tier::Device, 3, OffloadPolicy::None),
+            tier(Tier::Host, 1, OffloadPolicy::None),
+        ],
+        TransferTiming::Instant,
+    );
+    let ab = chain(1, 2);
+    compute(&mut m, &ab, at(0));
+    let a = m.device().pin(ab[0].sequence_hash).unwrap();
+    m.offload(Tier::Device, vec![a], at(0));
+    let _ = drain(&mut m, at(0));
+    let _b = m.device().pin(ab[1].sequence_hash).unwrap();
+    let x = chain(2, 1);
+    compute(&mut m, &x, at(1));
+    let x_block = m.device().pin(x[0].sequence_hash).unwrap();
+    m.offload(Tier::Device, vec![x_block], at(1));
+    let _ = drain(&mut m, at(1));
+    let _y = m.allocate(1, at(2)).unwrap();
+    // b is on the device, its parent a nowhere: b is left out, x (device and host) not.
+    let _ = m.take_events();
+    assert_eq!(m.publish_snapshot(), 2);
+    let [device, host] = rebuilt(&m.take_events());
+    assert!(registered(&m, Tier::Device).contains(&ab[1].sequence_hash));
+    assert!(!device.contains(&ab[1].sequence_hash));
+    assert_eq!(
+        (device, host),
+        (
+            BTreeSet::from([x[0].sequence_hash]),
+            BTreeSet::from([x[0].sequence_hash])
+        )
+    );
+}

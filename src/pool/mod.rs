@@ -728,6 +728,19 @@ impl BlockPool {
         }
     }
 
+    /// The identities of the registered blocks, parents before children (by position,
+    /// then hash).
+    pub fn registered_identities(&self) -> Vec<BlockIdentity> {
+        let inner = lock(&self.shared.inner);
+        let mut identities: Vec<BlockIdentity> = inner
+            .registry
+            .values()
+            .map(|id| inner.slots[id.index()].identity)
+            .collect();
+        identities.sort_unstable_by_key(|identity| (identity.position, identity.sequence_hash));
+        identities
+    }
+
     /// Checks every internal invariant and panics with a description on the first broken
     /// one (a broken invariant is a bug, not an input error). Returns the counts.
     pub fn check_invariants(&self) -> PoolCounts {
