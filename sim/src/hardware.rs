@@ -226,6 +226,11 @@ impl SimHardware {
         })
     }
 
+    /// Runs `link` at `factor` of its profile's speed from `now` on (1.0 restores it).
+    pub fn set_link_speed(&mut self, link: Link, factor: f64, now: Timestamp) {
+        self.links.set_speed(link.index(), factor, now);
+    }
+
     /// Latency and time on the wire of `bytes` over `links` with nothing else in flight.
     fn spans(&self, links: &[Link], bytes: u64) -> (Duration, Duration) {
         let latency = links.iter().map(|l| self.latency(*l)).sum();

@@ -93,6 +93,8 @@ struct Flow {
 #[derive(Debug)]
 pub struct FluidLinks {
     specs: Vec<LinkSpec>,
+    /// Each link's bandwidth as built (a slowdown scales `specs` from it).
+    nominal_bytes_per_s: Vec<f64>,
     /// Flows by id (ids grow with submission, so iteration is submission order).
     flows: BTreeMap<u64, Flow>,
     /// Per link: flows waiting for a queue slot, and flows in service.
@@ -110,6 +112,7 @@ impl FluidLinks {
     pub fn new(specs: Vec<LinkSpec>) -> Self {
         let n = specs.len();
         Self {
+            nominal_bytes_per_s: specs.iter().map(|s| s.bytes_per_s).collect(),
             specs,
             flows: BTreeMap::new(),
             waiting: vec![VecDeque::new(); n],
@@ -128,6 +131,18 @@ impl FluidLinks {
     /// Usage per link, in index order.
     pub fn usage(&self) -> &[LinkUsage] {
         &self.usage
+    }
+
+    /// Runs `link` at `factor` of its nominal speed from `now` on (1.0 restores it): the
+    /// flows on it share the new capacity, as when a transfer starts or ends.
+    pub fn set_speed(&mut self, link: usize, factor: f64, now: Timestamp) {
+        if link >= self.specs.len() {
+            return;
+        }
+        self.advance(now);
+        self.progress(now);
+        self.specs[link].bytes_per_s = self.nominal_bytes_per_s[link] * factor.max(1e-9);
+        self.share();
     }
 
     /// Transfers not yet landed.
@@ -406,6 +421,19 @@ mod tests {
             }
         }
         landed
+    }
+
+    #[test]
+    fn a_slowed_link_shares_its_new_speed_from_then_on() {
+        // 1 MB at 1 GB/s; halfway (0.5 ms) the link drops to half speed: the other half
+        // takes 1 ms more. Restored, a second transfer moves at full speed again.
+        let mut links = FluidLinks::new(vec![LinkSpec::bandwidth(GB)]);
+        links.start(0, &[0], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        links.set_speed(0, 0.5, ms(0.5));
+        assert_eq!(drain(&mut links)[&0], ms(1.5));
+        links.set_speed(0, 1.0, ms(2.0));
+        links.start(1, &[0], 1_000_000, Duration::ZERO, ms(2.0));
+        assert_eq!(drain(&mut links)[&1], ms(3.0));
     }
 
     #[test]

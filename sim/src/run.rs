@@ -27,17 +27,20 @@
 
 use crate::compute::{ComputeModel, Pass, UnknownProfile};
 use crate::engine::EventQueue;
+use crate::hardware::{HardwareProfile, Link};
 use crate::hardware::{LinkUsage, SimHardware};
-use crate::scenario::{Batching, EventPlaneSpec, Routing, Scenario};
+use crate::scenario::{Batching, EventPlaneSpec, Fault, FaultKind, Routing, Scenario};
 use crate::stats::Latencies;
 use crate::workload::Request;
 use kvtwin::block::Reset;
 use kvtwin::events::{KvCacheEvent, KvCacheEventData, RegistryReplica};
 use kvtwin::hardware::Hardware;
 use kvtwin::ids::{LocalBlockHash, RequestId, SequenceHash, Timestamp, WorkerId};
+use kvtwin::manager::ManagerConfig;
 use kvtwin::manager::{Manager, ManagerConfigError, ManagerOutput};
 use kvtwin::pool::{BlockChain, ImmutableBlock, MutableBlock};
 use kvtwin::router::indexer::WorkerKey;
+use kvtwin::router::scheduler::SchedulerConfig;
 use kvtwin::router::{Router, WorkerMode};
 use kvtwin::tier::Tier;
 use rand::{Rng, SeedableRng};
@@ -46,20 +49,36 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
+use std::time::Duration;
 
 /// Index of a worker in the cluster (also its `WorkerId`).
 type WorkerIndex = usize;
+
+/// A worker's incarnation: it changes when the worker crashes, so that what its former
+/// self scheduled (passes, transfer deadlines, events in the plane) is recognised and
+/// dropped.
+type Epoch = u32;
 
 #[derive(Debug)]
 enum Event {
     Arrival(usize),
     /// A worker's transfer deadline.
-    Poll(WorkerIndex),
+    Poll(WorkerIndex, Epoch),
     /// The worker's forward pass in flight is done.
-    PassDone(WorkerIndex),
+    PassDone(WorkerIndex, Epoch),
     /// An event of the worker reaches the router.
     /// Boxed: the queue moves its entries as it sifts, and most are small.
-    Deliver(WorkerIndex, Box<KvCacheEvent>),
+    Deliver(WorkerIndex, Epoch, Box<KvCacheEvent>),
+    /// Every worker tells the router its latest event id.
+    Heartbeat,
+    /// A worker's heartbeat reaches the router: the id of its latest event then.
+    HeartbeatArrives(WorkerIndex, Epoch, Option<u64>),
+    /// Fault `i` of the timeline begins.
+    FaultStarts(usize),
+    /// Fault `i` of the timeline ends.
+    FaultEnds(usize),
+    /// A crashed worker is back, empty.
+    Restart(WorkerIndex),
 }
 
 #[derive(Debug)]
@@ -184,6 +203,20 @@ pub struct RoutingReport {
     pub view_matches_pools: bool,
 }
 
+/// What the fault timeline did, and how the cluster recovered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FaultReport {
+    /// Faults that began.
+    pub applied: u64,
+    /// Requests started again after their worker crashed.
+    pub requests_retried: u64,
+    /// Snapshots workers sent the router (after a gap, a heartbeat showing it behind,
+    /// or a router restart).
+    pub snapshots: u64,
+    /// Requests still waiting for a worker at the end (none came back).
+    pub requests_unserved: u64,
+}
+
 /// What a run did.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
@@ -229,6 +262,8 @@ pub struct Report {
     pub events: EventCounts,
     /// Routing.
     pub routing: RoutingReport,
+    /// Faults and recovery.
+    pub faults: FaultReport,
     /// Simulated time at the end.
     pub simulated_s: f64,
     /// Forward passes run.
@@ -334,6 +369,16 @@ impl fmt::Display for Report {
             r.events_dropped,
             r.view_matches_pools
         )?;
+        if self.faults.applied > 0 {
+            writeln!(
+                f,
+                "faults    {} applied; {} requests retried, {} snapshots sent to the router, {} requests unserved",
+                self.faults.applied,
+                self.faults.requests_retried,
+                self.faults.snapshots,
+                self.faults.requests_unserved
+            )?;
+        }
         write!(
             f,
             "events    {} events, {} blocks stored, {} removed; rebuilt registry matches pools: {}",
@@ -360,6 +405,19 @@ struct Worker {
     /// The members buffer of the last pass, kept for the next.
     spare_members: Vec<(usize, u64)>,
     routed: u64,
+    /// Whether it is serving (not crashed).
+    up: bool,
+    epoch: Epoch,
+    /// Each link's speed factor from the faults under way (index: `Link::ALL`).
+    link_speed: [f64; 6],
+    /// The router's side of this worker's event stream: the last id it applied,
+    /// whether it saw ids go missing since its last snapshot request, and until when
+    /// it waits for a snapshot it asked for.
+    last_applied: Option<u64>,
+    gap_seen: bool,
+    quiet_until: Timestamp,
+    /// Snapshots asked for since the router was last in line with this worker.
+    failed_snapshots: u32,
 }
 
 /// A request between its arrival and its end, and what the run keeps about it. Only
@@ -410,6 +468,24 @@ struct Sim {
     /// When the next request arrives, if one does: decode plans stop there (see
     /// `PassInFlight`).
     next_arrival: Option<Timestamp>,
+    /// Times at which a fault begins, ends or a worker comes back: decode plans stop
+    /// there too.
+    disruptions: BTreeSet<Timestamp>,
+    faults: Vec<Fault>,
+    /// Loss probabilities of the `EventLoss` faults under way, by fault.
+    extra_loss: BTreeMap<usize, f64>,
+    /// Delay added by the `EventLag` faults under way.
+    extra_delay: Duration,
+    heartbeat: Duration,
+    /// Requests that found no worker up, first come first served.
+    parked: VecDeque<usize>,
+    /// To rebuild a worker after a crash.
+    worker_config: ManagerConfig,
+    hardware_profile: HardwareProfile,
+    scheduler: SchedulerConfig,
+    faults_applied: u64,
+    requests_retried: u64,
+    snapshots: u64,
     now: Timestamp,
 }
 
@@ -483,6 +559,21 @@ fn silent_steps(live: &Live, state: Option<&State>, block_size: u64, batching: B
     by_output.min(by_blocks)
 }
 
+/// A router with workers `0..workers` (at dp rank 0), all learnt from their events.
+fn router_of(scheduler: SchedulerConfig, workers: usize) -> Router {
+    let mut router = Router::new(scheduler);
+    for w in 0..workers {
+        router.add_worker(
+            WorkerKey {
+                worker: WorkerId::new(w as u64),
+                dp_rank: 0,
+            },
+            WorkerMode::Events,
+        );
+    }
+    router
+}
+
 /// The seed of one component's random stream, from the run's seed: components draw
 /// independently, so adding draws to one never shifts another's (splitmix64 finaliser).
 fn stream_seed(seed: u64, component: u64) -> u64 {
@@ -524,7 +615,7 @@ pub fn simulate_stream(
     let cluster = &scenario.cluster;
     let mut scheduler = cluster.scheduler;
     scheduler.seed = stream_seed(scenario.seed ^ scheduler.seed, STREAM_SCHEDULER);
-    let mut router = Router::new(scheduler);
+    let router = router_of(scheduler, cluster.workers.max(1));
     let mut workers = Vec::with_capacity(cluster.workers);
     for index in 0..cluster.workers.max(1) {
         let mut config = base.clone();
@@ -533,7 +624,6 @@ pub fn simulate_stream(
             worker: config.worker_id,
             dp_rank: config.dp_rank,
         };
-        router.add_worker(key, WorkerMode::Events);
         let hardware = SimHardware::new(scenario.hardware.clone(), config.block_size_tokens);
         workers.push(Worker {
             key,
@@ -546,6 +636,13 @@ pub fn simulate_stream(
             pass: None,
             spare_members: Vec::new(),
             routed: 0,
+            up: true,
+            epoch: 0,
+            link_speed: [1.0; 6],
+            last_applied: None,
+            gap_seen: false,
+            quiet_until: Timestamp::ZERO,
+            failed_snapshots: 0,
         });
     }
     let mut sim = Sim {
@@ -580,8 +677,31 @@ pub fn simulate_stream(
         passes: 0,
         engine_events: 0,
         next_arrival: None,
+        disruptions: BTreeSet::new(),
+        faults: scenario.faults.clone(),
+        extra_loss: BTreeMap::new(),
+        extra_delay: Duration::ZERO,
+        heartbeat: Duration::from_millis(cluster.event_plane.heartbeat_ms),
+        parked: VecDeque::new(),
+        worker_config: base.clone(),
+        hardware_profile: scenario.hardware.clone(),
+        scheduler,
+        faults_applied: 0,
+        requests_retried: 0,
+        snapshots: 0,
         now: Timestamp::ZERO,
     };
+    for (index, fault) in scenario.faults.iter().enumerate() {
+        let at = Timestamp::ZERO.saturating_add(Duration::from_millis(fault.at_ms));
+        sim.disruptions.insert(at);
+        sim.queue.push(at, Event::FaultStarts(index));
+    }
+    if !sim.heartbeat.is_zero() {
+        sim.queue.push(
+            Timestamp::ZERO.saturating_add(sim.heartbeat),
+            Event::Heartbeat,
+        );
+    }
     // At one instant, work already in the workers (passes, transfers, event deliveries)
     // finishes before new requests arrive, so a worker infinitely fast serves requests
     // one at a time, as a cache replay does.
@@ -617,20 +737,46 @@ pub fn simulate_stream(
         sim.engine_events += 1;
         let touched = match event {
             Event::Arrival(i) => sim.arrive(i),
-            Event::Poll(w) => {
+            Event::Poll(w, epoch) if sim.current(w, epoch) => {
                 sim.set_clock(w);
                 sim.workers[w].poll_at.remove(&at);
                 Some(w)
             }
-            Event::PassDone(w) => {
+            Event::PassDone(w, epoch) if sim.current(w, epoch) => {
                 sim.set_clock(w);
                 sim.pass_done(w);
                 Some(w)
             }
-            Event::Deliver(w, event) => {
-                sim.deliver(w, &event);
+            Event::Deliver(w, epoch, event) => {
+                if sim.current(w, epoch) {
+                    sim.deliver(w, &event);
+                }
                 None
             }
+            Event::Heartbeat => {
+                sim.heartbeat();
+                None
+            }
+            Event::HeartbeatArrives(w, epoch, latest) => {
+                if sim.current(w, epoch) {
+                    sim.heartbeat_arrives(w, latest);
+                }
+                None
+            }
+            Event::FaultStarts(index) => {
+                sim.fault_starts(index);
+                None
+            }
+            Event::FaultEnds(index) => {
+                sim.fault_ends(index);
+                None
+            }
+            Event::Restart(w) => {
+                sim.restart(w);
+                None
+            }
+            // Scheduled by a worker's former incarnation.
+            Event::Poll(..) | Event::PassDone(..) => None,
         };
         if let Some(w) = touched {
             sim.settle(w);
@@ -701,13 +847,26 @@ impl Sim {
             return None;
         }
         let w = match self.routing {
-            Routing::RoundRobin => i % self.workers.len(),
+            Routing::RoundRobin => {
+                let n = self.workers.len();
+                match (0..n).map(|k| (i + k) % n).find(|w| self.workers[*w].up) {
+                    Some(w) => w,
+                    None => {
+                        self.parked.push_back(i);
+                        return None;
+                    }
+                }
+            }
             Routing::Kv => {
                 let query: Vec<LocalBlockHash> = request.blocks[..self.hittable(i)]
                     .iter()
                     .map(|b| b.local_hash)
                     .collect();
-                let decision = self.router.route(&query, self.now)?;
+                let Some(decision) = self.router.route(&query, self.now) else {
+                    // No worker is up: the request waits for one.
+                    self.parked.push_back(i);
+                    return None;
+                };
                 self.overlap_blocks += u64::from(decision.overlap_blocks);
                 decision.worker.worker.get() as usize
             }
@@ -889,7 +1048,13 @@ impl Sim {
                 decode_context: pass.decode_context,
             };
             for _ in 0..silent {
-                if self.next_arrival.is_some_and(|arrival| end >= arrival) {
+                if self.next_arrival.is_some_and(|arrival| end >= arrival)
+                    || self
+                        .disruptions
+                        .range(self.now..)
+                        .next()
+                        .is_some_and(|at| end >= *at)
+                {
                     break;
                 }
                 step.decode_context += step.decodes;
@@ -906,7 +1071,8 @@ impl Sim {
             first_token_at: self.now.saturating_add(time.prefill),
             steps,
         });
-        self.queue.push(end, Event::PassDone(w));
+        let epoch = worker.epoch;
+        self.queue.push(end, Event::PassDone(w, epoch));
     }
 
     /// Applies worker `w`'s finished pass: prefill chunks advance (a finished prompt
@@ -1266,7 +1432,8 @@ impl Sim {
         let worker = &mut self.workers[w];
         if let Some(deadline) = worker.manager.poll_timeout() {
             if worker.poll_at.insert(deadline) {
-                self.queue.push(deadline.max(self.now), Event::Poll(w));
+                self.queue
+                    .push(deadline.max(self.now), Event::Poll(w, worker.epoch));
             }
         }
     }
@@ -1275,42 +1442,323 @@ impl Sim {
     /// applied now without delay, delivered later otherwise (in order: equal delays
     /// keep the queue's insertion order).
     fn publish(&mut self, w: WorkerIndex, event: KvCacheEvent) {
-        let plane = self.event_plane;
-        if plane.drop_probability > 0.0 && self.event_rng.gen::<f64>() < plane.drop_probability {
+        if self.lost() {
             self.events_dropped += 1;
             return;
         }
-        if plane.delay_us == 0 {
+        let delay = self.plane_delay();
+        if delay.is_zero() {
             self.deliver(w, &event);
         } else {
-            let at = self
-                .now
-                .saturating_add(std::time::Duration::from_micros(plane.delay_us));
-            self.queue.push(at, Event::Deliver(w, Box::new(event)));
+            let at = self.now.saturating_add(delay);
+            let epoch = self.workers[w].epoch;
+            self.queue
+                .push(at, Event::Deliver(w, epoch, Box::new(event)));
         }
     }
 
+    /// Whether the next message on the event plane is lost (the plane's own loss, or a
+    /// fault's, whichever is higher).
+    fn lost(&mut self) -> bool {
+        let p = self
+            .extra_loss
+            .values()
+            .fold(self.event_plane.drop_probability, |a, b| a.max(*b));
+        p > 0.0 && self.event_rng.gen::<f64>() < p
+    }
+
+    fn plane_delay(&self) -> Duration {
+        Duration::from_micros(self.event_plane.delay_us) + self.extra_delay
+    }
+
+    /// The router applies worker `w`'s event, noting ids that went missing before it.
     fn deliver(&mut self, w: WorkerIndex, event: &KvCacheEvent) {
         self.events_delivered += 1;
-        let worker = self.workers[w].key.worker;
-        if self.router.apply(worker, event).is_err() {
+        let worker = &mut self.workers[w];
+        if worker
+            .last_applied
+            .is_some_and(|last| event.event_id != last.wrapping_add(1))
+        {
+            worker.gap_seen = true;
+        }
+        worker.last_applied = Some(event.event_id);
+        let id = worker.key.worker;
+        if self.router.apply(id, event).is_err() {
             self.events_rejected += 1;
+        }
+        self.resync_if_behind(w);
+    }
+
+    /// Whether `epoch` is worker `w`'s current incarnation.
+    fn current(&self, w: WorkerIndex, epoch: Epoch) -> bool {
+        self.workers[w].epoch == epoch
+    }
+
+    /// Every worker that is up sends the id of its latest event over the plane; the
+    /// next round is due while anything else is.
+    fn heartbeat(&mut self) {
+        let more = self.next_arrival.is_some() || !self.queue.is_empty();
+        for w in 0..self.workers.len() {
+            if !self.workers[w].up || self.lost() {
+                continue;
+            }
+            let worker = &self.workers[w];
+            let latest = worker.manager.next_event_id().checked_sub(1);
+            let at = self.now.saturating_add(self.plane_delay());
+            self.queue
+                .push(at, Event::HeartbeatArrives(w, worker.epoch, latest));
+        }
+        if more {
+            self.queue
+                .push(self.now.saturating_add(self.heartbeat), Event::Heartbeat);
         }
     }
 
-    /// Whether the router's view of each worker is exactly that worker's pools: every
-    /// registered block, in every tier it is registered in, and nothing else.
-    fn router_view_matches_pools(&self) -> bool {
-        self.workers.iter().all(|worker| {
-            let mut pools: BTreeMap<SequenceHash, u8> = BTreeMap::new();
-            for tier in Tier::ALL {
-                if let Some(pool) = worker.manager.pool(tier) {
-                    for hash in pool.snapshot().registered.keys() {
-                        *pools.entry(*hash).or_default() |= 1 << tier.index();
+    fn heartbeat_arrives(&mut self, w: WorkerIndex, latest: Option<u64>) {
+        let worker = &mut self.workers[w];
+        if latest.is_some_and(|latest| worker.last_applied.is_none_or(|last| last < latest)) {
+            worker.gap_seen = true;
+        } else if !worker.gap_seen {
+            // In line: the next snapshot, if one is ever needed, is asked for promptly.
+            worker.failed_snapshots = 0;
+        }
+        self.resync_if_behind(w);
+    }
+
+    /// Asks worker `w` for a snapshot of its caches if the router has missed some of its
+    /// events and is not already waiting for one.
+    fn resync_if_behind(&mut self, w: WorkerIndex) {
+        let worker = &self.workers[w];
+        if worker.up && worker.gap_seen && self.now >= worker.quiet_until {
+            self.resync(w);
+        }
+    }
+
+    /// Worker `w` publishes a snapshot of its caches to the router, which then waits
+    /// before asking again: two plane delays plus a millisecond, doubled for every
+    /// snapshot that did not bring it in line (a lossy plane loses parts of snapshots
+    /// too), up to a minute.
+    fn resync(&mut self, w: WorkerIndex) {
+        let base = self.plane_delay() * 2 + Duration::from_millis(1);
+        let worker = &mut self.workers[w];
+        let quiet = base
+            .saturating_mul(1 << worker.failed_snapshots.min(16))
+            .min(Duration::from_secs(60))
+            .max(base);
+        worker.failed_snapshots += 1;
+        worker.gap_seen = false;
+        worker.quiet_until = self.now.saturating_add(quiet);
+        self.snapshots += 1;
+        self.set_clock(w);
+        self.workers[w].manager.publish_snapshot();
+        self.settle(w);
+    }
+
+    fn fault_starts(&mut self, index: usize) {
+        let Some(fault) = self.faults.get(index).cloned() else {
+            return;
+        };
+        self.faults_applied += 1;
+        let until = |for_ms: u64, sim: &mut Sim| {
+            let at = sim.now.saturating_add(Duration::from_millis(for_ms));
+            sim.disruptions.insert(at);
+            sim.queue.push(at, Event::FaultEnds(index));
+        };
+        match fault.kind {
+            FaultKind::WorkerCrash { worker, down_ms } => self.crash(worker, down_ms),
+            FaultKind::LinkSlowdown {
+                worker,
+                link,
+                factor,
+                for_ms,
+            } => {
+                self.slow_link(worker, link, factor);
+                until(for_ms, self);
+            }
+            FaultKind::EventLoss {
+                probability,
+                for_ms,
+            } => {
+                self.extra_loss.insert(index, probability);
+                until(for_ms, self);
+            }
+            FaultKind::EventLag { delay_us, for_ms } => {
+                self.extra_delay += Duration::from_micros(delay_us);
+                until(for_ms, self);
+            }
+            FaultKind::RouterRestart => {
+                // Its state and the load it knew are gone; the workers it knows of send
+                // snapshots.
+                self.router = router_of(self.scheduler, 0);
+                for w in 0..self.workers.len() {
+                    let worker = &mut self.workers[w];
+                    worker.last_applied = None;
+                    if worker.up {
+                        let key = worker.key;
+                        self.router.add_worker(key, WorkerMode::Events);
+                        self.resync(w);
                     }
                 }
             }
-            self.router.indexer().blocks_of(worker.key) == pools
+        }
+    }
+
+    fn fault_ends(&mut self, index: usize) {
+        let Some(fault) = self.faults.get(index).cloned() else {
+            return;
+        };
+        match fault.kind {
+            FaultKind::LinkSlowdown {
+                worker,
+                link,
+                factor,
+                ..
+            } => self.slow_link(worker, link, 1.0 / factor),
+            FaultKind::EventLoss { .. } => {
+                self.extra_loss.remove(&index);
+            }
+            FaultKind::EventLag { delay_us, .. } => {
+                self.extra_delay = self
+                    .extra_delay
+                    .saturating_sub(Duration::from_micros(delay_us));
+            }
+            FaultKind::WorkerCrash { .. } | FaultKind::RouterRestart => {}
+        }
+    }
+
+    /// Multiplies the speed of `link` on worker `worker`'s node (every node if `None`).
+    fn slow_link(&mut self, worker: Option<WorkerIndex>, link: Link, factor: f64) {
+        let index = Link::ALL.iter().position(|l| *l == link).unwrap_or(0);
+        for w in 0..self.workers.len() {
+            if worker.is_some_and(|only| only != w) || !self.workers[w].up {
+                continue;
+            }
+            let speed = {
+                let speed = &mut self.workers[w].link_speed[index];
+                *speed *= factor;
+                *speed
+            };
+            let now = self.now;
+            self.set_clock(w);
+            self.workers[w]
+                .manager
+                .hardware_mut()
+                .set_link_speed(link, speed, now);
+            // Transfer deadlines moved.
+            self.settle(w);
+        }
+    }
+
+    /// Worker `w` stops: the router forgets it, its requests start again on other
+    /// workers (as a frontend retries them), and it comes back empty after `down_ms`.
+    fn crash(&mut self, w: WorkerIndex, down_ms: u64) {
+        let Some(worker) = self.workers.get_mut(w) else {
+            return;
+        };
+        if !worker.up {
+            return;
+        }
+        let mut requests: Vec<usize> = worker
+            .states
+            .keys()
+            .copied()
+            .chain(worker.waiting.iter().copied())
+            .collect();
+        requests.sort_unstable();
+        requests.dedup();
+        worker.up = false;
+        worker.epoch += 1;
+        worker.states.clear();
+        worker.waiting.clear();
+        worker.prefill_queue.clear();
+        worker.pass = None;
+        worker.poll_at.clear();
+        worker.last_applied = None;
+        worker.gap_seen = false;
+        worker.failed_snapshots = 0;
+        worker.replica = RegistryReplica::new();
+        let mut hardware = SimHardware::new(
+            self.hardware_profile.clone(),
+            self.worker_config.block_size_tokens,
+        );
+        for (link, speed) in Link::ALL.iter().zip(worker.link_speed) {
+            if speed != 1.0 {
+                hardware.set_link_speed(*link, speed, self.now);
+            }
+        }
+        hardware.clock().set(self.now);
+        let mut config = self.worker_config.clone();
+        config.worker_id = worker.key.worker;
+        worker.manager = Manager::new(hardware, config).expect("validated when the run began");
+        let id = worker.key.worker;
+        self.router.remove_worker(id);
+        let back = self.now.saturating_add(Duration::from_millis(down_ms));
+        self.disruptions.insert(back);
+        self.queue.push(back, Event::Restart(w));
+        for i in requests {
+            self.requests_retried += 1;
+            self.reroute(i);
+        }
+    }
+
+    /// Sends request `i` to a worker again (after a crash, or when one comes back).
+    fn reroute(&mut self, i: usize) {
+        if let Some(w) = self.arrive(i) {
+            self.settle(w);
+            self.start_pass(w);
+        }
+    }
+
+    /// A crashed worker comes back empty; requests that found no worker go first.
+    fn restart(&mut self, w: WorkerIndex) {
+        let worker = &mut self.workers[w];
+        if worker.up {
+            return;
+        }
+        worker.up = true;
+        let key = worker.key;
+        self.router.add_worker(key, WorkerMode::Events);
+        for i in std::mem::take(&mut self.parked) {
+            self.reroute(i);
+        }
+    }
+
+    /// Whether the router's view of each worker is that worker's pools: it lists no
+    /// block the worker does not hold (in exactly the tiers it holds it), and every block
+    /// a prefix lookup can reach on the worker (its whole prefix held, in some tier). A
+    /// block whose prefix left the worker may be missing from a view rebuilt from a
+    /// snapshot: no query could use it. Without faults the view is the pools exactly.
+    fn router_view_matches_pools(&self) -> bool {
+        self.workers.iter().all(|worker| {
+            let view = self.router.indexer().blocks_of(worker.key);
+            if !worker.up {
+                return view.is_empty();
+            }
+            let mut pools: BTreeMap<SequenceHash, u8> = BTreeMap::new();
+            let mut identities = Vec::new();
+            for tier in Tier::ALL {
+                if let Some(pool) = worker.manager.pool(tier) {
+                    for identity in pool.registered_identities() {
+                        *pools.entry(identity.sequence_hash).or_default() |= 1 << tier.index();
+                        identities.push(identity);
+                    }
+                }
+            }
+            identities.sort_by_key(|identity| identity.position);
+            let mut reachable = BTreeSet::new();
+            for identity in identities {
+                if identity
+                    .parent
+                    .is_none_or(|parent| reachable.contains(&parent))
+                {
+                    reachable.insert(identity.sequence_hash);
+                }
+            }
+            view.iter()
+                .all(|(hash, tiers)| pools.get(hash) == Some(tiers))
+                && reachable
+                    .iter()
+                    .all(|hash| view.get(hash) == pools.get(hash))
         })
     }
 
@@ -1424,6 +1872,12 @@ impl Sim {
                 ..self.events
             },
             routing,
+            faults: FaultReport {
+                applied: self.faults_applied,
+                requests_retried: self.requests_retried,
+                snapshots: self.snapshots,
+                requests_unserved: self.parked.len() as u64,
+            },
             simulated_s: simulated_ns as f64 / 1e9,
             passes: self.passes,
             preemptions: self.preemptions,
@@ -1435,6 +1889,7 @@ impl Sim {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hardware::Link;
     use crate::scenario::WorkloadSpec;
     use kvtwin::block::BlockIdentity;
     use kvtwin::manager::{OffloadPolicy, TierConfig};
@@ -1754,5 +2209,162 @@ mod tests {
                 b.engine_events
             );
         }
+    }
+
+    fn fault(at_ms: u64, kind: FaultKind) -> Fault {
+        Fault { at_ms, kind }
+    }
+
+    /// 60 requests 500 µs apart over three workers, decodes long enough (60 tokens of
+    /// 100 µs) that several are running on every worker at any time.
+    fn faulty(faults: Vec<Fault>) -> (Scenario, Vec<Request>) {
+        let mut scenario = cluster(3, Routing::Kv);
+        scenario.faults = faults;
+        (scenario, shared_prefix_requests(60, 500, 4, 3, 60))
+    }
+
+    #[test]
+    fn a_crashed_workers_requests_finish_elsewhere_and_it_comes_back_empty() {
+        let (scenario, requests) = faulty(vec![fault(
+            10,
+            FaultKind::WorkerCrash {
+                worker: 1,
+                down_ms: 10,
+            },
+        )]);
+        let report = simulate(&scenario, &requests).unwrap();
+        assert_eq!(report.completed, 60, "{report:?}");
+        assert!(report.faults.requests_retried > 0, "{report:?}");
+        assert_eq!(report.faults.applied, 1);
+        assert!(report.routing.view_matches_pools);
+        // It served before the crash and after it came back.
+        assert!(report.routing.requests_per_worker[1] > report.faults.requests_retried);
+        assert!(report.events.rebuild_matches_pools);
+    }
+
+    #[test]
+    fn requests_wait_while_no_worker_is_up() {
+        let (mut scenario, requests) = faulty(vec![fault(
+            10,
+            FaultKind::WorkerCrash {
+                worker: 0,
+                down_ms: 50,
+            },
+        )]);
+        scenario.cluster.workers = 1;
+        let report = simulate(&scenario, &requests).unwrap();
+        assert_eq!(report.completed, 60);
+        assert_eq!(report.faults.requests_unserved, 0);
+        // Nothing was served between 10 and 60 ms: requests arriving then waited.
+        assert!(report.ttft.max_ms > 20.0, "{report:?}");
+        let mut round_robin = scenario.clone();
+        round_robin.cluster.routing = Routing::RoundRobin;
+        let report = simulate(&round_robin, &requests).unwrap();
+        assert_eq!((report.completed, report.faults.requests_unserved), (60, 0));
+        assert!(report.ttft.max_ms > 20.0, "{report:?}");
+    }
+
+    #[test]
+    fn after_lost_events_heartbeats_and_snapshots_bring_the_router_back_in_line() {
+        let loss = fault(
+            10,
+            FaultKind::EventLoss {
+                probability: 0.5,
+                for_ms: 60,
+            },
+        );
+        let (mut scenario, requests) = faulty(vec![loss]);
+        scenario.cluster.event_plane.heartbeat_ms = 5;
+        let report = simulate(&scenario, &requests).unwrap();
+        assert!(report.routing.events_dropped > 0);
+        assert!(report.faults.snapshots > 0, "{report:?}");
+        assert!(report.routing.view_matches_pools, "{report:?}");
+        assert_eq!(report.completed, 60);
+        // Without heartbeats the router never learns what it missed at the end.
+        scenario.cluster.event_plane.heartbeat_ms = 0;
+        scenario.faults[0].kind = FaultKind::EventLoss {
+            probability: 1.0,
+            for_ms: 1_000_000,
+        };
+        let report = simulate(&scenario, &requests).unwrap();
+        assert!(!report.routing.view_matches_pools, "{report:?}");
+    }
+
+    #[test]
+    fn a_restarted_router_rebuilds_its_view_from_snapshots() {
+        let (scenario, requests) = faulty(vec![fault(60, FaultKind::RouterRestart)]);
+        let report = simulate(&scenario, &requests).unwrap();
+        assert_eq!(report.faults.snapshots, 3);
+        assert!(report.routing.view_matches_pools, "{report:?}");
+        assert_eq!(report.routing.events_rejected, 0);
+        assert_eq!(report.completed, 60);
+    }
+
+    #[test]
+    fn lagging_events_arrive_late_but_arrive() {
+        let (scenario, requests) = faulty(vec![fault(
+            5,
+            FaultKind::EventLag {
+                delay_us: 20_000,
+                for_ms: 50,
+            },
+        )]);
+        let report = simulate(&scenario, &requests).unwrap();
+        assert_eq!(report.routing.events_applied, report.events.events);
+        assert_eq!(report.faults.snapshots, 0);
+        assert!(report.routing.view_matches_pools);
+        // The events of those 50 ms went through the queue instead of straight through.
+        let prompt = simulate(&faulty(Vec::new()).0, &requests).unwrap();
+        assert!(report.engine_events > prompt.engine_events + 50);
+    }
+
+    #[test]
+    fn a_slow_link_slows_the_copies_on_it_until_the_fault_ends() {
+        // Write-back to host over a PCIe link slowed to a tenth for the whole run, or
+        // for none of it.
+        let run = |factor: f64| {
+            let (mut scenario, requests) = faulty(vec![fault(
+                0,
+                FaultKind::LinkSlowdown {
+                    worker: None,
+                    link: Link::PcieDeviceToHost,
+                    factor,
+                    for_ms: 1_000_000,
+                },
+            )]);
+            scenario.worker.tiers = tiers_with_write_back();
+            scenario.worker.bytes_per_block = 1 << 20;
+            simulate(&scenario, &requests).unwrap()
+        };
+        let (slow, normal) = (run(0.1), run(1.0));
+        // Busy time per byte carried: ten times as long at a tenth of the speed. (It
+        // carries fewer bytes too: blocks are evicted before their copies can start.)
+        let per_byte = |r: &Report| {
+            let link = r.links.iter().find(|l| l.link == "pcie_d2h").unwrap();
+            link.utilisation / link.bytes as f64
+        };
+        let ratio = per_byte(&slow) / per_byte(&normal);
+        assert!((9.0..11.0).contains(&ratio), "{ratio}");
+        let carried = |r: &Report| r.links.iter().find(|l| l.link == "pcie_d2h").unwrap().bytes;
+        assert!(carried(&slow) < carried(&normal));
+        assert_eq!(slow.completed, 60);
+    }
+
+    #[test]
+    fn a_fault_naming_a_missing_worker_is_an_error() {
+        let mut scenario = faulty(Vec::new()).0;
+        scenario.faults = vec![fault(
+            1,
+            FaultKind::WorkerCrash {
+                worker: 7,
+                down_ms: 1,
+            },
+        )];
+        let text = ron::to_string(&scenario).unwrap();
+        let error = Scenario::parse(&text, Path::new("f.ron")).unwrap_err();
+        assert!(
+            error.to_string().starts_with("f.ron: faults[0]:"),
+            "{error}"
+        );
     }
 }

@@ -5,7 +5,7 @@
 //! line and column, and what was wrong there.
 //! Never: run anything.
 
-use crate::hardware::HardwareProfile;
+use crate::hardware::{HardwareProfile, Link};
 use crate::workload::ConversationSpec;
 use kvtwin::ids::WorkerId;
 use kvtwin::manager::{ManagerConfig, ManagerConfigError, OnboardPolicy, TierConfig};
@@ -103,6 +103,63 @@ pub struct EventPlaneSpec {
     pub delay_us: u64,
     /// Probability that an event is lost on the way (drawn from the run's seed).
     pub drop_probability: f64,
+    /// Every this many milliseconds each worker tells the router the id of its latest
+    /// event (over the same plane), so that the router notices lost events even when
+    /// nothing follows them; 0: never. A router that finds itself behind, or sees a gap
+    /// in a worker's event ids, asks the worker for a snapshot of its caches.
+    pub heartbeat_ms: u64,
+}
+
+/// Something that goes wrong during a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    /// When, from the start of the run.
+    pub at_ms: u64,
+    /// What.
+    pub kind: FaultKind,
+}
+
+/// The faults a timeline can hold.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum FaultKind {
+    /// The worker stops: its requests go back to the router (which forgets the worker)
+    /// and start again elsewhere, and its caches are lost. It comes back empty after
+    /// `down_ms`.
+    WorkerCrash {
+        /// Which worker (from 0).
+        worker: usize,
+        /// How long it stays down.
+        down_ms: u64,
+    },
+    /// A link of one worker's node, or of every node, runs at `factor` of its speed for
+    /// `for_ms` (an SSD failing slowly, a congested PCIe switch).
+    LinkSlowdown {
+        /// Which worker's node; every node if absent.
+        worker: Option<usize>,
+        /// Which link.
+        link: Link,
+        /// Its speed meanwhile, as a fraction (above 0).
+        factor: f64,
+        /// For how long.
+        for_ms: u64,
+    },
+    /// Events are lost with `probability` (at least) for `for_ms`.
+    EventLoss {
+        /// The chance that an event is lost.
+        probability: f64,
+        /// For how long.
+        for_ms: u64,
+    },
+    /// Events take `delay_us` longer for `for_ms`.
+    EventLag {
+        /// The extra delay.
+        delay_us: u64,
+        /// For how long.
+        for_ms: u64,
+    },
+    /// The router loses its state; every worker then sends it a snapshot of its caches.
+    RouterRestart,
 }
 
 /// The cluster around the workers: how many, and how requests reach them.
@@ -159,6 +216,9 @@ pub struct Scenario {
     /// How many workers, and how requests and events reach them.
     #[serde(default)]
     pub cluster: ClusterSpec,
+    /// Faults on a timeline, applied in time order.
+    #[serde(default)]
+    pub faults: Vec<Fault>,
     /// The requests.
     pub workload: WorkloadSpec,
 }
@@ -194,6 +254,16 @@ pub enum ScenarioError {
         path: PathBuf,
         /// Which name, and the ones there are.
         source: crate::compute::UnknownProfile,
+    },
+    /// A fault of the timeline is not applicable.
+    #[error("{path}: faults[{index}]: {reason}", path = path.display())]
+    Fault {
+        /// The file.
+        path: PathBuf,
+        /// Which fault, from 0.
+        index: usize,
+        /// What is wrong.
+        reason: String,
     },
     /// The cluster section is not runnable.
     #[error("{path}: cluster: {reason}", path = path.display())]
@@ -248,6 +318,31 @@ impl Scenario {
         let drop = self.cluster.event_plane.drop_probability;
         if !(0.0..=1.0).contains(&drop) {
             return Err(cluster("event_plane.drop_probability must be within 0..=1"));
+        }
+        for (index, fault) in self.faults.iter().enumerate() {
+            let bad = |reason: &str| ScenarioError::Fault {
+                path: path.to_owned(),
+                index,
+                reason: reason.to_string(),
+            };
+            match &fault.kind {
+                FaultKind::WorkerCrash { worker, .. }
+                | FaultKind::LinkSlowdown {
+                    worker: Some(worker),
+                    ..
+                } if *worker >= self.cluster.workers => {
+                    return Err(bad("names a worker the cluster does not have"));
+                }
+                FaultKind::LinkSlowdown { factor, .. }
+                    if !(*factor > 0.0 && factor.is_finite()) =>
+                {
+                    return Err(bad("factor must be above 0"));
+                }
+                FaultKind::EventLoss { probability, .. } if !(0.0..=1.0).contains(probability) => {
+                    return Err(bad("probability must be within 0..=1"));
+                }
+                _ => {}
+            }
         }
         self.worker
             .manager_config()

@@ -793,6 +793,11 @@ impl<H: Hardware> Manager<H> {
         self.hardware.next_deadline()
     }
 
+    /// The id the next event will carry (events so far, counting from 0).
+    pub fn next_event_id(&self) -> u64 {
+        self.next_event_id
+    }
+
     /// Publishes the registered state of every tier as events, for a consumer that lost
     /// track (a restarted router, or one that saw a gap in the event ids): a `Cleared`,
     /// then a `Stored` per block, parents before children. Blocks that no prefix lookup
