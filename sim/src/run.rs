@@ -477,6 +477,10 @@ struct Sim {
     /// Delay added by the `EventLag` faults under way.
     extra_delay: Duration,
     heartbeat: Duration,
+    /// Whether a round of heartbeats is scheduled, and how many heartbeats are on their
+    /// way (they do not count as work that keeps heartbeats going).
+    heartbeat_due: bool,
+    heartbeats_in_flight: usize,
     /// Requests that found no worker up, first come first served.
     parked: VecDeque<usize>,
     /// To rebuild a worker after a crash.
@@ -682,6 +686,8 @@ pub fn simulate_stream(
         extra_loss: BTreeMap::new(),
         extra_delay: Duration::ZERO,
         heartbeat: Duration::from_millis(cluster.event_plane.heartbeat_ms),
+        heartbeat_due: false,
+        heartbeats_in_flight: 0,
         parked: VecDeque::new(),
         worker_config: base.clone(),
         hardware_profile: scenario.hardware.clone(),
@@ -696,12 +702,7 @@ pub fn simulate_stream(
         sim.disruptions.insert(at);
         sim.queue.push(at, Event::FaultStarts(index));
     }
-    if !sim.heartbeat.is_zero() {
-        sim.queue.push(
-            Timestamp::ZERO.saturating_add(sim.heartbeat),
-            Event::Heartbeat,
-        );
-    }
+    sim.schedule_heartbeat();
     // At one instant, work already in the workers (passes, transfers, event deliveries)
     // finishes before new requests arrive, so a worker infinitely fast serves requests
     // one at a time, as a cache replay does.
@@ -758,6 +759,7 @@ pub fn simulate_stream(
                 None
             }
             Event::HeartbeatArrives(w, epoch, latest) => {
+                sim.heartbeats_in_flight -= 1;
                 if sim.current(w, epoch) {
                     sim.heartbeat_arrives(w, latest);
                 }
@@ -1497,7 +1499,11 @@ impl Sim {
     /// Every worker that is up sends the id of its latest event over the plane; the
     /// next round is due while anything else is.
     fn heartbeat(&mut self) {
-        let more = self.next_arrival.is_some() || !self.queue.is_empty();
+        self.heartbeat_due = false;
+        // Heartbeats go on while anything else will happen, or the router is behind.
+        let more = self.next_arrival.is_some()
+            || self.queue.len() > self.heartbeats_in_flight
+            || self.workers.iter().any(|w| w.up && w.gap_seen);
         for w in 0..self.workers.len() {
             if !self.workers[w].up || self.lost() {
                 continue;
@@ -1507,8 +1513,17 @@ impl Sim {
             let at = self.now.saturating_add(self.plane_delay());
             self.queue
                 .push(at, Event::HeartbeatArrives(w, worker.epoch, latest));
+            self.heartbeats_in_flight += 1;
         }
         if more {
+            self.schedule_heartbeat();
+        }
+    }
+
+    /// Makes sure a round of heartbeats is due (when they are on at all).
+    fn schedule_heartbeat(&mut self) {
+        if !self.heartbeat.is_zero() && !self.heartbeat_due {
+            self.heartbeat_due = true;
             self.queue
                 .push(self.now.saturating_add(self.heartbeat), Event::Heartbeat);
         }
@@ -1529,8 +1544,14 @@ impl Sim {
     /// events and is not already waiting for one.
     fn resync_if_behind(&mut self, w: WorkerIndex) {
         let worker = &self.workers[w];
-        if worker.up && worker.gap_seen && self.now >= worker.quiet_until {
+        if !(worker.up && worker.gap_seen) {
+            return;
+        }
+        if self.now >= worker.quiet_until {
             self.resync(w);
+        } else {
+            // Waiting out the back-off: a later heartbeat asks again.
+            self.schedule_heartbeat();
         }
     }
 

@@ -543,8 +543,16 @@ fn events_of_all_tiers_come_in_the_order_they_happened() {
         .all(|w| w[1].event_id == w[0].event_id + 1));
 }
 
-#[test]
-fn a_block_whose_parent_left_every_tier_is_not_offloaded() {
+/// A device of 3 blocks and a host of 1: chain a→b computed, a copied to host, then x
+/// takes the host's only block (a leaves host) and a block for y evicts a from the
+/// device. Returns the manager, [a, b], x and the handle that keeps b on the device: b
+/// is an orphan, its parent in no tier.
+fn orphaned() -> (
+    Manager<TestHardware>,
+    Vec<BlockIdentity>,
+    Vec<BlockIdentity>,
+    ImmutableBlock,
+) {
     let mut m = manager(
         vec![
             tier(Tier::Device, 3, OffloadPolicy::None),
@@ -554,13 +562,10 @@ fn a_block_whose_parent_left_every_tier_is_not_offloaded() {
     );
     let ab = chain(1, 2);
     compute(&mut m, &ab, at(0));
-    // a goes to host; b stays on device, held.
     let a = m.device().pin(ab[0].sequence_hash).unwrap();
     m.offload(Tier::Device, vec![a], at(0));
     let _ = drain(&mut m, at(0));
     let b = m.device().pin(ab[1].sequence_hash).unwrap();
-    // x takes the host's only block (a leaves host), then a block for y evicts a from
-    // the device: b is an orphan now.
     let x = chain(2, 1);
     compute(&mut m, &x, at(1));
     let x_block = m.device().pin(x[0].sequence_hash).unwrap();
@@ -568,6 +573,12 @@ fn a_block_whose_parent_left_every_tier_is_not_offloaded() {
     let _ = drain(&mut m, at(1));
     let _y = m.allocate(1, at(2)).unwrap();
     assert!(!m.holds_anywhere(ab[0].sequence_hash));
+    (m, ab, x, b)
+}
+
+#[test]
+fn a_block_whose_parent_left_every_tier_is_not_offloaded() {
+    let (mut m, ab, _, b) = orphaned();
     m.offload(Tier::Device, vec![b], at(2));
     let _ = drain(&mut m, at(2));
     assert_eq!(m.stats().orphans_not_offloaded, 1);
@@ -653,25 +664,7 @@ fn a_snapshot_republishes_every_reachable_block_after_a_cleared() {
 
 #[test]
 fn a_snapshot_leaves_out_blocks_whose_prefix_left_every_tier() {
-    let mut m = manager(
-        vec![
-            tier(Tier::Device, 3, OffloadPolicy::None),
-            tier(Tier::Host, 1, OffloadPolicy::None),
-        ],
-        TransferTiming::Instant,
-    );
-    let ab = chain(1, 2);
-    compute(&mut m, &ab, at(0));
-    let a = m.device().pin(ab[0].sequence_hash).unwrap();
-    m.offload(Tier::Device, vec![a], at(0));
-    let _ = drain(&mut m, at(0));
-    let _b = m.device().pin(ab[1].sequence_hash).unwrap();
-    let x = chain(2, 1);
-    compute(&mut m, &x, at(1));
-    let x_block = m.device().pin(x[0].sequence_hash).unwrap();
-    m.offload(Tier::Device, vec![x_block], at(1));
-    let _ = drain(&mut m, at(1));
-    let _y = m.allocate(1, at(2)).unwrap();
+    let (mut m, ab, x, _b) = orphaned();
     // b is on the device, its parent a nowhere: b is left out, x (device and host) not.
     let _ = m.take_events();
     assert_eq!(m.publish_snapshot(), 2);
