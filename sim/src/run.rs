@@ -79,6 +79,9 @@ enum Event {
     FaultEnds(usize),
     /// A crashed worker is back, empty.
     Restart(WorkerIndex),
+    /// The router looks at whether it should ask worker `w` for a snapshot (after
+    /// delivering an event, which may happen while the worker is publishing).
+    ResyncCheck(WorkerIndex, Epoch),
 }
 
 #[derive(Debug)]
@@ -775,6 +778,12 @@ pub fn simulate_stream(
             }
             Event::Restart(w) => {
                 sim.restart(w);
+                None
+            }
+            Event::ResyncCheck(w, epoch) => {
+                if sim.current(w, epoch) {
+                    sim.resync_if_behind(w);
+                }
                 None
             }
             // Scheduled by a worker's former incarnation.
@@ -1484,11 +1493,15 @@ impl Sim {
             worker.gap_seen = true;
         }
         worker.last_applied = Some(event.event_id);
-        let id = worker.key.worker;
+        let (id, gap, epoch) = (worker.key.worker, worker.gap_seen, worker.epoch);
         if self.router.apply(id, event).is_err() {
             self.events_rejected += 1;
         }
-        self.resync_if_behind(w);
+        if gap {
+            // Not now: this may run inside the worker's own publishing, and a snapshot
+            // must follow the events already on their way, not overtake them.
+            self.queue.push(self.now, Event::ResyncCheck(w, epoch));
+        }
     }
 
     /// Whether `epoch` is worker `w`'s current incarnation.
