@@ -249,6 +249,9 @@ pub struct Report {
     pub end_to_end: Percentiles,
     /// Time per output token after the first, per request with two or more.
     pub tpot: Percentiles,
+    /// Arrival to the first pass that takes the request: waiting for device blocks, an
+    /// onboarding transfer, or room in a pass.
+    pub queueing: Percentiles,
     /// Output tokens of completed requests per simulated second.
     pub output_tokens_per_s: f64,
     /// Lower-tier hits recomputed because that was predicted faster.
@@ -354,6 +357,11 @@ impl fmt::Display for Report {
             self.end_to_end.p50_ms,
             self.end_to_end.p99_ms
         )?;
+        writeln!(
+            f,
+            "queueing  arrival to first pass: mean {:.1} ms, p50 {:.1} ms, p99 {:.1} ms",
+            self.queueing.mean_ms, self.queueing.p50_ms, self.queueing.p99_ms
+        )?;
         writeln!(f, "output    {:.0} tokens/s", self.output_tokens_per_s)?;
         let r = &self.routing;
         let (least, most) = (
@@ -433,6 +441,8 @@ struct Live {
     first_token_at: Option<Timestamp>,
     /// Whether its prompt blocks have been counted in the sources.
     counted: bool,
+    /// Whether a pass has taken it yet (its queueing time is counted then).
+    scheduled: bool,
 }
 
 struct Sim {
@@ -455,6 +465,7 @@ struct Sim {
     ttft: Latencies,
     e2e: Latencies,
     tpot: Latencies,
+    queueing: Latencies,
     preemptions: u64,
     output_tokens: u64,
     completed: u64,
@@ -670,6 +681,7 @@ pub fn simulate_stream(
         ttft: Latencies::new(),
         e2e: Latencies::new(),
         tpot: Latencies::new(),
+        queueing: Latencies::new(),
         preemptions: 0,
         output_tokens: 0,
         completed: 0,
@@ -809,6 +821,7 @@ impl Sim {
                 generated: 0,
                 first_token_at: None,
                 counted: false,
+                scheduled: false,
             },
         );
         i
@@ -1019,6 +1032,17 @@ impl Sim {
             pass.prefills.push((chunk, *cached));
             members.push((*i, chunk));
             budget = budget.saturating_sub(chunk);
+            // Its first pass: how long it queued (for blocks, a transfer, or the pass).
+            if let Some(live) = self.live.get_mut(i) {
+                if !live.scheduled {
+                    live.scheduled = true;
+                    self.queueing.push(
+                        self.now
+                            .saturating_duration_since(live.request.arrival)
+                            .as_nanos() as u64,
+                    );
+                }
+            }
         }
         if members.is_empty() {
             worker.spare_members = members;
@@ -1895,6 +1919,7 @@ impl Sim {
             ttft: Percentiles::of(self.ttft),
             end_to_end: Percentiles::of(self.e2e),
             tpot: Percentiles::of(self.tpot),
+            queueing: Percentiles::of(self.queueing),
             output_tokens_per_s: self.output_tokens as f64 / (simulated_ns as f64 / 1e9),
             recomputed_hit_blocks: stats.recomputed_hit_blocks,
             offloaded_blocks: stats.offloaded_blocks,
@@ -1986,6 +2011,8 @@ mod tests {
             (0.29, 0.39)
         );
         assert_eq!(report.passes, 4);
+        // A went into the first pass at once; B, arriving during it, into the second.
+        assert_eq!((report.queueing.p50_ms, report.queueing.max_ms), (0.0, 0.1));
         // Both decode one token per 100 µs pass after their first.
         assert_eq!((report.tpot.p50_ms, report.tpot.max_ms), (0.1, 0.1));
     }
