@@ -1000,14 +1000,17 @@ impl Sim {
         let mut pass = Pass::default();
         // The buffer of the last pass, emptied (no allocation per pass).
         let mut members = std::mem::take(&mut worker.spare_members);
+        // Every decoding sequence is counted, so that a pass that could not take them all
+        // is known not to be decodes-only (see the plan below).
+        let mut decoding = 0;
         for (i, state) in &worker.states {
             if let State::Decoding { context, .. } = state {
-                if members.len() >= batching.max_seqs {
-                    break;
+                decoding += 1;
+                if members.len() < batching.max_seqs {
+                    pass.decodes += 1;
+                    pass.decode_context += context;
+                    members.push((*i, 1));
                 }
-                pass.decodes += 1;
-                pass.decode_context += context;
-                members.push((*i, 1));
             }
         }
         let mut budget = (batching.max_batch_tokens as u64).saturating_sub(pass.decodes);
@@ -1050,11 +1053,6 @@ impl Sim {
         }
         let time = self.compute.pass(&pass, self.device_capacity_tokens);
         let (mut end, mut steps) = (self.now.saturating_add(time.total), 1);
-        let decoding = worker
-            .states
-            .values()
-            .filter(|s| matches!(s, State::Decoding { .. }))
-            .count();
         if batching.plan_decode_steps
             && pass.prefills.is_empty()
             && worker.prefill_queue.is_empty()
@@ -1793,25 +1791,19 @@ impl Sim {
                 return view.is_empty();
             }
             let mut pools: BTreeMap<SequenceHash, u8> = BTreeMap::new();
-            let mut identities = Vec::new();
             for tier in Tier::ALL {
                 if let Some(pool) = worker.manager.pool(tier) {
-                    for identity in pool.registered_identities() {
-                        *pools.entry(identity.sequence_hash).or_default() |= 1 << tier.index();
-                        identities.push(identity);
+                    for hash in pool.snapshot().registered.into_keys() {
+                        *pools.entry(hash).or_default() |= 1 << tier.index();
                     }
                 }
             }
-            identities.sort_by_key(|identity| identity.position);
-            let mut reachable = BTreeSet::new();
-            for identity in identities {
-                if identity
-                    .parent
-                    .is_none_or(|parent| reachable.contains(&parent))
-                {
-                    reachable.insert(identity.sequence_hash);
-                }
-            }
+            let reachable: BTreeSet<SequenceHash> = worker
+                .manager
+                .reachable_blocks()
+                .into_iter()
+                .map(|(identity, _)| identity.sequence_hash)
+                .collect();
             view.iter()
                 .all(|(hash, tiers)| pools.get(hash) == Some(tiers))
                 && reachable

@@ -807,6 +807,24 @@ impl<H: Hardware> Manager<H> {
         // Events already queued keep their place before the snapshot.
         self.collect_pool_events();
         self.push_event(KvCacheEventData::Cleared);
+        let blocks = self.reachable_blocks();
+        for (identity, tier) in &blocks {
+            self.push_event(KvCacheEventData::Stored {
+                parent_hash: identity.parent,
+                blocks: vec![StoredBlock {
+                    block_hash: identity.sequence_hash,
+                    tokens_hash: identity.local_hash,
+                }],
+                tier: *tier,
+            });
+        }
+        blocks.len()
+    }
+
+    /// Every registered block a prefix lookup can reach (its whole prefix is registered
+    /// in some tier), with its tier, parents before children (by position, then tier,
+    /// then hash). A block held in two tiers is listed once per tier.
+    pub fn reachable_blocks(&self) -> Vec<(BlockIdentity, Tier)> {
         let mut blocks: Vec<(BlockIdentity, Tier)> = Vec::new();
         for pool in self.pools.iter().flatten() {
             blocks.extend(
@@ -817,26 +835,16 @@ impl<H: Hardware> Manager<H> {
         }
         blocks.sort_by_key(|(identity, tier)| (identity.position, *tier, identity.sequence_hash));
         let mut reachable: FxHashSet<SequenceHash> = FxHashSet::default();
-        let mut published = 0;
-        for (identity, tier) in blocks {
-            if identity
+        blocks.retain(|(identity, _)| {
+            let keep = identity
                 .parent
-                .is_some_and(|parent| !reachable.contains(&parent))
-            {
-                continue;
+                .is_none_or(|parent| reachable.contains(&parent));
+            if keep {
+                reachable.insert(identity.sequence_hash);
             }
-            reachable.insert(identity.sequence_hash);
-            self.push_event(KvCacheEventData::Stored {
-                parent_hash: identity.parent,
-                blocks: vec![StoredBlock {
-                    block_hash: identity.sequence_hash,
-                    tokens_hash: identity.local_hash,
-                }],
-                tier,
-            });
-            published += 1;
-        }
-        published
+            keep
+        });
+        blocks
     }
 
     /// Forgets every cached block of every tier and emits one `Cleared`. Refuses while
