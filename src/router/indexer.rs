@@ -211,6 +211,11 @@ impl KvIndexer {
         self.tree.distinct_blocks()
     }
 
+    /// Times the block-position table was rebuilt to shed the tombstones removals leave.
+    pub fn position_rebuilds(&self) -> u64 {
+        self.tree.location_rebuilds()
+    }
+
     /// Runs (tree nodes) in the index: how compressed it is.
     pub fn runs(&self) -> usize {
         self.tree.live_nodes() - 1

@@ -392,3 +392,46 @@ fn blocks_of_lists_what_a_worker_holds_with_its_tiers() {
     assert_eq!(index.blocks_of(key(2)).len(), 2);
     assert!(index.blocks_of(key(3)).is_empty());
 }
+
+#[test]
+fn position_table_stays_near_twice_its_entries_under_churn() {
+    // A cache at steady state: one worker holds 1,024 chains of 8 blocks; every step
+    // evicts the oldest chain (leaf first) and stores a new one. hashbrown left to
+    // itself fills its table with tombstones and doubles it (four buckets per block).
+    const CHAINS: u64 = 1024;
+    const LEN: u64 = 8;
+    let worker = WorkerId::new(1);
+    let mut index = KvIndexer::new();
+    let mut live = std::collections::VecDeque::new();
+    let mut event_id = 0;
+    for step in 0..20 * CHAINS {
+        if live.len() as u64 == CHAINS {
+            let chain: Vec<BlockIdentity> = live.pop_front().unwrap();
+            let leaf_first: Vec<SequenceHash> =
+                chain.iter().rev().map(|b| b.sequence_hash).collect();
+            event_id += 1;
+            index
+                .apply(worker, &removed(event_id, &leaf_first, Tier::Device))
+                .unwrap();
+        }
+        let locals: Vec<u64> = (0..LEN).map(|i| (step + 1) << 8 | i).collect();
+        let chain = chain_of(&locals);
+        event_id += 1;
+        index
+            .apply(worker, &stored(event_id, None, &chain, Tier::Device))
+            .unwrap();
+        live.push_back(chain);
+    }
+    index.check_invariants();
+    let blocks = (CHAINS * LEN) as usize;
+    assert_eq!(index.pairs(), blocks);
+    let per_block = index.tree.location_table_bytes() as f64 / blocks as f64;
+    // 8,192 entries need 16,384 buckets of 9 bytes: 18 bytes a block (not 36).
+    assert!(per_block <= 20.0, "{per_block:.1} table bytes per block");
+    assert!(index.position_rebuilds() > 0);
+    for chain in &live {
+        let locals: Vec<u64> = chain.iter().map(|b| b.local_hash.get()).collect();
+        let scores = index.find_matches(&query(&locals), false);
+        assert_eq!(scores.score(key(1)), LEN as u32);
+    }
+}
