@@ -6,16 +6,23 @@
 //! flight share each link max-min fairly and small SSD I/O is bound by IOPS
 //! ([`crate::links`] has the model); a transfer lands the sum of its links' latencies
 //! after its bytes are through.
+//!
+//! Fault points: a link can be slowed ([`SimHardware::set_link_speed`]) and a tier's
+//! storage can fail ([`SimHardware::fail_tier`]): its transfers in flight fail at once
+//! and new ones are refused until [`SimHardware::restore_tier`].
 //! Never: read a wall clock; every deadline derives from `now` arguments.
 
 use crate::compute::{ComputeModel, UnknownProfile};
 use crate::links::{FluidLinks, LinkSpec};
 use kvtwin::fabric::InProcessFabric;
-use kvtwin::hardware::{Clock, Completion, Hardware, MemoryStorage, SubmitError, TransferRequest};
+use kvtwin::hardware::{
+    Clock, Completion, Hardware, MemoryStorage, SubmitError, TransferError, TransferRequest,
+};
 use kvtwin::ids::{Timestamp, TransferId};
 use kvtwin::tier::Tier;
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 /// Bandwidths (bytes per second), latencies (nanoseconds) and compute costs of one
@@ -187,6 +194,13 @@ pub struct SimHardware {
     storage: MemoryStorage,
     links: FluidLinks,
     next_id: u64,
+    /// Source and destination tier of every transfer not yet reported, by id.
+    routes: BTreeMap<u64, (Tier, Tier)>,
+    /// Tiers whose storage failed (index: `Tier::index`): transfers to or from them are
+    /// refused.
+    down: [bool; 4],
+    /// Transfers a tier failure stopped, with when and where, to report as failed.
+    failed: VecDeque<(Timestamp, u64, Tier)>,
 }
 
 impl SimHardware {
@@ -201,7 +215,36 @@ impl SimHardware {
             storage: MemoryStorage::new(),
             links,
             next_id: 0,
+            routes: BTreeMap::new(),
+            down: [false; 4],
+            failed: VecDeque::new(),
         }
+    }
+
+    /// The storage of `tier` fails at `now`: every transfer to or from it that has not
+    /// been reported stops (its link share goes to the others) and is reported failed
+    /// at `now`; new transfers touching it are refused with `TierUnavailable` until
+    /// [`SimHardware::restore_tier`]. Returns the number of transfers failed.
+    pub fn fail_tier(&mut self, tier: Tier, now: Timestamp) -> usize {
+        self.down[tier.index()] = true;
+        let touching: Vec<u64> = self
+            .routes
+            .iter()
+            .filter(|(_, (src, dst))| *src == tier || *dst == tier)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &touching {
+            self.links.abort(*id, now);
+            self.routes.remove(id);
+            self.failed.push_back((now, *id, tier));
+        }
+        touching.len()
+    }
+
+    /// The storage of `tier` is back (empty, as far as the manager knows): transfers to
+    /// and from it are accepted again.
+    pub fn restore_tier(&mut self, tier: Tier) {
+        self.down[tier.index()] = false;
     }
 
     /// The profile.
@@ -283,6 +326,12 @@ impl Hardware for SimHardware {
         now: Timestamp,
     ) -> Result<TransferId, SubmitError> {
         request.check_shape()?;
+        if let Some(tier) = [request.src_tier, request.dst_tier]
+            .into_iter()
+            .find(|tier| self.down[tier.index()])
+        {
+            return Err(SubmitError::TierUnavailable(tier));
+        }
         if self.links.len() >= self.profile.max_inflight_transfers {
             return Err(SubmitError::QueueFull {
                 depth: self.links.len(),
@@ -294,19 +343,35 @@ impl Hardware for SimHardware {
         let id = self.next_id;
         self.next_id += 1;
         self.links.start(id, &indices, request.bytes, latency, now);
+        self.routes.insert(id, (request.src_tier, request.dst_tier));
         Ok(TransferId::new(id))
     }
 
     fn poll_completion(&mut self, now: Timestamp) -> Option<Completion> {
+        if let Some(&(at, id, tier)) = self.failed.front() {
+            if at <= now {
+                self.failed.pop_front();
+                return Some(Completion {
+                    id: TransferId::new(id),
+                    result: Err(TransferError::Failed { tier }),
+                });
+            }
+        }
         self.links.advance(now);
-        self.links.pop_landed(now).map(|id| Completion {
+        let id = self.links.pop_landed(now)?;
+        self.routes.remove(&id);
+        Some(Completion {
             id: TransferId::new(id),
             result: Ok(()),
         })
     }
 
     fn next_deadline(&self) -> Option<Timestamp> {
-        self.links.next_deadline()
+        let failed = self.failed.front().map(|(at, ..)| *at);
+        match (failed, self.links.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn estimate_transfer(&self, src: Tier, dst: Tier, bytes: u64) -> Duration {
@@ -421,6 +486,38 @@ mod tests {
         hw.submit(transfer(Tier::Disk, Tier::Host, 4096), Timestamp::ZERO)
             .unwrap();
         assert_eq!(drain(&mut hw), vec![(0, 11_000)]);
+    }
+
+    #[test]
+    fn a_failed_tier_fails_its_transfers_in_flight_and_refuses_new_ones_until_restored() {
+        let mut hw = SimHardware::new(profile(), 16);
+        let t0 = Timestamp::ZERO;
+        let read = hw
+            .submit(transfer(Tier::Disk, Tier::Device, 1_000_000), t0)
+            .unwrap();
+        let copy = hw
+            .submit(transfer(Tier::Host, Tier::Device, 1_000_000), t0)
+            .unwrap();
+        let at = Timestamp::from_nanos(500_000);
+        assert_eq!(hw.fail_tier(Tier::Disk, at), 1);
+        assert_eq!(hw.next_deadline(), Some(at));
+        assert_eq!(
+            hw.poll_completion(at),
+            Some(Completion {
+                id: read,
+                result: Err(TransferError::Failed { tier: Tier::Disk }),
+            })
+        );
+        assert_eq!(
+            hw.submit(transfer(Tier::Host, Tier::Disk, 1), at),
+            Err(SubmitError::TierUnavailable(Tier::Disk))
+        );
+        // Until then the two shared PCIe (the read held to the disk's 0.5 GB/s, the copy
+        // the other 0.5 GB/s); after it, the copy's last 0.75 MB moves at 1 GB/s: through
+        // at 1.25 ms, landing 1 µs later.
+        assert_eq!(drain(&mut hw), vec![(copy.get(), 1_251_000)]);
+        hw.restore_tier(Tier::Disk);
+        assert!(hw.submit(transfer(Tier::Host, Tier::Disk, 1), at).is_ok());
     }
 
     #[test]

@@ -363,16 +363,54 @@ impl FluidLinks {
             };
             self.landing
                 .insert((self.last.saturating_add(flow.latency), id));
-            for (link, _) in &flow.links {
-                self.in_service[*link] = self.in_service[*link].saturating_sub(1);
-                while let Some(next) = self.waiting[*link].pop_front() {
-                    self.admit(next);
-                    let started = self.flows.get(&next).is_some_and(|f| f.in_service);
-                    let depth = self.specs[*link].queue_depth.unwrap_or(usize::MAX).max(1);
-                    if !started || self.in_service[*link] >= depth {
-                        break;
-                    }
+            self.leave_service(&flow.links);
+        }
+        self.share();
+        true
+    }
+
+    /// A flow in service on `links` left: its queue slots go to the flows waiting.
+    fn leave_service(&mut self, links: &[(usize, f64)]) {
+        for (link, _) in links {
+            self.in_service[*link] = self.in_service[*link].saturating_sub(1);
+            while let Some(next) = self.waiting[*link].pop_front() {
+                self.admit(next);
+                let started = self.flows.get(&next).is_some_and(|f| f.in_service);
+                let depth = self.specs[*link].queue_depth.unwrap_or(usize::MAX).max(1);
+                if !started || self.in_service[*link] >= depth {
+                    break;
                 }
+            }
+        }
+    }
+
+    /// Stops transfer `id` at `now`, wherever it is (moving bytes, queued, or through and
+    /// waiting out its latency): it will never land. The bytes it had not moved come off
+    /// its links' usage, and the others share the links again. Returns whether it was
+    /// in flight.
+    pub fn abort(&mut self, id: u64, now: Timestamp) -> bool {
+        self.advance(now);
+        if let Some(&entry) = self.landing.iter().find(|(_, landing)| *landing == id) {
+            self.landing.remove(&entry);
+            return true;
+        }
+        if !self.flows.contains_key(&id) {
+            return false;
+        }
+        // Rates change now: move the bytes in service up to here first.
+        self.progress(now);
+        let Some(flow) = self.flows.remove(&id) else {
+            return false;
+        };
+        let unmoved = flow.remaining.round() as u64;
+        for (link, _) in &flow.links {
+            self.usage[*link].bytes = self.usage[*link].bytes.saturating_sub(unmoved);
+        }
+        if flow.in_service {
+            self.leave_service(&flow.links);
+        } else {
+            for queue in &mut self.waiting {
+                queue.retain(|waiting| *waiting != id);
             }
         }
         self.share();
@@ -434,6 +472,31 @@ mod tests {
         links.set_speed(0, 1.0, ms(2.0));
         links.start(1, &[0], 1_000_000, Duration::ZERO, ms(2.0));
         assert_eq!(drain(&mut links)[&1], ms(3.0));
+    }
+
+    #[test]
+    fn an_aborted_transfer_never_lands_and_gives_its_share_back() {
+        // Two 1 MB transfers share 1 GB/s; at 1 ms (0.5 MB each moved) one is aborted:
+        // the other moves its last 0.5 MB alone, through at 1.5 ms. The link carried
+        // 1.5 MB. A queued transfer can be aborted too, and an unknown id is not.
+        let mut links = FluidLinks::new(vec![LinkSpec::bandwidth(GB)]);
+        links.start(0, &[0], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        links.start(1, &[0], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        assert!(links.abort(0, ms(1.0)));
+        assert!(!links.abort(0, ms(1.0)));
+        let landed = drain(&mut links);
+        assert_eq!(landed.keys().copied().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(landed[&1], ms(1.5));
+        assert_eq!(links.usage()[0].bytes, 1_500_000);
+        let mut queued = FluidLinks::new(vec![LinkSpec {
+            queue_depth: Some(1),
+            ..LinkSpec::bandwidth(GB)
+        }]);
+        queued.start(0, &[0], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        queued.start(1, &[0], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        assert!(queued.abort(1, ms(0.5)));
+        assert_eq!(drain(&mut queued).len(), 1);
+        assert!(queued.is_empty());
     }
 
     #[test]

@@ -14,6 +14,16 @@
 //! events are also replayed into a registry replica of its own. At the end the run
 //! checks that the replicas match the pools, and that the router's view of every worker
 //! matches that worker's pools (it cannot once events were lost: the report says so).
+//! Both allow one difference: blocks no prefix lookup can reach (a block of their prefix
+//! is in no tier, as after a failed SSD took it) may be missing once a snapshot left
+//! them out.
+//!
+//! Faults come on a timeline ([`crate::scenario::FaultKind`]): a worker crashes (its
+//! incarnation, the epoch, changes, so what its former self scheduled is dropped), a
+//! link slows down, the event plane loses or delays events, the router restarts, or a
+//! worker's SSD fails (its `SimHardware` fails the disk's transfers in flight and its
+//! `Manager` forgets the disk tier until it comes back empty). Heartbeats and snapshots
+//! bring the router back in line, and the report counts what recovery cost.
 //!
 //! Compute is continuously batched per worker: one forward pass at a time holds every
 //! decoding sequence (one token each) and prefill chunks of the oldest prompts up to the
@@ -183,7 +193,9 @@ pub struct EventCounts {
     pub stored_blocks: u64,
     /// Blocks in `Removed` events.
     pub removed_blocks: u64,
-    /// Whether replaying each worker's events rebuilt every tier's registry exactly.
+    /// Whether replaying each worker's events rebuilt every tier's registry: no block
+    /// the pools lack, and every block a prefix lookup can reach (exactly the pools'
+    /// blocks, unless a snapshot left out some that none can reach).
     pub rebuild_matches_pools: bool,
 }
 
@@ -218,6 +230,10 @@ pub struct FaultReport {
     pub snapshots: u64,
     /// Requests still waiting for a worker at the end (none came back).
     pub requests_unserved: u64,
+    /// Blocks lost with a failed SSD (each announced to the router as removed).
+    pub disk_blocks_lost: u64,
+    /// Transfers to or from a disk that were in flight when it failed.
+    pub disk_transfers_failed: u64,
 }
 
 /// What a run did.
@@ -381,7 +397,7 @@ impl fmt::Display for Report {
             r.view_matches_pools
         )?;
         if self.faults.applied > 0 {
-            writeln!(
+            write!(
                 f,
                 "faults    {} applied; {} requests retried, {} snapshots sent to the router, {} requests unserved",
                 self.faults.applied,
@@ -389,6 +405,14 @@ impl fmt::Display for Report {
                 self.faults.snapshots,
                 self.faults.requests_unserved
             )?;
+            if self.faults.disk_blocks_lost > 0 || self.faults.disk_transfers_failed > 0 {
+                write!(
+                    f,
+                    "; SSD failures lost {} disk blocks and failed {} transfers",
+                    self.faults.disk_blocks_lost, self.faults.disk_transfers_failed
+                )?;
+            }
+            writeln!(f)?;
         }
         write!(
             f,
@@ -429,6 +453,8 @@ struct Worker {
     quiet_until: Timestamp,
     /// Snapshots asked for since the router was last in line with this worker.
     failed_snapshots: u32,
+    /// SSD failures of this worker under way (its disk is down while any is).
+    disk_failures: u32,
 }
 
 /// A request between its arrival and its end, and what the run keeps about it. Only
@@ -504,6 +530,8 @@ struct Sim {
     faults_applied: u64,
     requests_retried: u64,
     snapshots: u64,
+    disk_blocks_lost: u64,
+    disk_transfers_failed: u64,
     now: Timestamp,
 }
 
@@ -621,6 +649,16 @@ pub fn simulate_stream(
     scenario: &Scenario,
     requests: impl IntoIterator<Item = Request>,
 ) -> Result<Report, SimError> {
+    simulate_observed(scenario, requests, |_| {})
+}
+
+/// [`simulate_stream`], showing `observe` the cluster after every event (tests check
+/// what must hold at every instant, not only at the end).
+fn simulate_observed(
+    scenario: &Scenario,
+    requests: impl IntoIterator<Item = Request>,
+    mut observe: impl FnMut(&Sim),
+) -> Result<Report, SimError> {
     let base = scenario.worker.manager_config();
     let compute = scenario.hardware.compute_model()?;
     let device_capacity_blocks: u64 = base
@@ -661,6 +699,7 @@ pub fn simulate_stream(
             gap_seen: false,
             quiet_until: Timestamp::ZERO,
             failed_snapshots: 0,
+            disk_failures: 0,
         });
     }
     let mut sim = Sim {
@@ -710,6 +749,8 @@ pub fn simulate_stream(
         faults_applied: 0,
         requests_retried: 0,
         snapshots: 0,
+        disk_blocks_lost: 0,
+        disk_transfers_failed: 0,
         now: Timestamp::ZERO,
     };
     for (index, fault) in scenario.faults.iter().enumerate() {
@@ -805,6 +846,7 @@ pub fn simulate_stream(
             sim.settle(w);
             sim.start_pass(w);
         }
+        observe(&sim);
     }
     Ok(sim.report(scenario))
 }
@@ -913,6 +955,10 @@ impl Sim {
             .iter()
             .map(ImmutableBlock::tier)
             .collect();
+        debug_assert!(
+            !onboard_tiers.iter().any(|tier| manager.tier_is_down(*tier)),
+            "worker {w} planned an onboarding from a failed tier"
+        );
         if !onboard_tiers.is_empty()
             && manager
                 .start_onboard(RequestId::new(i as u64), &mut plan, now)
@@ -1642,6 +1688,10 @@ impl Sim {
                 self.extra_delay += Duration::from_micros(delay_us);
                 until(for_ms, self);
             }
+            FaultKind::SsdFailure { worker, down_ms } => {
+                self.fail_disk(worker);
+                until(down_ms, self);
+            }
             FaultKind::RouterRestart => {
                 // Its state and the load it knew are gone; the workers it knows of send
                 // snapshots.
@@ -1678,7 +1728,57 @@ impl Sim {
                     .extra_delay
                     .saturating_sub(Duration::from_micros(delay_us));
             }
+            FaultKind::SsdFailure { worker, .. } => self.restore_disk(worker),
             FaultKind::WorkerCrash { .. } | FaultKind::RouterRestart => {}
+        }
+    }
+
+    /// Worker `w`'s SSD fails: the hardware fails the transfers touching it, which go
+    /// through the manager's failure path (an onboarding from disk ends with its blocks
+    /// to compute, and the request goes on to prefill), then the manager forgets the
+    /// disk tier, and its `Removed` events go out like any others.
+    fn fail_disk(&mut self, w: WorkerIndex) {
+        let Some(worker) = self.workers.get_mut(w) else {
+            return;
+        };
+        worker.disk_failures += 1;
+        if worker.disk_failures > 1 {
+            // Already down: nothing more to lose.
+            return;
+        }
+        self.set_clock(w);
+        let now = self.now;
+        let manager = &mut self.workers[w].manager;
+        let stopped = manager.hardware_mut().fail_tier(Tier::Disk, now);
+        manager.handle_completions(now);
+        // Validated: the worker has a disk tier.
+        let failure = manager.fail_tier(Tier::Disk, now).unwrap_or_default();
+        self.disk_transfers_failed += (stopped + failure.transfers_failed) as u64;
+        self.disk_blocks_lost += failure.blocks_lost as u64;
+        if self.workers[w].up {
+            self.settle(w);
+            self.start_pass(w);
+        }
+    }
+
+    /// Worker `w`'s SSD is back, empty, once no failure of it is under way.
+    fn restore_disk(&mut self, w: WorkerIndex) {
+        let Some(worker) = self.workers.get_mut(w) else {
+            return;
+        };
+        worker.disk_failures = worker.disk_failures.saturating_sub(1);
+        if worker.disk_failures > 0 {
+            return;
+        }
+        self.set_clock(w);
+        let now = self.now;
+        let manager = &mut self.workers[w].manager;
+        manager.hardware_mut().restore_tier(Tier::Disk);
+        let _ = manager.restore_tier(Tier::Disk, now);
+        if self.workers[w].up {
+            // Write-back may copy down again at once.
+            self.settle(w);
+            self.start_pass(w);
         }
     }
 
@@ -1743,9 +1843,18 @@ impl Sim {
             }
         }
         hardware.clock().set(self.now);
+        // A disk that failed stays down across the restart.
+        let disk_down = worker.disk_failures > 0;
+        if disk_down {
+            hardware.fail_tier(Tier::Disk, self.now);
+        }
         let mut config = self.worker_config.clone();
         config.worker_id = worker.key.worker;
         worker.manager = Manager::new(hardware, config).expect("validated when the run began");
+        if disk_down {
+            // A fresh manager has nothing to lose.
+            let _ = worker.manager.fail_tier(Tier::Disk, self.now);
+        }
         let id = worker.key.worker;
         self.router.remove_worker(id);
         let back = self.now.saturating_add(Duration::from_millis(down_ms));
@@ -1814,20 +1923,29 @@ impl Sim {
 
     fn report(self, scenario: &Scenario) -> Report {
         let simulated_ns = self.now.as_nanos().max(1);
+        // A snapshot leaves out the blocks no prefix lookup can reach (see
+        // `Manager::publish_snapshot`): after one, only those may be missing.
         let rebuild_matches_pools = self.workers.iter().all(|worker| {
-            Tier::ALL
-                .iter()
-                .all(|tier| match worker.manager.pool(*tier) {
+            let reachable: BTreeSet<(SequenceHash, Tier)> = worker
+                .manager
+                .reachable_blocks()
+                .into_iter()
+                .map(|(identity, tier)| (identity.sequence_hash, tier))
+                .collect();
+            Tier::ALL.iter().all(|tier| {
+                let replica = worker.replica.hashes(*tier);
+                match worker.manager.pool(*tier) {
                     Some(pool) => {
-                        pool.snapshot()
-                            .registered
-                            .keys()
-                            .copied()
-                            .collect::<BTreeSet<_>>()
-                            == *worker.replica.hashes(*tier)
+                        let pools: BTreeSet<SequenceHash> =
+                            pool.snapshot().registered.into_keys().collect();
+                        replica.is_subset(&pools)
+                            && pools
+                                .difference(replica)
+                                .all(|hash| !reachable.contains(&(*hash, *tier)))
                     }
-                    None => worker.replica.hashes(*tier).is_empty(),
-                })
+                    None => replica.is_empty(),
+                }
+            })
         });
         let view_matches_pools = self.router_view_matches_pools();
         let mut stats = self.workers[0].manager.stats();
@@ -1928,6 +2046,8 @@ impl Sim {
                 requests_retried: self.requests_retried,
                 snapshots: self.snapshots,
                 requests_unserved: self.parked.len() as u64,
+                disk_blocks_lost: self.disk_blocks_lost,
+                disk_transfers_failed: self.disk_transfers_failed,
             },
             simulated_s: simulated_ns as f64 / 1e9,
             passes: self.passes,
@@ -2401,6 +2521,141 @@ mod tests {
         let carried = |r: &Report| r.links.iter().find(|l| l.link == "pcie_d2h").unwrap().bytes;
         assert!(carried(&slow) < carried(&normal));
         assert_eq!(slow.completed, 60);
+    }
+
+    /// Write-back to host and disk, 1 MiB blocks (a millisecond each on the 1 GB/s NVMe
+    /// link, so copies are in flight at any time), every lower-tier hit onboarded, and
+    /// from the tenth request on each one repeating the prompt of the one ten before it,
+    /// by then written back and evicted: onboarded from host or disk.
+    fn with_a_busy_disk(faults: Vec<Fault>) -> (Scenario, Vec<Request>) {
+        let (mut scenario, mut requests) = faulty(faults);
+        // A host small enough to write back to disk all the time.
+        scenario.worker.tiers = tiers_with_write_back();
+        scenario.worker.tiers[1].capacity_blocks = 12;
+        scenario.worker.tiers[1].offload = OffloadPolicy::WriteBack {
+            low_watermark_blocks: 4,
+        };
+        scenario.worker.bytes_per_block = 1 << 20;
+        scenario.worker.onboard = kvtwin::manager::OnboardPolicy::Always;
+        for i in 10..requests.len() {
+            let earlier = requests[i - 10].blocks.clone();
+            requests[i].blocks = earlier;
+        }
+        (scenario, requests)
+    }
+
+    #[test]
+    fn a_failed_ssd_loses_its_blocks_is_never_read_while_down_and_comes_back_empty() {
+        let (scenario, requests) = with_a_busy_disk(vec![fault(
+            26,
+            FaultKind::SsdFailure {
+                worker: 0,
+                down_ms: 10,
+            },
+        )]);
+        // By 26 ms worker 0 has written some blocks back to disk and onboards from it;
+        // the run lasts about 50 ms.
+        let (fails, back) = (
+            Timestamp::from_nanos(26_000_000),
+            Timestamp::from_nanos(36_000_000),
+        );
+        // What worker 0's disk held just before the fault, what the manager had planned
+        // to onboard from it when it failed, and what it had written when it came back.
+        let mut held_before = 0;
+        let mut at_failure = None;
+        let mut written_at_return = None;
+        let mut written_at_end = 0;
+        let mut observed_down = 0;
+        let report = simulate_observed(&scenario, requests.iter().cloned(), |sim| {
+            let worker = &sim.workers[0];
+            let manager = &worker.manager;
+            let disk = manager.pool(Tier::Disk).unwrap().snapshot().registered;
+            let stats = manager.stats();
+            if sim.now < fails {
+                held_before = disk.len();
+            } else if sim.now < back {
+                observed_down += 1;
+                assert!(manager.tier_is_down(Tier::Disk));
+                // Gone at once, from the pool and from the router's view of it.
+                assert!(disk.is_empty(), "at {:?}: {disk:?}", sim.now);
+                let view = sim.router.indexer().blocks_of(worker.key);
+                assert!(
+                    view.values()
+                        .all(|tiers| tiers & (1 << Tier::Disk.index()) == 0),
+                    "at {:?} the router still sees disk blocks",
+                    sim.now
+                );
+                // Never planned from, never read, never written.
+                let planned = stats.onboard_planned_blocks[Tier::Disk.index()];
+                let then = *at_failure.get_or_insert((
+                    planned,
+                    stats.onboarded_blocks[Tier::Disk.index()],
+                    stats.offloaded_blocks[Tier::Disk.index()],
+                ));
+                assert_eq!(
+                    (
+                        planned,
+                        stats.onboarded_blocks[Tier::Disk.index()],
+                        stats.offloaded_blocks[Tier::Disk.index()]
+                    ),
+                    then,
+                    "at {:?}",
+                    sim.now
+                );
+            } else {
+                assert!(!manager.tier_is_down(Tier::Disk));
+                if written_at_return.is_none() {
+                    assert!(disk.is_empty(), "it comes back empty");
+                }
+                written_at_return.get_or_insert(stats.offloaded_blocks[Tier::Disk.index()]);
+                written_at_end = stats.offloaded_blocks[Tier::Disk.index()];
+            }
+        })
+        .unwrap();
+        assert!(held_before > 0, "the disk held nothing to lose");
+        assert!(observed_down > 10, "{observed_down} events while down");
+        assert_eq!(
+            report.faults.disk_blocks_lost, held_before as u64,
+            "{report:?}"
+        );
+        assert!(report.faults.disk_transfers_failed > 0, "{report:?}");
+        // Used again once back.
+        assert!(
+            written_at_end > written_at_return.unwrap_or(u64::MAX),
+            "{report:?}"
+        );
+        // Converged: every request served, the router's view exact.
+        assert_eq!(report.completed, 60);
+        assert_eq!(report.faults.applied, 1);
+        assert!(report.routing.view_matches_pools, "{report:?}");
+        assert!(report.events.rebuild_matches_pools);
+        assert_eq!(report.routing.events_rejected, 0, "{report:?}");
+        assert!(report
+            .to_string()
+            .contains(&format!("SSD failures lost {held_before} disk blocks")));
+        // The same run again gives the same report.
+        assert_eq!(
+            report.to_json(),
+            simulate(&scenario, &requests).unwrap().to_json()
+        );
+    }
+
+    #[test]
+    fn an_ssd_failure_needs_a_disk_tier() {
+        let mut scenario = faulty(Vec::new()).0;
+        scenario.faults = vec![fault(
+            1,
+            FaultKind::SsdFailure {
+                worker: 0,
+                down_ms: 1,
+            },
+        )];
+        let text = ron::to_string(&scenario).unwrap();
+        let error = Scenario::parse(&text, Path::new("f.ron")).unwrap_err();
+        assert!(error.to_string().contains("disk tier"), "{error}");
+        scenario.worker.tiers = tiers_with_write_back();
+        let text = ron::to_string(&scenario).unwrap();
+        assert!(Scenario::parse(&text, Path::new("f.ron")).is_ok());
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::workload::ConversationSpec;
 use kvtwin::ids::WorkerId;
 use kvtwin::manager::{ManagerConfig, ManagerConfigError, OnboardPolicy, TierConfig};
 use kvtwin::router::scheduler::SchedulerConfig;
+use kvtwin::tier::Tier;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -160,6 +161,18 @@ pub enum FaultKind {
     },
     /// The router loses its state; every worker then sends it a snapshot of its caches.
     RouterRestart,
+    /// A worker's NVMe SSD fails: every block of its disk tier is lost (the router hears
+    /// of it through `Removed` events), its transfers to or from the disk fail (an
+    /// onboarding from disk falls back to recomputing), and while it is down nothing is
+    /// written to it or read from it (the worker serves from device and host and
+    /// recomputes the rest). It comes back empty after `down_ms`. The worker must have a
+    /// disk tier.
+    SsdFailure {
+        /// Which worker (from 0).
+        worker: usize,
+        /// How long the disk stays down.
+        down_ms: u64,
+    },
 }
 
 /// The cluster around the workers: how many, and how requests reach them.
@@ -327,6 +340,7 @@ impl Scenario {
             };
             match &fault.kind {
                 FaultKind::WorkerCrash { worker, .. }
+                | FaultKind::SsdFailure { worker, .. }
                 | FaultKind::LinkSlowdown {
                     worker: Some(worker),
                     ..
@@ -340,6 +354,11 @@ impl Scenario {
                 }
                 FaultKind::EventLoss { probability, .. } if !(0.0..=1.0).contains(probability) => {
                     return Err(bad("probability must be within 0..=1"));
+                }
+                FaultKind::SsdFailure { .. }
+                    if !self.worker.tiers.iter().any(|t| t.tier == Tier::Disk) =>
+                {
+                    return Err(bad("an SSD failure needs a worker with a disk tier"));
                 }
                 _ => {}
             }

@@ -3,7 +3,9 @@
 //! Owns: [`Manager`], which answers prefix lookups with a [`LookupPlan`], onboards
 //! lower-tier hits into device blocks (cost-aware), offloads registered blocks down
 //! (write-through or write-back per tier), tracks transfers in flight, and numbers the
-//! pools' events into one per-worker stream.
+//! pools' events into one per-worker stream. A lower tier can fail and come back
+//! ([`Manager::fail_tier`], [`Manager::restore_tier`]): while it is down nothing is
+//! copied to it or onboarded from it.
 //!
 //! Architecture invariant: the manager is sans-IO. It never reads a clock (every input
 //! takes `now`), never blocks and never spawns; bytes move only through
@@ -19,7 +21,7 @@ pub use plan::{LookupPlan, ManagerOutput};
 
 use crate::block::{BlockIdentity, Complete, Reset};
 use crate::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
-use crate::hardware::{Completion, Hardware, SubmitError, TransferRequest};
+use crate::hardware::{Completion, Hardware, SubmitError, TransferError, TransferRequest};
 use crate::ids::{RequestId, SequenceHash, Timestamp, TransferId};
 use crate::phase::Phase;
 use crate::pool::{
@@ -74,6 +76,28 @@ pub enum ClearError {
     TransfersInFlight(usize),
 }
 
+/// `fail_tier` or `restore_tier` refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TierFaultError {
+    /// The manager has no such tier.
+    #[error("tier {0} is not configured")]
+    NotPresent(Tier),
+    /// The device tier does not fail on its own: a worker whose GPU fails has crashed.
+    #[error("the device tier cannot fail alone")]
+    Device,
+}
+
+/// What [`Manager::fail_tier`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierFailure {
+    /// Registered blocks the tier lost, each announced in a `Removed` event.
+    pub blocks_lost: usize,
+    /// Transfers to or from the tier that were still in flight here, failed through the
+    /// ordinary failure path (none when the hardware already reported them failed).
+    pub transfers_failed: usize,
+}
+
 /// Cumulative counters of a manager.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManagerStats {
@@ -93,7 +117,7 @@ pub struct ManagerStats {
     pub recomputed_hit_blocks: u64,
     /// Blocks copied down, per destination tier.
     pub offloaded_blocks: [u64; 4],
-    /// Blocks not offloaded (destination full of referenced blocks, or too many
+    /// Blocks not offloaded (destination full of referenced blocks or down, or too many
     /// transfers in flight).
     pub offload_skipped_blocks: u64,
     /// Offloaded blocks whose transfer failed.
@@ -135,6 +159,24 @@ enum InFlight {
     },
 }
 
+impl InFlight {
+    /// The tiers the transfer reads from and writes to.
+    fn tiers(&self) -> (Tier, Tier) {
+        match self {
+            InFlight::Onboard { sources, .. } => (
+                sources.first().map_or(Tier::Device, ImmutableBlock::tier),
+                Tier::Device,
+            ),
+            InFlight::Offload {
+                sources, targets, ..
+            } => (
+                sources.first().map_or(Tier::Device, ImmutableBlock::tier),
+                targets.first().map_or(Tier::Device, MutableBlock::tier),
+            ),
+        }
+    }
+}
+
 /// The block manager of one worker, generic over the hardware that moves its bytes.
 ///
 /// # Driving it
@@ -167,6 +209,8 @@ pub struct Manager<H: Hardware> {
     events: Vec<KvCacheEvent>,
     next_event_id: u64,
     stats: ManagerStats,
+    /// Tiers that failed and have not come back (index: `Tier::index`).
+    down: [bool; 4],
     last_now: Timestamp,
 }
 
@@ -205,6 +249,7 @@ impl<H: Hardware> Manager<H> {
             events: Vec::new(),
             next_event_id: 0,
             stats: ManagerStats::default(),
+            down: [false; 4],
             last_now: Timestamp::ZERO,
         })
     }
@@ -290,9 +335,11 @@ impl<H: Hardware> Manager<H> {
         self.tick(now);
         let device = self.device().match_prefix(hashes);
         let on_device = device.len();
+        // A tier that is down holds nothing, and is not asked.
         let lower: Vec<BlockPool> = self
             .present_tiers()
             .skip(1)
+            .filter(|t| !self.down[t.index()])
             .map(|t| self.pool_of(t))
             .collect();
         let mut found_tiers: Vec<Tier> = Vec::new();
@@ -407,7 +454,14 @@ impl<H: Hardware> Manager<H> {
                 dst_blocks: run_targets.iter().map(MutableBlock::block_id).collect(),
                 bytes: request_bytes,
             };
-            match self.hardware.submit(transfer, now) {
+            // A plan made before its tier failed names blocks that are gone: refused
+            // as the hardware would refuse them.
+            let submitted = if self.down[tier.index()] {
+                Err(SubmitError::TierUnavailable(tier))
+            } else {
+                self.hardware.submit(transfer, now)
+            };
+            match submitted {
                 Ok(id) => {
                     self.count_submit(request_bytes);
                     job.segments.push(Segment::Pending);
@@ -487,6 +541,10 @@ impl<H: Hardware> Manager<H> {
         let Some(to) = self.lower_tier(from) else {
             return;
         };
+        if self.down[to.index()] || self.down[from.index()] {
+            self.stats.offload_skipped_blocks += sources.len() as u64;
+            return;
+        }
         let policy = self.offload_policy(from);
         let dst = self.pool_of(to);
         let mut kept_sources = Vec::with_capacity(sources.len());
@@ -577,6 +635,10 @@ impl<H: Hardware> Manager<H> {
             let Some(to) = self.lower_tier(tier) else {
                 continue;
             };
+            if self.down[to.index()] || self.down[tier.index()] {
+                // Nothing to copy to: the tier evicts without copying until it is back.
+                continue;
+            }
             // The coldest blocks and which of them the lower tier has change only when
             // the pools do; unchanged since a look that found nothing to do, skip it (a
             // full device with everything already copied would rescan every call).
@@ -845,6 +907,71 @@ impl<H: Hardware> Manager<H> {
             keep
         });
         blocks
+    }
+
+    /// Whether `tier` failed and has not come back.
+    pub fn tier_is_down(&self, tier: Tier) -> bool {
+        self.down[tier.index()]
+    }
+
+    fn check_faultable(&self, tier: Tier) -> Result<(), TierFaultError> {
+        if tier == Tier::Device {
+            return Err(TierFaultError::Device);
+        }
+        if self.pools[tier.index()].is_none() {
+            return Err(TierFaultError::NotPresent(tier));
+        }
+        Ok(())
+    }
+
+    /// The storage of `tier` (host, disk or remote) is gone, as when an SSD fails: up →
+    /// down. Transfers to or from it still in flight fail through the same path as a
+    /// transfer the hardware reports failed (an onboard's blocks are then to be
+    /// computed; an offload's sources stay where they were); every block registered in
+    /// it is forgotten with a `Removed` event, so a router's view stays exact. Until
+    /// [`Manager::restore_tier`], lookups do not look there, nothing is copied there,
+    /// and a plan made before naming its blocks is refused by `start_onboard`. Failing
+    /// a tier that is already down loses nothing more.
+    ///
+    /// A driver should first let the hardware report its own failed transfers (and
+    /// call [`Manager::handle_completions`]); those still in flight are failed here, and
+    /// a later completion of theirs is ignored.
+    pub fn fail_tier(&mut self, tier: Tier, now: Timestamp) -> Result<TierFailure, TierFaultError> {
+        self.tick(now);
+        self.check_faultable(tier)?;
+        self.down[tier.index()] = true;
+        let touching: Vec<TransferId> = self
+            .in_flight
+            .iter()
+            .filter(|(_, flight)| {
+                let (src, dst) = flight.tiers();
+                src == tier || dst == tier
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &touching {
+            let result = Err(TransferError::Failed { tier });
+            self.handle_completion(Completion { id: *id, result }, now);
+        }
+        let blocks_lost = self.pool_of(tier).invalidate_all();
+        Ok(TierFailure {
+            blocks_lost,
+            transfers_failed: touching.len(),
+        })
+    }
+
+    /// A failed tier is back, empty: down → up. Offloads go to it again (write-back
+    /// catches up on what the tier above holds) and lookups find what lands there.
+    pub fn restore_tier(&mut self, tier: Tier, now: Timestamp) -> Result<(), TierFaultError> {
+        self.tick(now);
+        self.check_faultable(tier)?;
+        if !std::mem::replace(&mut self.down[tier.index()], false) {
+            return Ok(());
+        }
+        // What the pumps last saw was with the tier down.
+        self.writeback_seen = [None; 4];
+        self.pump_writeback(now);
+        Ok(())
     }
 
     /// Forgets every cached block of every tier and emits one `Cleared`. Refuses while

@@ -679,3 +679,124 @@ fn a_snapshot_leaves_out_blocks_whose_prefix_left_every_tier() {
         )
     );
 }
+
+#[test]
+fn a_failed_disk_loses_its_blocks_fails_its_transfers_and_comes_back_empty() {
+    let mut m = manager(
+        vec![
+            tier(Tier::Device, 4, OffloadPolicy::WriteThrough),
+            tier(Tier::Host, 4, OffloadPolicy::WriteThrough),
+            tier(Tier::Disk, 16, OffloadPolicy::None),
+        ],
+        TransferTiming::Fixed(MS),
+    );
+    let (one, two) = (chain(1, 4), chain(2, 4));
+    // Both chains written through to disk; chain two then displaces chain one from the
+    // device and the host, so chain one is on disk only.
+    compute(&mut m, &one, at(0));
+    let _ = drain(&mut m, at(1));
+    let _ = drain(&mut m, at(2));
+    compute(&mut m, &two, at(2));
+    let _ = drain(&mut m, at(3));
+    let _ = drain(&mut m, at(4));
+    assert_eq!(registered(&m, Tier::Disk).len(), 8);
+    // An onboarding from disk in flight, and a plan naming the same disk blocks.
+    let mut plan = m.lookup(&hashes(&one), at(4));
+    assert_eq!(plan.onboard_count(Tier::Disk), 4);
+    assert_eq!(m.start_onboard(RequestId::new(1), &mut plan, at(4)), Ok(1));
+    let mut stale = m.lookup(&hashes(&one), at(4));
+    assert_eq!(stale.onboard_count(Tier::Disk), 4);
+    let mut history = m.take_events();
+
+    let failure = m.fail_tier(Tier::Disk, at(4)).unwrap();
+    assert_eq!(
+        failure,
+        TierFailure {
+            blocks_lost: 8,
+            transfers_failed: 1
+        }
+    );
+    assert!(m.tier_is_down(Tier::Disk));
+    // The onboarding failed: its blocks are to be computed.
+    let outputs = drain(&mut m, at(4));
+    assert!(
+        matches!(&outputs[..], [ManagerOutput::OnboardComplete { blocks, failed_blocks: 4, .. }] if blocks.is_empty()),
+        "{outputs:?}"
+    );
+    // One Removed for every disk block, and nothing else.
+    let events = m.take_events();
+    assert_eq!(kinds(&events), vec![("removed", Tier::Disk)]);
+    let KvCacheEventData::Removed { block_hashes, .. } = &events[0].data else {
+        unreachable!("checked above");
+    };
+    assert_eq!(block_hashes.len(), 8);
+    history.extend(events);
+    assert!(registered(&m, Tier::Disk).is_empty());
+    // The plan made before the failure cannot start; dropping it frees its blocks.
+    assert_eq!(
+        m.start_onboard(RequestId::new(2), &mut stale, at(4)),
+        Err(OnboardError::Submit(SubmitError::TierUnavailable(
+            Tier::Disk
+        )))
+    );
+    drop(stale);
+    assert_eq!(m.pool(Tier::Disk).unwrap().check_invariants().free, 16);
+
+    // While down: lookups do not plan from disk, and nothing is written to it.
+    let plan = m.lookup(&hashes(&one), at(5));
+    assert_eq!(
+        (plan.onboard_blocks().len(), plan.blocks_to_compute()),
+        (0, 4)
+    );
+    drop(plan);
+    let to_disk = |m: &Manager<TestHardware>| {
+        m.hardware()
+            .submitted()
+            .iter()
+            .filter(|t| t.dst_tier == Tier::Disk)
+            .count()
+    };
+    let (writes, skipped) = (to_disk(&m), m.stats().offload_skipped_blocks);
+    compute(&mut m, &chain(3, 4), at(5));
+    let outputs = drain(&mut m, at(6));
+    assert!(matches!(
+        outputs[..],
+        [ManagerOutput::Offloaded {
+            to: Tier::Host,
+            blocks: 4,
+            ..
+        }]
+    ));
+    assert_eq!(to_disk(&m), writes);
+    assert_eq!(m.stats().offload_skipped_blocks, skipped + 4);
+    assert!(registered(&m, Tier::Disk).is_empty());
+
+    // Back, empty, and written to again.
+    m.restore_tier(Tier::Disk, at(6)).unwrap();
+    assert!(!m.tier_is_down(Tier::Disk));
+    let four = chain(4, 4);
+    compute(&mut m, &four, at(6));
+    let _ = drain(&mut m, at(7));
+    let _ = drain(&mut m, at(8));
+    assert_eq!(
+        registered(&m, Tier::Disk),
+        hashes(&four).into_iter().collect()
+    );
+    // The event stream still rebuilds every tier.
+    history.extend(m.take_events());
+    let mut replica = RegistryReplica::new();
+    for event in &history {
+        replica.apply(event).unwrap();
+    }
+    for t in [Tier::Device, Tier::Host, Tier::Disk] {
+        assert_eq!(*replica.hashes(t), registered(&m, t), "{t}");
+    }
+    assert_eq!(
+        m.fail_tier(Tier::Device, at(8)),
+        Err(TierFaultError::Device)
+    );
+    assert_eq!(
+        m.fail_tier(Tier::Remote, at(8)),
+        Err(TierFaultError::NotPresent(Tier::Remote))
+    );
+}

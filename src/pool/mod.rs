@@ -8,6 +8,10 @@
 //!   Complete, exclusive) or one or more [`ImmutableBlock`]s (Registered, refcount > 0);
 //! - **cached**: Registered with refcount 0, in the eviction policy's order.
 //!
+//! A whole tier can be lost at once ([`BlockPool::invalidate_all`], a failed SSD): every
+//! registered block leaves the registry with a `Removed`; those still referenced stay
+//! active, findable by nobody, until their last handle drops them back to free.
+//!
 //! free + cached + active = capacity, always. Registered blocks are found by
 //! `SequenceHash`; registering a hash the pool already holds returns the existing block
 //! (deduplication: a hash is registered at most once per tier). A cached block keeps its
@@ -142,6 +146,9 @@ enum SlotState {
     Free,
     Mutable,
     Registered,
+    /// Was registered, and left the registry while referenced (its tier failed): the
+    /// handles keep it until the last one drops it, straight back to free.
+    Invalidated,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -337,7 +344,11 @@ impl PoolInner {
     fn acquire(&mut self, id: BlockId) {
         self.touch();
         let slot = &mut self.slots[id.index()];
-        debug_assert_eq!(slot.state, SlotState::Registered);
+        debug_assert!(
+            slot.state == SlotState::Registered
+                || (slot.state == SlotState::Invalidated && slot.refcount > 0),
+            "acquiring a block that is not registered: {id:?} {slot:?}"
+        );
         if slot.refcount == 0 {
             self.policy.remove(id);
         }
@@ -364,14 +375,50 @@ impl PoolInner {
         self.touch();
         let slot = &mut self.slots[id.index()];
         assert!(
-            slot.state == SlotState::Registered && slot.refcount > 0,
+            matches!(slot.state, SlotState::Registered | SlotState::Invalidated)
+                && slot.refcount > 0,
             "refcount underflow on {id:?}: {slot:?}"
         );
         slot.refcount -= 1;
         if slot.refcount == 0 {
+            if slot.state == SlotState::Invalidated {
+                // Nobody can find it any more: it is not cached, it is free.
+                slot.state = SlotState::Free;
+                slot.phase = Phase::default();
+                self.free.push(id);
+                return;
+            }
             let phase = slot.phase;
             self.policy.insert(id, phase, placement);
         }
+    }
+
+    /// Every registered block leaves the registry, leaf first (by position, then hash,
+    /// descending), each with a `Removed`: cached ones become free, referenced ones
+    /// `Invalidated`. Returns how many left.
+    fn invalidate_all(&mut self) -> usize {
+        self.touch();
+        let mut registered: Vec<(u32, SequenceHash, BlockId)> = self
+            .registry
+            .iter()
+            .map(|(hash, id)| (self.slots[id.index()].identity.position, *hash, *id))
+            .collect();
+        // A fixed order (never the map's): the events are observable.
+        registered.sort_unstable_by(|a, b| b.cmp(a));
+        for (_, hash, id) in &registered {
+            self.registry.remove(hash);
+            let slot = &mut self.slots[id.index()];
+            if slot.refcount == 0 {
+                self.policy.remove(*id);
+                slot.state = SlotState::Free;
+                slot.phase = Phase::default();
+                self.free.push(*id);
+            } else {
+                slot.state = SlotState::Invalidated;
+            }
+            self.push_removed(*hash);
+        }
+        registered.len()
     }
 
     /// Complete (mutable) → Registered, or the existing block of the same hash.
@@ -678,6 +725,15 @@ impl BlockPool {
         Ok(forgotten)
     }
 
+    /// Forgets every registered block at once, referenced or not, emitting `Removed` for
+    /// each (leaves first): the tier's storage is gone (a failed SSD). Cached blocks
+    /// become free now; referenced ones can no longer be found, and become free when
+    /// their last handle drops (not cached: their bytes are lost). Returns the number of
+    /// blocks forgotten.
+    pub fn invalidate_all(&self) -> usize {
+        lock(&self.shared.inner).invalidate_all()
+    }
+
     /// Takes the queued events, oldest first.
     #[must_use]
     pub fn take_events(&self) -> Vec<KvCacheEventData> {
@@ -761,6 +817,16 @@ impl BlockPool {
                 }
                 SlotState::Mutable => {
                     assert!(!in_free[index], "mutable {id:?} in the free stack");
+                    active += 1;
+                }
+                SlotState::Invalidated => {
+                    assert!(!in_free[index], "invalidated {id:?} in the free stack");
+                    assert!(slot.refcount > 0, "invalidated {id:?} with no reference");
+                    assert_ne!(
+                        inner.registry.get(&slot.identity.sequence_hash),
+                        Some(&id),
+                        "invalidated {id:?} still in the registry"
+                    );
                     active += 1;
                 }
                 SlotState::Registered => {

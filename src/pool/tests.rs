@@ -414,3 +414,49 @@ fn a_chain_refuses_blocks_of_another_pool() {
     let mut mixed = register_chain(&device, &ids[..1]);
     mixed.append(register_chain(&host, &ids[1..]));
 }
+
+#[test]
+fn invalidating_a_tier_forgets_cached_and_referenced_blocks_and_frees_them_when_dropped() {
+    let pool = pool(8, EvictionPolicyKind::Lru);
+    let ids = chain(5);
+    let held = register_chain(&pool, &ids[..2]);
+    let cached = register_chain(&pool, &ids[2..]);
+    drop(cached);
+    let extra = held.clone();
+    let _ = pool.take_events();
+
+    assert_eq!(pool.invalidate_all(), 5);
+    // Leaves first, one Removed event for all of them.
+    let mut removed = hashes(&ids);
+    removed.reverse();
+    assert_eq!(
+        pool.take_events(),
+        vec![KvCacheEventData::Removed {
+            block_hashes: removed,
+            tier: Tier::Device,
+        }]
+    );
+    assert_eq!(pool.prefix_len(&hashes(&ids)), 0);
+    assert!(pool.snapshot().registered.is_empty());
+    // The three cached blocks are free; the two held stay active until dropped.
+    let counts = pool.check_invariants();
+    assert_eq!((counts.free, counts.cached, counts.active), (6, 0, 2));
+    drop(held);
+    assert_eq!(
+        pool.check_invariants().active,
+        2,
+        "a clone still holds them"
+    );
+    // The hash can be registered afresh meanwhile, in another block.
+    let again = register_chain(&pool, &ids[..1]);
+    assert_eq!(pool.prefix_len(&hashes(&ids)), 1);
+    drop(extra);
+    drop(again);
+    let counts = pool.check_invariants();
+    assert_eq!((counts.free, counts.cached, counts.active), (7, 1, 0));
+    // Nothing more to remove: the invalidated blocks went back without an event.
+    assert!(pool
+        .take_events()
+        .iter()
+        .all(|e| !matches!(e, KvCacheEventData::Removed { .. })));
+}
