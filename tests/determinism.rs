@@ -4,22 +4,24 @@
 mod common;
 
 use kvtwin_sim::run::simulate;
-use kvtwin_sim::scenario::{Scenario, WorkloadSpec};
+use kvtwin_sim::scenario::Scenario;
 use std::path::Path;
 
 fn report_json(path: &Path, seed: u64) -> Option<String> {
     let mut scenario = Scenario::load(path).unwrap();
     scenario.seed = seed;
-    let WorkloadSpec::Conversations(spec) = &mut scenario.workload else {
+    // A tenth of the traffic keeps the test quick in debug builds.
+    scenario.workload.thin_out(10);
+    let Some(requests) = scenario
+        .workload
+        .generate(scenario.seed, scenario.worker.block_size_tokens)
+    else {
         eprintln!(
             "{}: trace workloads are replayed by the trace tests",
             path.display()
         );
         return None;
     };
-    // A tenth of the traffic keeps the test quick in debug builds.
-    spec.conversations = (spec.conversations / 10).max(1);
-    let requests = spec.generate(scenario.seed, scenario.worker.block_size_tokens);
     Some(simulate(&scenario, &requests).unwrap().to_json())
 }
 

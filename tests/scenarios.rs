@@ -6,7 +6,7 @@
 mod common;
 
 use kvtwin_sim::run::simulate;
-use kvtwin_sim::scenario::{Scenario, WorkloadSpec};
+use kvtwin_sim::scenario::Scenario;
 
 #[test]
 fn every_scenario_runs_to_completion_and_its_events_rebuild_the_pools() {
@@ -20,14 +20,16 @@ fn every_scenario_runs_to_completion_and_its_events_rebuild_the_pools() {
     assert!(!paths.is_empty(), "no scenarios in {}", dir.display());
     for path in paths {
         let scenario = Scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
-        let WorkloadSpec::Conversations(spec) = &scenario.workload else {
+        let Some(requests) = scenario
+            .workload
+            .generate(scenario.seed, scenario.worker.block_size_tokens)
+        else {
             eprintln!(
                 "{}: trace workloads are replayed by the trace tests",
                 path.display()
             );
             continue;
         };
-        let requests = spec.generate(scenario.seed, scenario.worker.block_size_tokens);
         let report = simulate(&scenario, &requests).unwrap();
         assert_eq!(
             report.completed + report.rejected_too_large,

@@ -81,6 +81,7 @@ mod tests {
             blocks: BlockIdentity::chain(&locals),
             input_tokens: ids.len() as u64 * 4,
             output_tokens: 1,
+            think_tokens: 0,
         }
     }
 

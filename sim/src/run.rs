@@ -2105,6 +2105,7 @@ mod tests {
             blocks: BlockIdentity::chain(&locals),
             input_tokens,
             output_tokens,
+            think_tokens: 0,
         }
     }
 
@@ -2180,6 +2181,7 @@ mod tests {
                     blocks: BlockIdentity::chain(&locals),
                     input_tokens: (shared + own) * 16,
                     output_tokens: output,
+                    think_tokens: 0,
                 }
             })
             .collect()

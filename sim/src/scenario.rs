@@ -6,7 +6,7 @@
 //! Never: run anything.
 
 use crate::hardware::{HardwareProfile, Link};
-use crate::workload::ConversationSpec;
+use crate::workload::{ConversationSpec, ReasoningSpec, Request};
 use kvtwin::ids::WorkerId;
 use kvtwin::manager::{ManagerConfig, ManagerConfigError, OnboardPolicy, TierConfig};
 use kvtwin::router::scheduler::SchedulerConfig;
@@ -212,6 +212,32 @@ pub enum WorkloadSpec {
         /// The trace file.
         path: PathBuf,
     },
+    /// Synthetic multi-turn conversations with a reasoning model: each turn thinks,
+    /// then answers, and the next turn's prompt carries the answer but not the thinking.
+    Reasoning(ReasoningSpec),
+}
+
+impl WorkloadSpec {
+    /// The requests of a synthetic workload, in arrival order, or `None` for a trace
+    /// (which a run reads as it goes).
+    pub fn generate(&self, seed: u64, block_size_tokens: usize) -> Option<Vec<Request>> {
+        match self {
+            WorkloadSpec::Conversations(spec) => Some(spec.generate(seed, block_size_tokens)),
+            WorkloadSpec::Reasoning(spec) => Some(spec.generate(seed, block_size_tokens)),
+            WorkloadSpec::MooncakeTrace { .. } => None,
+        }
+    }
+
+    /// Keeps one conversation in `divisor` (at least one) of a synthetic workload, for
+    /// quick runs of a scenario's shape; a trace is left as it is.
+    pub fn thin_out(&mut self, divisor: u32) {
+        let conversations = match self {
+            WorkloadSpec::Conversations(spec) => &mut spec.conversations,
+            WorkloadSpec::Reasoning(spec) => &mut spec.conversations,
+            WorkloadSpec::MooncakeTrace { .. } => return,
+        };
+        *conversations = (*conversations / divisor.max(1)).max(1);
+    }
 }
 
 /// A simulation input.

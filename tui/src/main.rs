@@ -138,12 +138,14 @@ fn requests_of(scenario: &Scenario, scenario_path: &Path, trace: Option<PathBuf>
         return Requests::Trace(trace);
     }
     match &scenario.workload {
-        WorkloadSpec::Conversations(spec) => {
-            Requests::Generated(spec.generate(scenario.seed, scenario.worker.block_size_tokens))
-        }
         WorkloadSpec::MooncakeTrace { path } => {
             Requests::Trace(scenario_path.parent().unwrap_or(Path::new(".")).join(path))
         }
+        synthetic => Requests::Generated(
+            synthetic
+                .generate(scenario.seed, scenario.worker.block_size_tokens)
+                .unwrap_or_default(),
+        ),
     }
 }
 
