@@ -3,7 +3,8 @@
 //! The same `Manager`, pools and events as the real backend run here on a
 //! [`hardware::SimHardware`] that completes transfers when their modelled time comes.
 //! Owns: the event queue ([`engine`]), the hardware model ([`hardware`], its shared links
-//! in [`links`], forward-pass times in [`compute`]), workloads
+//! in [`links`], forward-pass times in [`compute`], the network between the nodes in
+//! [`fabric`]), workloads
 //! ([`workload`]: synthetic conversations and Mooncake traces), scenarios ([`scenario`],
 //! RON), the cluster's run loop and its report ([`run`]), latency statistics in bounded
 //! memory ([`stats`]), and trace replay through one pool for cache sizing ([`cache`]).
@@ -16,6 +17,7 @@
 pub mod cache;
 pub mod compute;
 pub mod engine;
+pub mod fabric;
 pub mod hardware;
 pub mod links;
 pub mod run;

@@ -33,13 +33,31 @@
 //! (recompute: its blocks go back, and it prefills its prompt and the tokens generated so
 //! far again when a request finishes). At one instant, work in the workers finishes
 //! before new requests arrive. Latencies are predictions of the model.
+//!
+//! Disaggregated ([`crate::scenario::Disaggregation`]): the first workers form the
+//! prefill pool, the only one the router routes to, and the rest the decode pool. A
+//! prefill worker prefills as above and the first token lands at the end of the pass's
+//! prefill part (TTFT is measured there); then the KV handoff: the decode worker with
+//! the fewest requests (the lowest index on a tie) takes device blocks for the prompt
+//! (without free ones the handoff waits in its queue, first come first served), and the
+//! prompt blocks cross the cluster's fabric ([`crate::fabric::ClusterFabric`]) as MRDN
+//! frames, all sent at once, sharing the NICs and the switch with every other handoff.
+//! When the last frame lands the prefill worker lets its blocks go (they stay cached
+//! there) and the decode worker registers them (its prefix cache, its events) and
+//! decodes; TPOT and end-to-end are measured there. A decode worker that preempts a
+//! request recomputes it locally, as an aggregated worker does (its prompt blocks are
+//! usually still cached there). A request of one output token is done on its prefill
+//! worker.
 //! Never: read a clock or iterate an unordered map.
 
 use crate::compute::{ComputeModel, Pass, UnknownProfile};
 use crate::engine::EventQueue;
+use crate::fabric::{frame_bytes, frame_sizes, ClusterFabric, FabricLink};
 use crate::hardware::{HardwareProfile, Link};
 use crate::hardware::{LinkUsage, SimHardware};
-use crate::scenario::{Batching, EventPlaneSpec, Fault, FaultKind, Routing, Scenario};
+use crate::scenario::{
+    Batching, Disaggregation, EventPlaneSpec, Fault, FaultKind, Routing, Scenario,
+};
 use crate::stats::Latencies;
 use crate::workload::Request;
 use kvtwin::block::Reset;
@@ -92,6 +110,9 @@ enum Event {
     /// The router looks at whether it should ask worker `w` for a snapshot (after
     /// delivering an event, which may happen while the worker is publishing).
     ResyncCheck(WorkerIndex, Epoch),
+    /// A deadline of the cluster's fabric (disaggregation): a handoff frame lands, or
+    /// the rates change.
+    Fabric,
 }
 
 #[derive(Debug)]
@@ -118,6 +139,15 @@ enum State {
         /// Tokens in its KV cache.
         context: u64,
     },
+    /// Prefilled on a prefill worker, which holds its blocks until the handoff to the
+    /// decode pool lands.
+    Sending {
+        held: BlockChain,
+        /// A partial last block that is not cached.
+        own: Vec<MutableBlock<Reset>>,
+    },
+    /// On a decode worker: blocks for its prompt, which the handoff's frames fill.
+    Receiving { blocks: Vec<MutableBlock<Reset>> },
 }
 
 /// Where the prompt blocks of the served requests came from.
@@ -236,6 +266,41 @@ pub struct FaultReport {
     pub disk_transfers_failed: u64,
 }
 
+/// What the prefill and decode pools did, and the KV handoffs between them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DisaggregationReport {
+    /// Workers in the prefill pool (the first ones).
+    pub prefill_workers: usize,
+    /// Workers in the decode pool (the rest).
+    pub decode_workers: usize,
+    /// Blocks in one MRDN frame at most.
+    pub frame_blocks: usize,
+    /// Handoffs whose last frame landed.
+    pub handoffs: u64,
+    /// MRDN frames sent.
+    pub frames: u64,
+    /// Bytes sent over the fabric, MRDN headers included.
+    pub bytes: u64,
+    /// Of those, MRDN headers.
+    pub header_bytes: u64,
+    /// First frame sent to last frame landed, per handoff.
+    pub handoff_latency: Percentiles,
+    /// End of the prefill to the first frame sent, per handoff: the wait for blocks on
+    /// the decode worker.
+    pub handoff_wait: Percentiles,
+    /// Handoffs that found no free device blocks on their decode worker and waited.
+    pub waits_for_decode_blocks: u64,
+    /// Requests each prefill worker handed off (index: worker).
+    pub handed_off_per_prefill_worker: Vec<u64>,
+    /// Handoffs each decode worker received (index: worker less `prefill_workers`).
+    pub received_per_decode_worker: Vec<u64>,
+    /// Requests done on their prefill worker (one output token: nothing to hand off).
+    pub finished_at_prefill: u64,
+    /// The fabric's links: the prefill nodes' NICs out, the decode nodes' NICs in (each
+    /// summed over its pool, utilisation averaged over it), and the switch if modelled.
+    pub links: Vec<LinkReport>,
+}
+
 /// What a run did.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
@@ -286,6 +351,10 @@ pub struct Report {
     pub routing: RoutingReport,
     /// Faults and recovery.
     pub faults: FaultReport,
+    /// Prefill and decode pools and the handoffs between them; absent when every worker
+    /// is aggregated (and then left out of the JSON, which is as before).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disaggregation: Option<DisaggregationReport>,
     /// Simulated time at the end.
     pub simulated_s: f64,
     /// Forward passes run.
@@ -380,9 +449,15 @@ impl fmt::Display for Report {
         )?;
         writeln!(f, "output    {:.0} tokens/s", self.output_tokens_per_s)?;
         let r = &self.routing;
+        // Disaggregated, the router sends requests to the prefill pool only.
+        let pool = self
+            .disaggregation
+            .as_ref()
+            .map_or(usize::MAX, |d| d.prefill_workers);
+        let routable = &r.requests_per_worker[..pool.min(r.requests_per_worker.len())];
         let (least, most) = (
-            r.requests_per_worker.iter().min().copied().unwrap_or(0),
-            r.requests_per_worker.iter().max().copied().unwrap_or(0),
+            routable.iter().min().copied().unwrap_or(0),
+            routable.iter().max().copied().unwrap_or(0),
         );
         writeln!(
             f,
@@ -413,6 +488,37 @@ impl fmt::Display for Report {
                 )?;
             }
             writeln!(f)?;
+        }
+        if let Some(d) = &self.disaggregation {
+            writeln!(
+                f,
+                "disagg    {} prefill + {} decode workers: {} handoffs in {} MRDN frames (up to {} blocks), {:.1} GiB over the fabric; {} waited for decode blocks",
+                d.prefill_workers,
+                d.decode_workers,
+                d.handoffs,
+                d.frames,
+                d.frame_blocks,
+                d.bytes as f64 / 1073741824.0,
+                d.waits_for_decode_blocks
+            )?;
+            writeln!(
+                f,
+                "handoff   first frame to last landed: mean {:.2} ms, p50 {:.2} ms, p99 {:.2} ms; wait for decode blocks p99 {:.2} ms (model predictions)",
+                d.handoff_latency.mean_ms,
+                d.handoff_latency.p50_ms,
+                d.handoff_latency.p99_ms,
+                d.handoff_wait.p99_ms
+            )?;
+            for link in &d.links {
+                writeln!(
+                    f,
+                    "fabric    {:<10} {:>10.1} MiB  {:>6} transfers  {:>5.1}% busy",
+                    link.link,
+                    link.bytes as f64 / 1048576.0,
+                    link.transfers,
+                    link.utilisation * 100.0
+                )?;
+            }
         }
         write!(
             f,
@@ -532,7 +638,138 @@ struct Sim {
     snapshots: u64,
     disk_blocks_lost: u64,
     disk_transfers_failed: u64,
+    /// The prefill and decode pools and the handoffs between them; `None` when every
+    /// worker is aggregated.
+    disagg: Option<Disagg>,
+    /// Workers an event touched besides the one it returns (a handoff reaches a decode
+    /// worker, or lets a prefill worker's blocks go): settled and given a pass after it.
+    also_touched: BTreeSet<WorkerIndex>,
     now: Timestamp,
+}
+
+/// Disaggregated serving: the pools, the fabric and the handoffs in flight.
+struct Disagg {
+    /// Workers `0..prefill_workers` prefill; the rest decode.
+    prefill_workers: usize,
+    frame_blocks: usize,
+    bytes_per_block: u64,
+    fabric: ClusterFabric,
+    /// Fabric deadlines in the event queue.
+    poll_at: BTreeSet<Timestamp>,
+    /// Handoffs whose last frame has not landed, by request.
+    handoffs: BTreeMap<usize, Handoff>,
+    /// The request of every frame in flight, by fabric transfer id.
+    frames_in_flight: BTreeMap<u64, usize>,
+    handoffs_done: u64,
+    frames: u64,
+    bytes: u64,
+    header_bytes: u64,
+    waits: u64,
+    finished_at_prefill: u64,
+    latency: Latencies,
+    wait: Latencies,
+    /// Per worker: requests handed off (prefill pool), handoffs received (decode pool).
+    handed_off: Vec<u64>,
+    received: Vec<u64>,
+}
+
+/// One request's KV handoff from a prefill worker to a decode worker.
+struct Handoff {
+    from: WorkerIndex,
+    to: WorkerIndex,
+    /// When the prefill ended.
+    ready_at: Timestamp,
+    /// When the frames were sent (the decode worker had blocks for them).
+    sent_at: Option<Timestamp>,
+    frames_left: usize,
+    /// Whether it has waited for decode blocks (counted once).
+    waited: bool,
+}
+
+impl Disagg {
+    fn report(&self, simulated_ns: u64) -> DisaggregationReport {
+        let workers = self.handed_off.len();
+        let decode_workers = workers - self.prefill_workers;
+        // The fabric links that carry handoffs, each summed over the pool that uses it.
+        let mut links: Vec<(&'static str, LinkUsage, usize)> = vec![
+            ("nic_out", LinkUsage::default(), self.prefill_workers),
+            ("nic_in", LinkUsage::default(), decode_workers),
+        ];
+        for (link, usage) in self.fabric.usage() {
+            let index = match link {
+                FabricLink::NicOut(node) if node < self.prefill_workers => 0,
+                FabricLink::NicIn(node) if node >= self.prefill_workers => 1,
+                FabricLink::Switch => {
+                    links.push(("switch", LinkUsage::default(), 1));
+                    links.len() - 1
+                }
+                _ => continue,
+            };
+            let sum = &mut links[index].1;
+            sum.bytes += usage.bytes;
+            sum.busy_ns += usage.busy_ns;
+            sum.transfers += usage.transfers;
+        }
+        DisaggregationReport {
+            prefill_workers: self.prefill_workers,
+            decode_workers,
+            frame_blocks: self.frame_blocks,
+            handoffs: self.handoffs_done,
+            frames: self.frames,
+            bytes: self.bytes,
+            header_bytes: self.header_bytes,
+            handoff_latency: Percentiles::of(self.latency.clone()),
+            handoff_wait: Percentiles::of(self.wait.clone()),
+            waits_for_decode_blocks: self.waits,
+            handed_off_per_prefill_worker: self.handed_off[..self.prefill_workers].to_vec(),
+            received_per_decode_worker: self.received[self.prefill_workers..].to_vec(),
+            finished_at_prefill: self.finished_at_prefill,
+            links: links
+                .into_iter()
+                .map(|(link, usage, nodes)| LinkReport {
+                    link,
+                    bytes: usage.bytes,
+                    transfers: usage.transfers,
+                    utilisation: usage.busy_ns as f64
+                        / simulated_ns.max(1) as f64
+                        / nodes.max(1) as f64,
+                })
+                .collect(),
+        }
+    }
+
+    fn new(
+        spec: Disaggregation,
+        workers: usize,
+        hardware: &HardwareProfile,
+        bytes_per_block: u64,
+    ) -> Self {
+        Self {
+            prefill_workers: spec.prefill_workers,
+            frame_blocks: spec.frame_blocks.max(1),
+            bytes_per_block,
+            fabric: ClusterFabric::new(
+                workers,
+                hardware.nic_bytes_per_s,
+                hardware.nic_latency_ns,
+                spec.switch_bytes_per_s,
+                spec.switch_latency_ns,
+            ),
+            poll_at: BTreeSet::new(),
+            handoffs: BTreeMap::new(),
+            frames_in_flight: BTreeMap::new(),
+            handoffs_done: 0,
+            frames: 0,
+            bytes: 0,
+            header_bytes: 0,
+            waits: 0,
+            finished_at_prefill: 0,
+            latency: Latencies::new(),
+            wait: Latencies::new(),
+            handed_off: vec![0; workers],
+            received: vec![0; workers],
+        }
+    }
 }
 
 /// The forward pass running now on a worker.
@@ -568,6 +805,20 @@ pub enum SimError {
     /// The hardware profile names a compute profile that is not built in.
     #[error("hardware.compute: {0}")]
     Compute(#[from] UnknownProfile),
+    /// Worker crashes are not modelled with disaggregation yet (TODO(#4): a crash would
+    /// have to abort the handoffs from and to the worker).
+    #[error("faults: worker crashes are not modelled with cluster.disaggregation yet")]
+    CrashWithDisaggregation,
+    /// Disaggregation leaves the prefill or the decode pool without a worker.
+    #[error(
+        "cluster.disaggregation: {prefill_workers} prefill workers of {workers} leave a pool empty"
+    )]
+    EmptyPool {
+        /// Prefill workers asked for.
+        prefill_workers: usize,
+        /// Workers in the cluster.
+        workers: usize,
+    },
 }
 
 /// The prompt blocks of `request` that can be cached: all of them, or only the full ones
@@ -605,7 +856,9 @@ fn silent_steps(live: &Live, state: Option<&State>, block_size: u64, batching: B
     by_output.min(by_blocks)
 }
 
-/// A router with workers `0..workers` (at dp rank 0), all learnt from their events.
+/// A router that routes to workers `0..workers` (at dp rank 0), all learnt from their
+/// events. (Disaggregated, only the prefill pool is routable; the decode workers' events
+/// still reach its index.)
 fn router_of(scheduler: SchedulerConfig, workers: usize) -> Router {
     let mut router = Router::new(scheduler);
     for w in 0..workers {
@@ -671,7 +924,33 @@ fn simulate_observed(
     let cluster = &scenario.cluster;
     let mut scheduler = cluster.scheduler;
     scheduler.seed = stream_seed(scenario.seed ^ scheduler.seed, STREAM_SCHEDULER);
-    let router = router_of(scheduler, cluster.workers.max(1));
+    let disagg = match cluster.disaggregation {
+        Some(spec) if spec.prefill_workers == 0 || spec.prefill_workers >= cluster.workers => {
+            return Err(SimError::EmptyPool {
+                prefill_workers: spec.prefill_workers,
+                workers: cluster.workers,
+            });
+        }
+        Some(_)
+            if scenario
+                .faults
+                .iter()
+                .any(|f| matches!(f.kind, FaultKind::WorkerCrash { .. })) =>
+        {
+            return Err(SimError::CrashWithDisaggregation);
+        }
+        Some(spec) => Some(Disagg::new(
+            spec,
+            cluster.workers,
+            &scenario.hardware,
+            base.bytes_per_block,
+        )),
+        None => None,
+    };
+    let routable = disagg
+        .as_ref()
+        .map_or(cluster.workers.max(1), |d| d.prefill_workers);
+    let router = router_of(scheduler, routable);
     let mut workers = Vec::with_capacity(cluster.workers);
     for index in 0..cluster.workers.max(1) {
         let mut config = base.clone();
@@ -751,6 +1030,8 @@ fn simulate_observed(
         snapshots: 0,
         disk_blocks_lost: 0,
         disk_transfers_failed: 0,
+        disagg,
+        also_touched: BTreeSet::new(),
         now: Timestamp::ZERO,
     };
     for (index, fault) in scenario.faults.iter().enumerate() {
@@ -777,6 +1058,7 @@ fn simulate_observed(
                     // left (after a preemption). Retry them once; if nothing starts,
                     // the rest cannot be served.
                     if sim.retry_idle_workers() {
+                        sim.settle_also_touched();
                         continue;
                     }
                     break;
@@ -839,6 +1121,10 @@ fn simulate_observed(
                 }
                 None
             }
+            Event::Fabric => {
+                sim.fabric_due();
+                None
+            }
             // Scheduled by a worker's former incarnation.
             Event::Poll(..) | Event::PassDone(..) => None,
         };
@@ -846,6 +1132,7 @@ fn simulate_observed(
             sim.settle(w);
             sim.start_pass(w);
         }
+        sim.settle_also_touched();
         observe(&sim);
     }
     Ok(sim.report(scenario))
@@ -914,7 +1201,7 @@ impl Sim {
         }
         let w = match self.routing {
             Routing::RoundRobin => {
-                let n = self.workers.len();
+                let n = self.routable();
                 match (0..n).map(|k| (i + k) % n).find(|w| self.workers[*w].up) {
                     Some(w) => w,
                     None => {
@@ -943,8 +1230,18 @@ impl Sim {
         Some(w)
     }
 
-    /// Looks request `i` up on worker `w` and starts onboarding or prefilling it.
+    /// Looks request `i` up on worker `w` and starts onboarding or prefilling it; or, for
+    /// a handoff waiting on decode worker `w`, tries again to take blocks for it.
     fn admit(&mut self, w: WorkerIndex, i: usize) {
+        if self
+            .disagg
+            .as_ref()
+            .and_then(|d| d.handoffs.get(&i))
+            .is_some_and(|h| h.to == w && h.sent_at.is_none())
+        {
+            self.receive(w, i);
+            return;
+        }
         let hashes = self.hashes(i);
         let now = self.now;
         let manager = &mut self.workers[w].manager;
@@ -1099,7 +1396,10 @@ impl Sim {
         }
         let time = self.compute.pass(&pass, self.device_capacity_tokens);
         let (mut end, mut steps) = (self.now.saturating_add(time.total), 1);
+        // TODO(#4): disaggregated, a handoff landing on a decode worker would have to cut
+        // its plan short, so decode workers go one pass at a time.
         if batching.plan_decode_steps
+            && self.disagg.is_none()
             && pass.prefills.is_empty()
             && worker.prefill_queue.is_empty()
             && decoding == members.len()
@@ -1280,7 +1580,13 @@ impl Sim {
                     }
                     // The prefill pass produces the next token.
                     live.generated += 1;
-                    finished |= self.decoded(w, i, held, own);
+                    // Disaggregated, a prefill worker hands the request to the decode pool
+                    // (unless that token was all it asked for).
+                    if live.generated < live.request.output_tokens && self.is_prefill_worker(w) {
+                        self.hand_off(w, i, held, own);
+                    } else {
+                        finished |= self.decoded(w, i, held, own);
+                    }
                 }
                 Some(State::Decoding { held, extra, .. }) => {
                     if let Some(live) = self.live.get_mut(&i) {
@@ -1394,6 +1700,7 @@ impl Sim {
     }
 
     fn finish(&mut self, w: WorkerIndex, i: usize, held: BlockChain) {
+        let routable = self.routable();
         let worker = &mut self.workers[w];
         worker.manager.device().release(held);
         // Done: the request leaves the run; only its latencies stay, in the statistics.
@@ -1405,8 +1712,12 @@ impl Sim {
         else {
             return;
         };
-        if self.routing == Routing::Kv {
+        // Disaggregated, a decode worker is none of the router's business.
+        if self.routing == Routing::Kv && w < routable {
             self.router.finish(worker.key, request.blocks.len() as u64);
+        }
+        if let Some(disagg) = self.disagg.as_mut().filter(|d| w < d.prefill_workers) {
+            disagg.finished_at_prefill += 1;
         }
         self.e2e.push(
             self.now
@@ -1694,14 +2005,17 @@ impl Sim {
             }
             FaultKind::RouterRestart => {
                 // Its state and the load it knew are gone; the workers it knows of send
-                // snapshots.
+                // snapshots (decode workers too: their blocks are in its index).
                 self.router = router_of(self.scheduler, 0);
+                let routable = self.routable();
                 for w in 0..self.workers.len() {
                     let worker = &mut self.workers[w];
                     worker.last_applied = None;
                     if worker.up {
                         let key = worker.key;
-                        self.router.add_worker(key, WorkerMode::Events);
+                        if w < routable {
+                            self.router.add_worker(key, WorkerMode::Events);
+                        }
                         self.resync(w);
                     }
                 }
@@ -1800,6 +2114,11 @@ impl Sim {
                 .manager
                 .hardware_mut()
                 .set_link_speed(link, speed, now);
+            // The node's NIC carries its handoffs too.
+            if let Some(disagg) = self.disagg.as_mut() {
+                disagg.fabric.set_nic_speed(w, link, speed, now);
+                self.schedule_fabric();
+            }
             // Transfer deadlines moved.
             self.settle(w);
         }
@@ -1866,6 +2185,219 @@ impl Sim {
         }
     }
 
+    /// Workers the router may send a request to: the prefill pool when disaggregated,
+    /// every worker otherwise (they are the first ones either way).
+    fn routable(&self) -> usize {
+        self.disagg
+            .as_ref()
+            .map_or(self.workers.len(), |d| d.prefill_workers)
+    }
+
+    fn is_prefill_worker(&self, w: WorkerIndex) -> bool {
+        self.disagg.as_ref().is_some_and(|d| w < d.prefill_workers)
+    }
+
+    /// Settles and starts a pass on every worker an event touched besides its own.
+    fn settle_also_touched(&mut self) {
+        while let Some(w) = self.also_touched.pop_first() {
+            self.settle(w);
+            self.start_pass(w);
+        }
+    }
+
+    /// Request `i`, prefilled on prefill worker `p`, goes to the decode pool: `p` holds
+    /// its blocks until the handoff lands, and the decode worker with the fewest requests
+    /// (the lowest index on a tie) receives it.
+    fn hand_off(
+        &mut self,
+        p: WorkerIndex,
+        i: usize,
+        held: BlockChain,
+        own: Vec<MutableBlock<Reset>>,
+    ) {
+        self.workers[p]
+            .states
+            .insert(i, State::Sending { held, own });
+        let first = self.routable();
+        // `min_by_key` keeps the first of equals: the lowest index.
+        let d = (first..self.workers.len())
+            .filter(|d| self.workers[*d].up)
+            .min_by_key(|d| self.workers[*d].states.len() + self.workers[*d].waiting.len())
+            .unwrap_or(first);
+        let now = self.now;
+        let Some(disagg) = self.disagg.as_mut() else {
+            return;
+        };
+        disagg.handed_off[p] += 1;
+        disagg.handoffs.insert(
+            i,
+            Handoff {
+                from: p,
+                to: d,
+                ready_at: now,
+                sent_at: None,
+                frames_left: 0,
+                waited: false,
+            },
+        );
+        self.receive(d, i);
+    }
+
+    /// Decode worker `d` takes device blocks for request `i`'s prompt and the handoff's
+    /// frames go out; without free blocks the handoff waits in `d`'s queue, first come
+    /// first served, and is tried again when blocks come free there.
+    fn receive(&mut self, d: WorkerIndex, i: usize) {
+        let blocks = self.request(i).blocks.len();
+        self.set_clock(d);
+        // Taking blocks may evict cached ones: `d` has events to publish.
+        self.also_touched.insert(d);
+        match self.workers[d].manager.allocate(blocks, self.now) {
+            Ok(blocks) => {
+                self.workers[d]
+                    .states
+                    .insert(i, State::Receiving { blocks });
+                self.send_frames(i);
+            }
+            Err(_) => {
+                if let Some(disagg) = self.disagg.as_mut() {
+                    if let Some(handoff) = disagg.handoffs.get_mut(&i) {
+                        if !handoff.waited {
+                            handoff.waited = true;
+                            disagg.waits += 1;
+                        }
+                    }
+                }
+                self.workers[d].waiting.push_back(i);
+            }
+        }
+    }
+
+    /// Sends request `i`'s prompt blocks over the fabric, `frame_blocks` to an MRDN
+    /// frame, all frames at once (a prompt of no full block still sends one frame, its
+    /// header).
+    fn send_frames(&mut self, i: usize) {
+        let blocks = self.request(i).blocks.len();
+        let now = self.now;
+        let Some(disagg) = self.disagg.as_mut() else {
+            return;
+        };
+        let Some(handoff) = disagg.handoffs.get_mut(&i) else {
+            return;
+        };
+        let mut sizes: Vec<usize> = frame_sizes(blocks, disagg.frame_blocks).collect();
+        if sizes.is_empty() {
+            sizes.push(0);
+        }
+        handoff.sent_at = Some(now);
+        handoff.frames_left = sizes.len();
+        disagg
+            .wait
+            .push(now.saturating_duration_since(handoff.ready_at).as_nanos() as u64);
+        for size in sizes {
+            let bytes = frame_bytes(size, disagg.bytes_per_block);
+            let id = disagg.fabric.start(handoff.from, handoff.to, bytes, now);
+            disagg.frames_in_flight.insert(id, i);
+            disagg.frames += 1;
+            disagg.bytes += bytes;
+            disagg.header_bytes += frame_bytes(0, 0);
+        }
+        self.schedule_fabric();
+    }
+
+    /// Makes sure the fabric's next deadline is in the event queue.
+    fn schedule_fabric(&mut self) {
+        let Some(disagg) = self.disagg.as_mut() else {
+            return;
+        };
+        if let Some(deadline) = disagg.fabric.next_deadline() {
+            let at = deadline.max(self.now);
+            if disagg.poll_at.insert(at) {
+                self.queue.push(at, Event::Fabric);
+            }
+        }
+    }
+
+    /// A fabric deadline: frames that landed count down their handoffs, and every
+    /// handoff whose last frame is in completes, in the order its frames landed.
+    fn fabric_due(&mut self) {
+        let now = self.now;
+        let Some(disagg) = self.disagg.as_mut() else {
+            return;
+        };
+        disagg.poll_at.remove(&now);
+        disagg.fabric.advance(now);
+        let mut complete = Vec::new();
+        while let Some(id) = disagg.fabric.pop_landed(now) {
+            let Some(i) = disagg.frames_in_flight.remove(&id) else {
+                continue;
+            };
+            if let Some(handoff) = disagg.handoffs.get_mut(&i) {
+                handoff.frames_left = handoff.frames_left.saturating_sub(1);
+                if handoff.frames_left == 0 {
+                    complete.push(i);
+                }
+            }
+        }
+        for i in complete {
+            self.handoff_landed(i);
+        }
+        self.schedule_fabric();
+    }
+
+    /// Every frame of request `i`'s handoff has landed: the prefill worker lets its
+    /// blocks go (they stay cached there for prefix reuse) and takes waiting work, and
+    /// the decode worker registers the prompt blocks (its prefix cache, announced to the
+    /// router like any others) and decodes the request.
+    fn handoff_landed(&mut self, i: usize) {
+        let now = self.now;
+        let Some(disagg) = self.disagg.as_mut() else {
+            return;
+        };
+        let Some(handoff) = disagg.handoffs.remove(&i) else {
+            return;
+        };
+        disagg.handoffs_done += 1;
+        disagg.received[handoff.to] += 1;
+        if let Some(sent) = handoff.sent_at {
+            disagg
+                .latency
+                .push(now.saturating_duration_since(sent).as_nanos() as u64);
+        }
+        let (p, d) = (handoff.from, handoff.to);
+        let prompt_blocks = self.request(i).blocks.len() as u64;
+        self.set_clock(p);
+        let worker = &mut self.workers[p];
+        if let Some(State::Sending { held, own }) = worker.states.remove(&i) {
+            drop(own);
+            worker.manager.device().release(held);
+        }
+        if self.routing == Routing::Kv {
+            let key = self.workers[p].key;
+            self.router.finish(key, prompt_blocks);
+        }
+        self.retry_waiting(p);
+        self.also_touched.insert(p);
+        self.set_clock(d);
+        self.also_touched.insert(d);
+        let Some(State::Receiving { mut blocks }) = self.workers[d].states.remove(&i) else {
+            return;
+        };
+        let request = &self.live[&i].request;
+        let cacheable =
+            cacheable_blocks(request, self.block_size, self.cache_partial_blocks).min(blocks.len());
+        // A partial last block that is not cached stays the request's own.
+        let own = blocks.split_off(cacheable);
+        let complete = blocks
+            .into_iter()
+            .zip(&request.blocks[..cacheable])
+            .map(|(block, identity)| block.apply_identity(*identity))
+            .collect();
+        let held = self.workers[d].manager.register(complete, now);
+        if self.decoded(d, i, held, own) {
+            self.retry_waiting(d);
+        }
+    }
+
     /// Sends request `i` to a worker again (after a crash, or when one comes back).
     fn reroute(&mut self, i: usize) {
         if let Some(w) = self.arrive(i) {
@@ -1882,7 +2414,9 @@ impl Sim {
         }
         worker.up = true;
         let key = worker.key;
-        self.router.add_worker(key, WorkerMode::Events);
+        if w < self.routable() {
+            self.router.add_worker(key, WorkerMode::Events);
+        }
         for i in std::mem::take(&mut self.parked) {
             self.reroute(i);
         }
@@ -1998,6 +2532,7 @@ impl Sim {
         } else {
             sources.hit_tokens as f64 / sources.prompt_tokens as f64
         };
+        let disaggregation = self.disagg.as_ref().map(|d| d.report(simulated_ns));
         let routed: u64 = self.workers.iter().map(|w| w.routed).sum();
         let routing = RoutingReport {
             mode: match self.routing {
@@ -2049,6 +2584,7 @@ impl Sim {
                 disk_blocks_lost: self.disk_blocks_lost,
                 disk_transfers_failed: self.disk_transfers_failed,
             },
+            disaggregation,
             simulated_s: simulated_ns as f64 / 1e9,
             passes: self.passes,
             preemptions: self.preemptions,
@@ -2676,5 +3212,240 @@ mod tests {
             error.to_string().starts_with("f.ron: faults[0]:"),
             "{error}"
         );
+    }
+    /// `prefill` prefill workers and `decode` decode workers of `scenario()` (1 GB/s
+    /// NICs with `nic_latency_ns`), frames of `frame_blocks` blocks, no switch.
+    fn disaggregated(prefill: usize, decode: usize, frame_blocks: usize) -> Scenario {
+        let mut scenario = cluster(prefill + decode, Routing::RoundRobin);
+        scenario.hardware.nic_latency_ns = 5_000;
+        scenario.cluster.disaggregation = Some(Disaggregation {
+            prefill_workers: prefill,
+            frame_blocks,
+            switch_bytes_per_s: 0,
+            switch_latency_ns: 0,
+        });
+        scenario
+    }
+
+    /// Nanoseconds as the report's milliseconds.
+    fn ms(ns: u64) -> f64 {
+        ns as f64 / 1e6
+    }
+
+    #[test]
+    fn a_disaggregated_request_prefills_hands_off_over_the_nic_and_decodes_elsewhere() {
+        // 96 prompt tokens (6 blocks of 1,024 bytes), 3 out. The prefill worker's pass
+        // takes 96 µs: the first token lands then. The handoff is one MRDN frame of
+        // 6 × 1,024 + 32 = 6,176 bytes: 6,176 ns at 1 GB/s, then 5 µs of NIC latency,
+        // so the decode worker has the prompt at 107,176 ns and decodes two tokens at
+        // 100 µs a pass.
+        let report = simulate(&disaggregated(1, 1, 16), &[request(0, 1000, 96, 3)]).unwrap();
+        assert_eq!(report.completed, 1);
+        assert_eq!(report.ttft.max_ms, ms(96_000));
+        let landed = 96_000 + 6_176 + 5_000;
+        assert_eq!(report.end_to_end.max_ms, ms(landed + 200_000));
+        assert_eq!(report.tpot.max_ms, ms((landed + 200_000 - 96_000) / 2));
+        let d = report.disaggregation.as_ref().unwrap();
+        assert_eq!(
+            (d.handoffs, d.frames, d.bytes, d.header_bytes),
+            (1, 1, 6_176, 32)
+        );
+        assert_eq!(d.handoff_latency.max_ms, ms(6_176 + 5_000));
+        assert_eq!(d.handoff_wait.max_ms, 0.0);
+        assert_eq!(d.handed_off_per_prefill_worker, vec![1]);
+        assert_eq!(d.received_per_decode_worker, vec![1]);
+        assert_eq!(report.routing.requests_per_worker, vec![1, 0]);
+        // Both workers registered the prompt's six blocks and told the router.
+        assert_eq!(report.events.stored_blocks, 12);
+        assert!(report.routing.view_matches_pools);
+        assert!(report.events.rebuild_matches_pools);
+        let nic_in = d.links.iter().find(|l| l.link == "nic_in").unwrap();
+        assert_eq!((nic_in.bytes, nic_in.transfers), (6_176, 1));
+        // Frames of 4 blocks: 4,128 and 2,080 bytes sent at once, through together
+        // when all 6,208 bytes are (the link never idles), then the latency.
+        let report = simulate(&disaggregated(1, 1, 4), &[request(0, 1000, 96, 3)]).unwrap();
+        let d = report.disaggregation.as_ref().unwrap();
+        assert_eq!((d.frames, d.bytes), (2, 6_208));
+        assert_eq!(d.handoff_latency.max_ms, ms(6_208 + 5_000));
+        assert_eq!(
+            report.end_to_end.max_ms,
+            ms(96_000 + 6_208 + 5_000 + 200_000)
+        );
+        // One output token: done on the prefill worker, nothing handed off.
+        let report = simulate(&disaggregated(1, 1, 16), &[request(0, 1000, 96, 1)]).unwrap();
+        let d = report.disaggregation.as_ref().unwrap();
+        assert_eq!(
+            (report.completed, d.handoffs, d.finished_at_prefill),
+            (1, 0, 1)
+        );
+    }
+
+    #[test]
+    fn two_handoffs_into_one_decode_worker_share_its_nic_in() {
+        // Two prefill workers (round-robin) finish their prompts at 96 µs and both hand
+        // off to the one decode worker: 6,176 bytes each through its 1 GB/s NIC in at
+        // half speed, twice as long as one alone.
+        let requests = [request(0, 1000, 96, 3), request(1, 2000, 96, 3)];
+        let report = simulate(&disaggregated(2, 1, 16), &requests).unwrap();
+        let d = report.disaggregation.as_ref().unwrap();
+        assert_eq!(d.received_per_decode_worker, vec![2]);
+        assert_eq!(d.handoff_latency.p50_ms, ms(2 * 6_176 + 5_000));
+        assert_eq!(d.handoff_latency.max_ms, ms(2 * 6_176 + 5_000));
+        let nic_in = d.links.iter().find(|l| l.link == "nic_in").unwrap();
+        assert_eq!(nic_in.bytes, 2 * 6_176);
+        // Two decode workers: one handoff each (the fewer requests, then the lower
+        // index), no sharing.
+        let report = simulate(&disaggregated(2, 2, 16), &requests).unwrap();
+        let d = report.disaggregation.as_ref().unwrap();
+        assert_eq!(d.received_per_decode_worker, vec![1, 1]);
+        assert_eq!(d.handoff_latency.max_ms, ms(6_176 + 5_000));
+        // A switch slower than the NICs limits both, wherever they go.
+        let mut switched = disaggregated(2, 2, 16);
+        if let Some(d) = switched.cluster.disaggregation.as_mut() {
+            d.switch_bytes_per_s = 500_000_000;
+            d.switch_latency_ns = 1_000;
+        }
+        let report = simulate(&switched, &requests).unwrap();
+        let d = report.disaggregation.as_ref().unwrap();
+        assert_eq!(d.handoff_latency.max_ms, ms(4 * 6_176 + 6_000));
+        assert!(d
+            .links
+            .iter()
+            .any(|l| l.link == "switch" && l.bytes == 2 * 6_176));
+    }
+
+    #[test]
+    fn a_slowed_nic_slows_the_handoffs_through_it() {
+        // The decode node's NIC in at half speed for the whole run: 12,352 ns of wire.
+        let mut scenario = disaggregated(1, 1, 16);
+        scenario.faults = vec![fault(
+            0,
+            FaultKind::LinkSlowdown {
+                worker: Some(1),
+                link: Link::NicIn,
+                factor: 0.5,
+                for_ms: 1_000,
+            },
+        )];
+        let report = simulate(&scenario, &[request(0, 1000, 96, 3)]).unwrap();
+        let d = report.disaggregation.as_ref().unwrap();
+        assert_eq!(d.handoff_latency.max_ms, ms(2 * 6_176 + 5_000));
+    }
+
+    #[test]
+    fn a_handoff_waits_for_blocks_on_its_decode_worker() {
+        // Twelve device blocks a worker. A (96 tokens, 80 out) decodes on the decode
+        // worker from 102,176 ns on and holds 8 blocks by the time B (96 tokens: 6
+        // blocks) is prefilled at 2.096 ms, so B's handoff waits until A is done, at
+        // 102,176 ns + 79 passes of 100 µs, and lands 6,176 ns later.
+        let mut scenario = disaggregated(1, 1, 16);
+        scenario.hardware.nic_latency_ns = 0;
+        scenario.worker.tiers[0].capacity_blocks = 12;
+        let mut late = request(1, 2000, 96, 2);
+        late.arrival = Timestamp::from_nanos(2_000_000);
+        let report = simulate(&scenario, &[request(0, 1000, 96, 80), late]).unwrap();
+        assert_eq!(report.completed, 2);
+        let d = report.disaggregation.as_ref().unwrap();
+        assert_eq!(d.waits_for_decode_blocks, 1);
+        let a_done = 102_176 + 79 * 100_000;
+        assert_eq!(d.handoff_wait.max_ms, ms(a_done - 2_096_000));
+        // End to end: A's and B's, whose one decode pass follows its handoff.
+        let b_done = a_done + 6_176 + 100_000;
+        assert_eq!(report.end_to_end.max_ms, ms(a_done));
+        assert_eq!(
+            report.end_to_end.mean_ms,
+            ms((a_done + b_done - 2_000_000) / 2)
+        );
+        assert!(report.routing.view_matches_pools);
+    }
+
+    #[test]
+    fn a_decode_worker_out_of_blocks_preempts_and_recomputes_locally() {
+        // Two long decodes on one decode worker of 10 blocks: the newer steps back,
+        // prefills its prompt (still cached there) and tokens again, and finishes.
+        let mut scenario = disaggregated(1, 1, 16);
+        scenario.worker.tiers[0].capacity_blocks = 10;
+        let requests = [request(0, 1000, 32, 100), request(1, 2000, 32, 100)];
+        let report = simulate(&scenario, &requests).unwrap();
+        assert_eq!(report.completed, 2);
+        assert!(report.preemptions >= 1, "{report:?}");
+        let d = report.disaggregation.as_ref().unwrap();
+        assert_eq!(d.handoffs, 2);
+        assert!(report.routing.view_matches_pools);
+        assert!(report.events.rebuild_matches_pools);
+    }
+
+    #[test]
+    fn disaggregated_runs_are_deterministic_and_the_router_sees_both_pools() {
+        let mut scenario = disaggregated(2, 2, 4);
+        scenario.cluster.routing = Routing::Kv;
+        scenario.cluster.event_plane.delay_us = 50;
+        scenario.worker.tiers = tiers_with_write_back();
+        let requests = shared_prefix_requests(40, 150, 6, 3, 30);
+        let decode_key = WorkerKey {
+            worker: WorkerId::new(3),
+            dp_rank: 0,
+        };
+        let mut decode_view = 0;
+        let report = simulate_observed(&scenario, requests.iter().cloned(), |sim| {
+            decode_view = sim.router.indexer().blocks_of(decode_key).len();
+        })
+        .unwrap();
+        assert_eq!(report.completed, 40);
+        assert!(
+            decode_view > 0,
+            "the decode worker's blocks reach the router"
+        );
+        assert!(report.routing.view_matches_pools, "{report:?}");
+        assert!(report.events.rebuild_matches_pools);
+        assert_eq!(report.routing.events_rejected, 0);
+        // Only the prefill pool is routed to, and both decode workers decode.
+        assert_eq!(report.routing.requests_per_worker[2..], [0, 0]);
+        let d = report.disaggregation.as_ref().unwrap();
+        assert!(d.received_per_decode_worker.iter().all(|n| *n > 0), "{d:?}");
+        assert_eq!(d.handoffs, 40);
+        assert!(report
+            .to_string()
+            .contains("disagg    2 prefill + 2 decode workers"));
+        assert_eq!(
+            report.to_json(),
+            simulate(&scenario, &requests).unwrap().to_json()
+        );
+        // Aggregated, the report has no such section at all.
+        scenario.cluster.disaggregation = None;
+        let aggregated = simulate(&scenario, &requests).unwrap();
+        assert!(aggregated.disaggregation.is_none());
+        assert!(!aggregated.to_json().contains("disaggregation"));
+        assert!(!aggregated.to_string().contains("disagg"));
+    }
+
+    #[test]
+    fn disaggregation_needs_both_pools_and_frames_of_a_block() {
+        let check = |prefill: usize, frame_blocks: usize| {
+            let mut scenario = disaggregated(1, 1, 16);
+            if let Some(d) = scenario.cluster.disaggregation.as_mut() {
+                d.prefill_workers = prefill;
+                d.frame_blocks = frame_blocks;
+            }
+            let text = ron::to_string(&scenario).unwrap();
+            Scenario::parse(&text, Path::new("d.ron")).map(|_| ())
+        };
+        assert!(check(1, 16).is_ok());
+        for prefill in [0, 2, 3] {
+            let error = check(prefill, 16).unwrap_err().to_string();
+            assert!(
+                error.starts_with("d.ron: cluster: disaggregation.prefill_workers"),
+                "{error}"
+            );
+        }
+        let error = check(1, 0).unwrap_err().to_string();
+        assert!(error.contains("frame_blocks"), "{error}");
+        // A scenario built in code is checked by the run too.
+        let mut scenario = disaggregated(1, 1, 16);
+        scenario.cluster.workers = 1;
+        assert!(matches!(
+            simulate(&scenario, &[request(0, 1000, 96, 3)]),
+            Err(SimError::EmptyPool { .. })
+        ));
     }
 }

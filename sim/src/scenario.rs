@@ -188,6 +188,9 @@ pub struct ClusterSpec {
     pub scheduler: SchedulerConfig,
     /// The event plane between the workers and the router.
     pub event_plane: EventPlaneSpec,
+    /// Separate prefill and decode pools, with the KV handoff over the fabric; absent
+    /// (the default), every worker prefills and decodes its own requests.
+    pub disaggregation: Option<Disaggregation>,
 }
 
 impl Default for ClusterSpec {
@@ -198,8 +201,37 @@ impl Default for ClusterSpec {
             routing: Routing::Kv,
             scheduler: SchedulerConfig::default(),
             event_plane: EventPlaneSpec::default(),
+            disaggregation: None,
         }
     }
+}
+
+/// Prefill and decode on separate pools of workers (as Dynamo's disaggregated serving
+/// does). Workers `0..prefill_workers` form the prefill pool, the rest the decode pool.
+/// The router sends each request to a prefill worker; once its prompt is prefilled (the
+/// first token lands then), its prompt blocks go to the least loaded decode worker over
+/// the fabric as MRDN frames, and that worker generates the other tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Disaggregation {
+    /// Workers in the prefill pool (the first ones); at least 1, and fewer than
+    /// `cluster.workers` so the decode pool has one too.
+    pub prefill_workers: usize,
+    /// Blocks in one MRDN frame of the handoff (the last frame may hold fewer); each
+    /// frame is its blocks' bytes plus the 32-byte MRDN header on the wire.
+    #[serde(default = "default_frame_blocks")]
+    pub frame_blocks: usize,
+    /// Bandwidth of the switch every handoff crosses, bytes per second (one link shared
+    /// by all of them); 0: a non-blocking switch, so only the NICs limit a handoff.
+    #[serde(default)]
+    pub switch_bytes_per_s: u64,
+    /// Latency the switch adds to each frame, on top of the NIC latency.
+    #[serde(default)]
+    pub switch_latency_ns: u64,
+}
+
+fn default_frame_blocks() -> usize {
+    16
 }
 
 /// Where the requests come from.
@@ -357,6 +389,37 @@ impl Scenario {
         let drop = self.cluster.event_plane.drop_probability;
         if !(0.0..=1.0).contains(&drop) {
             return Err(cluster("event_plane.drop_probability must be within 0..=1"));
+        }
+        if let Some(disaggregation) = &self.cluster.disaggregation {
+            let prefill = disaggregation.prefill_workers;
+            if prefill == 0 || prefill >= self.cluster.workers {
+                return Err(cluster(&format!(
+                    "disaggregation.prefill_workers must be within 1..{} so that both \
+                     the prefill and the decode pool have a worker (got {prefill})",
+                    self.cluster.workers
+                )));
+            }
+            if disaggregation.frame_blocks == 0 {
+                return Err(cluster("disaggregation.frame_blocks must be at least 1"));
+            }
+            let body =
+                (disaggregation.frame_blocks as u64).saturating_mul(self.worker.bytes_per_block);
+            if body > kvtwin::wire::MAX_BODY_LEN as u64 {
+                return Err(cluster(&format!(
+                    "disaggregation.frame_blocks: a frame of {body} bytes exceeds the MRDN \
+                     body limit of {} bytes",
+                    kvtwin::wire::MAX_BODY_LEN
+                )));
+            }
+            if self
+                .faults
+                .iter()
+                .any(|f| matches!(f.kind, FaultKind::WorkerCrash { .. }))
+            {
+                return Err(cluster(
+                    "worker crashes are not modelled with disaggregation yet",
+                ));
+            }
         }
         for (index, fault) in self.faults.iter().enumerate() {
             let bad = |reason: &str| ScenarioError::Fault {
@@ -575,6 +638,35 @@ mod tests {
         let message = error.to_string();
         assert!(message.starts_with("typo.ron:4:"), "{message}");
         assert!(message.contains("sede"), "{message}");
+    }
+
+    #[test]
+    fn disaggregation_defaults_to_frames_of_16_blocks_and_no_switch() {
+        let text = GOOD.replace(
+            "workload:",
+            "cluster: (workers: 3, disaggregation: Some((prefill_workers: 1))),\n        workload:",
+        );
+        let scenario = Scenario::parse(&text, Path::new("d.ron")).unwrap();
+        let disaggregation = scenario.cluster.disaggregation.unwrap();
+        assert_eq!(
+            disaggregation,
+            Disaggregation {
+                prefill_workers: 1,
+                frame_blocks: 16,
+                switch_bytes_per_s: 0,
+                switch_latency_ns: 0,
+            }
+        );
+        // Without the section, every worker is aggregated.
+        let plain = Scenario::parse(GOOD, Path::new("good.ron")).unwrap();
+        assert_eq!(plain.cluster.disaggregation, None);
+        // Crashes are not modelled with it yet.
+        let crash = text.replace(
+            "workload:",
+            "faults: [(at_ms: 1, kind: WorkerCrash(worker: 0, down_ms: 1))],\n        workload:",
+        );
+        let error = Scenario::parse(&crash, Path::new("c.ron")).unwrap_err();
+        assert!(error.to_string().contains("worker crashes"), "{error}");
     }
 
     #[test]
