@@ -56,6 +56,7 @@ pub struct TestHardware {
     queue: DeadlineQueue,
     outcomes: BTreeMap<TransferId, Result<(), TransferError>>,
     fail_next: usize,
+    corrupt_next: usize,
     submitted: Vec<TransferRequest>,
     transfer_cost_per_block: [Duration; 4],
     recompute_cost_per_block: Duration,
@@ -74,6 +75,7 @@ impl TestHardware {
             queue: DeadlineQueue::new(1024),
             outcomes: BTreeMap::new(),
             fail_next: 0,
+            corrupt_next: 0,
             submitted: Vec::new(),
             transfer_cost_per_block: [Duration::from_micros(1); 4],
             recompute_cost_per_block: Duration::from_micros(10),
@@ -109,6 +111,12 @@ impl TestHardware {
     /// The next `count` transfers submitted will fail.
     pub fn fail_next(&mut self, count: usize) {
         self.fail_next = count;
+    }
+
+    /// The next `count` transfers submitted will fail as if their source bytes failed
+    /// their checksum (`TransferError::Corrupt` of the source tier).
+    pub fn corrupt_next(&mut self, count: usize) {
+        self.corrupt_next = count;
     }
 
     /// Every transfer submitted so far, in order.
@@ -152,6 +160,11 @@ impl Hardware for TestHardware {
         let outcome = if self.fail_next > 0 {
             self.fail_next -= 1;
             Err(TransferError::Failed {
+                tier: request.src_tier,
+            })
+        } else if self.corrupt_next > 0 {
+            self.corrupt_next -= 1;
+            Err(TransferError::Corrupt {
                 tier: request.src_tier,
             })
         } else {

@@ -301,7 +301,7 @@ fn write_back_copies_blocks_down_before_eviction_and_they_come_back_intact() {
 }
 
 #[test]
-fn a_corrupt_disk_block_is_counted_never_served_and_the_request_recomputes_it() {
+fn a_corrupt_disk_block_is_counted_never_served_forgotten_and_recomputed() {
     let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
     let config = manager_config(write_through_tiers());
     let host = HostConfig::for_manager(&config, Some(dir.path()));
@@ -339,13 +339,28 @@ fn a_corrupt_disk_block_is_counted_never_served_and_the_request_recomputes_it() 
             .unwrap();
         assert_ne!(bytes, corrupt);
     }
+    // The bad copies are forgotten (the hardware names the tier, not the block, so the
+    // whole run goes): the next lookup misses.
+    assert_eq!(rig.m.stats().corrupt_blocks_forgotten, 4);
+    assert_eq!(rig.holds(Tier::Disk, &a), 0);
+    let plan = rig.m.lookup(&hashes(&a), rig.now());
+    assert_eq!(plan.blocks_to_compute(), 4);
+    drop(plan);
     // The request computes the blocks that did not arrive, and they are right.
     rig.compute(&a);
     rig.settle();
-    let now = rig.now();
-    let plan = rig.m.lookup(&hashes(&a), now);
+    let plan = rig.m.lookup(&hashes(&a), rig.now());
     assert_eq!(plan.device_blocks().len(), 4);
     rig.check(plan.device_blocks());
+    drop(plan);
+    // Written through afresh, the disk copies serve the next onboarding intact.
+    assert_eq!(rig.holds(Tier::Disk, &a), 4);
+    rig.compute(&chain(3, 4));
+    rig.settle();
+    let (blocks, failed) = rig.onboard(&a, Tier::Disk);
+    assert_eq!((blocks.len(), failed), (4, 0));
+    rig.check(&blocks);
+    assert_eq!(rig.m.hardware().counters().checksum_failures(Tier::Disk), 1);
 }
 
 #[test]

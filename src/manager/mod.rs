@@ -122,6 +122,10 @@ pub struct ManagerStats {
     pub offload_skipped_blocks: u64,
     /// Offloaded blocks whose transfer failed.
     pub offload_failed_blocks: u64,
+    /// Lower-tier blocks forgotten because a transfer read them back corrupt (checksum
+    /// mismatch): never offered again, so a fresh copy can take their place.
+    #[serde(default)]
+    pub corrupt_blocks_forgotten: u64,
     /// Blocks not offloaded because this worker holds their parent in no tier: prefix
     /// lookups cannot reach them, and a router would refuse their `Stored` event.
     pub orphans_not_offloaded: u64,
@@ -714,8 +718,9 @@ impl<H: Hardware> Manager<H> {
                         self.stats.onboarded_blocks[source_tier.index()] += sources.len() as u64;
                         Segment::Done(self.device().register_chain(complete))
                     }
-                    Err(_) => {
+                    Err(error) => {
                         self.stats.onboard_failed_blocks += sources.len() as u64;
+                        self.forget_corrupt(&error, &sources);
                         Segment::Failed(sources.len())
                     }
                 };
@@ -765,7 +770,8 @@ impl<H: Hardware> Manager<H> {
                             _ => self.pool_of(from).release(sources),
                         }
                     }
-                    Err(_) => {
+                    Err(error) => {
+                        self.forget_corrupt(&error, &sources);
                         self.pool_of(from).release(sources);
                         self.stats.offload_failed_blocks += blocks as u64;
                         self.outputs
@@ -774,6 +780,23 @@ impl<H: Hardware> Manager<H> {
                 }
             }
         }
+    }
+
+    /// A transfer whose sources failed their checksum when read: those copies are no
+    /// copies. They leave their tier (with `Removed`) so that lookups stop offering them
+    /// and the next offload can write a good copy in their place; the hardware names
+    /// the tier, not the block, so every source of the transfer goes. Other failures
+    /// (an I/O error, a tier going down) leave the sources where they are.
+    fn forget_corrupt(&mut self, error: &TransferError, sources: &[ImmutableBlock]) {
+        let Some(tier) = sources.first().map(ImmutableBlock::tier) else {
+            return;
+        };
+        if *error != (TransferError::Corrupt { tier }) {
+            return;
+        }
+        let hashes: Vec<SequenceHash> = sources.iter().map(ImmutableBlock::sequence_hash).collect();
+        let forgotten = self.pool_of(tier).invalidate(&hashes);
+        self.stats.corrupt_blocks_forgotten += forgotten as u64;
     }
 
     fn finish_segment(&mut self, request: RequestId, segment: usize, outcome: Segment) {

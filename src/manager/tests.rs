@@ -258,6 +258,63 @@ fn failed_onboarding_reports_the_blocks_to_compute_and_leaks_nothing() {
     assert_eq!(m.stats().onboard_failed_blocks, 4);
 }
 
+#[test]
+fn a_corrupt_onboard_forgets_the_bad_copies_so_that_a_recompute_replaces_them() {
+    let mut m = manager(
+        vec![
+            tier(Tier::Device, 4, OffloadPolicy::WriteThrough),
+            tier(Tier::Host, 16, OffloadPolicy::None),
+        ],
+        TransferTiming::Instant,
+    );
+    let ids = chain(1, 4);
+    let wanted: BTreeSet<SequenceHash> = hashes(&ids).into_iter().collect();
+    cache_then_displace(&mut m, &ids, &chain(2, 4));
+    // A plain failure leaves the copies where they are.
+    let mut plan = m.lookup(&hashes(&ids), at(1));
+    m.hardware_mut().fail_next(1);
+    m.start_onboard(RequestId::new(1), &mut plan, at(1))
+        .unwrap();
+    let _ = drain(&mut m, at(1));
+    drop(plan);
+    assert!(registered(&m, Tier::Host).is_superset(&wanted));
+    let _ = m.take_events();
+    // Bytes that fail their checksum are no copy: forgotten, with Removed events.
+    let mut plan = m.lookup(&hashes(&ids), at(2));
+    assert_eq!(plan.onboard_count(Tier::Host), 4);
+    m.hardware_mut().corrupt_next(1);
+    m.start_onboard(RequestId::new(2), &mut plan, at(2))
+        .unwrap();
+    let outputs = drain(&mut m, at(2));
+    assert!(
+        matches!(&outputs[..], [ManagerOutput::OnboardComplete { blocks, failed_blocks: 4, .. }] if blocks.is_empty())
+    );
+    drop(plan);
+    assert_eq!(m.stats().corrupt_blocks_forgotten, 4);
+    assert!(registered(&m, Tier::Host).is_disjoint(&wanted));
+    let removed: BTreeSet<SequenceHash> = m
+        .take_events()
+        .into_iter()
+        .flat_map(|event| match event.data {
+            KvCacheEventData::Removed {
+                block_hashes,
+                tier: Tier::Host,
+            } => block_hashes,
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(removed, wanted);
+    let counts = m.pool(Tier::Host).unwrap().check_invariants();
+    assert_eq!(counts.active, 0);
+    // The next lookup misses, and the recomputed blocks are copied down afresh.
+    let plan = m.lookup(&hashes(&ids), at(3));
+    assert_eq!(plan.blocks_to_compute(), 4);
+    drop(plan);
+    compute(&mut m, &ids, at(3));
+    let _ = drain(&mut m, at(3));
+    assert!(registered(&m, Tier::Host).is_superset(&wanted));
+}
+
 /// Device (4) and host (4) hold chain 2, disk holds chains 1 and 2; disk costs
 /// `disk_per_block` to read, recomputing costs 10 µs a block.
 fn chain_one_only_on_disk(disk_per_block: Duration) -> Manager<TestHardware> {

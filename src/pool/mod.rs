@@ -8,8 +8,9 @@
 //!   Complete, exclusive) or one or more [`ImmutableBlock`]s (Registered, refcount > 0);
 //! - **cached**: Registered with refcount 0, in the eviction policy's order.
 //!
-//! A whole tier can be lost at once ([`BlockPool::invalidate_all`], a failed SSD): every
-//! registered block leaves the registry with a `Removed`; those still referenced stay
+//! A whole tier can be lost at once ([`BlockPool::invalidate_all`], a failed SSD), or
+//! some of its blocks ([`BlockPool::invalidate`], bytes that failed their checksum): every
+//! such registered block leaves the registry with a `Removed`; those still referenced stay
 //! active, findable by nobody, until their last handle drops them back to free.
 //!
 //! free + cached + active = capacity, always. Registered blocks are found by
@@ -146,8 +147,8 @@ enum SlotState {
     Free,
     Mutable,
     Registered,
-    /// Was registered, and left the registry while referenced (its tier failed): the
-    /// handles keep it until the last one drops it, straight back to free.
+    /// Was registered, and left the registry while referenced (its tier failed, or its
+    /// bytes did): the handles keep it until the last one drops it, straight back to free.
     Invalidated,
 }
 
@@ -397,14 +398,32 @@ impl PoolInner {
     /// descending), each with a `Removed`: cached ones become free, referenced ones
     /// `Invalidated`. Returns how many left.
     fn invalidate_all(&mut self) -> usize {
-        self.touch();
-        let mut registered: Vec<(u32, SequenceHash, BlockId)> = self
+        let registered: Vec<(u32, SequenceHash, BlockId)> = self
             .registry
             .iter()
             .map(|(hash, id)| (self.slots[id.index()].identity.position, *hash, *id))
             .collect();
-        // A fixed order (never the map's): the events are observable.
+        self.invalidate_entries(registered)
+    }
+
+    /// The registered blocks among `hashes` leave the registry as in `invalidate_all`;
+    /// hashes not registered are skipped. Returns how many left.
+    fn invalidate(&mut self, hashes: &[SequenceHash]) -> usize {
+        let registered: Vec<(u32, SequenceHash, BlockId)> = hashes
+            .iter()
+            .filter_map(|hash| {
+                let id = *self.registry.get(hash)?;
+                Some((self.slots[id.index()].identity.position, *hash, id))
+            })
+            .collect();
+        self.invalidate_entries(registered)
+    }
+
+    fn invalidate_entries(&mut self, mut registered: Vec<(u32, SequenceHash, BlockId)>) -> usize {
+        self.touch();
+        // A fixed order (never the map's or the caller's): the events are observable.
         registered.sort_unstable_by(|a, b| b.cmp(a));
+        registered.dedup();
         for (_, hash, id) in &registered {
             self.registry.remove(hash);
             let slot = &mut self.slots[id.index()];
@@ -732,6 +751,13 @@ impl BlockPool {
     /// blocks forgotten.
     pub fn invalidate_all(&self) -> usize {
         lock(&self.shared.inner).invalidate_all()
+    }
+
+    /// Forgets the registered blocks among `hashes` the same way (their bytes in this
+    /// tier are bad: a read failed its checksum), leaf first, each with a `Removed`.
+    /// Hashes not registered here are skipped. Returns the number of blocks forgotten.
+    pub fn invalidate(&self, hashes: &[SequenceHash]) -> usize {
+        lock(&self.shared.inner).invalidate(hashes)
     }
 
     /// Takes the queued events, oldest first.

@@ -416,6 +416,46 @@ fn a_chain_refuses_blocks_of_another_pool() {
 }
 
 #[test]
+fn invalidating_some_blocks_forgets_only_those_leaf_first_and_skips_unknown_hashes() {
+    let pool = pool(8, EvictionPolicyKind::Lru);
+    let ids = chain(4);
+    let held = register_chain(&pool, &ids[1..3]);
+    drop(register_chain(&pool, &ids[..1]));
+    drop(register_chain(&pool, &ids[3..]));
+    let _ = pool.take_events();
+    let unknown = SequenceHash::new(12345);
+    // Given in any order, with a repeat and an unknown hash.
+    let asked = [
+        ids[1].sequence_hash,
+        unknown,
+        ids[2].sequence_hash,
+        ids[1].sequence_hash,
+    ];
+    assert_eq!(pool.invalidate(&asked), 2);
+    assert_eq!(
+        pool.take_events(),
+        vec![KvCacheEventData::Removed {
+            block_hashes: vec![ids[2].sequence_hash, ids[1].sequence_hash],
+            tier: Tier::Device,
+        }]
+    );
+    assert_eq!(
+        pool.snapshot()
+            .registered
+            .into_keys()
+            .collect::<Vec<_>>()
+            .len(),
+        2
+    );
+    assert!(pool.contains(ids[0].sequence_hash) && pool.contains(ids[3].sequence_hash));
+    // The referenced pair stays active until dropped, then is free, not cached.
+    assert_eq!(pool.check_invariants().active, 2);
+    drop(held);
+    let counts = pool.check_invariants();
+    assert_eq!((counts.free, counts.cached, counts.active), (6, 2, 0));
+}
+
+#[test]
 fn invalidating_a_tier_forgets_cached_and_referenced_blocks_and_frees_them_when_dropped() {
     let pool = pool(8, EvictionPolicyKind::Lru);
     let ids = chain(5);
