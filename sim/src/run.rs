@@ -60,12 +60,13 @@ use crate::scenario::{
 };
 use crate::stats::Latencies;
 use crate::workload::Request;
-use kvtwin::block::Reset;
+use kvtwin::block::{BlockIdentity, Reset};
 use kvtwin::events::{KvCacheEvent, KvCacheEventData, RegistryReplica};
 use kvtwin::hardware::Hardware;
 use kvtwin::ids::{LocalBlockHash, RequestId, SequenceHash, Timestamp, WorkerId};
 use kvtwin::manager::ManagerConfig;
 use kvtwin::manager::{Manager, ManagerConfigError, ManagerOutput};
+use kvtwin::phase::Phase;
 use kvtwin::pool::{BlockChain, ImmutableBlock, MutableBlock};
 use kvtwin::router::indexer::WorkerKey;
 use kvtwin::router::scheduler::SchedulerConfig;
@@ -301,6 +302,17 @@ pub struct DisaggregationReport {
     pub links: Vec<LinkReport>,
 }
 
+/// Blocks filled by generated tokens, cached like prompt blocks
+/// ([`crate::scenario::WorkerSpec::cache_output_blocks`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct OutputBlocksReport {
+    /// Generated blocks registered (a recomputed one counts again).
+    pub cached: u64,
+    /// Reasoning blocks tagged `ThinkComplete` at their request's ExitThink point
+    /// (those still on the device then).
+    pub reasoning_cooled: u64,
+}
+
 /// What a run did.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
@@ -355,6 +367,10 @@ pub struct Report {
     /// is aggregated (and then left out of the JSON, which is as before).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disaggregation: Option<DisaggregationReport>,
+    /// Blocks of generated tokens cached; absent unless the worker caches them (and then
+    /// left out of the JSON).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_blocks: Option<OutputBlocksReport>,
     /// Simulated time at the end.
     pub simulated_s: f64,
     /// Forward passes run.
@@ -448,6 +464,13 @@ impl fmt::Display for Report {
             self.queueing.mean_ms, self.queueing.p50_ms, self.queueing.p99_ms
         )?;
         writeln!(f, "output    {:.0} tokens/s", self.output_tokens_per_s)?;
+        if let Some(outputs) = &self.output_blocks {
+            writeln!(
+                f,
+                "          {} generated blocks cached, {} reasoning blocks cooled at ExitThink",
+                outputs.cached, outputs.reasoning_cooled
+            )?;
+        }
         let r = &self.routing;
         // Disaggregated, the router sends requests to the prefill pool only.
         let pool = self
@@ -575,6 +598,13 @@ struct Live {
     counted: bool,
     /// Whether a pass has taken it yet (its queueing time is counted then).
     scheduled: bool,
+    /// Identities of the blocks its generated tokens fill, as far as computed (kept
+    /// across preemptions, so a recomputed block is registered under the same hash).
+    output_identities: Vec<BlockIdentity>,
+    /// Its registered reasoning blocks, in order (see `Request::think_tokens`).
+    think_blocks: Vec<SequenceHash>,
+    /// Whether it has passed its ExitThink point (its reasoning blocks are cold).
+    thinking_done: bool,
 }
 
 struct Sim {
@@ -602,6 +632,10 @@ struct Sim {
     output_tokens: u64,
     completed: u64,
     too_large: u64,
+    /// Whether full blocks of generated tokens are registered ([`crate::scenario::WorkerSpec`]).
+    cache_output_blocks: bool,
+    output_blocks_cached: u64,
+    think_blocks_cooled: u64,
     waits: u64,
     block_size: u64,
     cache_partial_blocks: bool,
@@ -836,7 +870,13 @@ fn cacheable_blocks(request: &Request, block_size: u64, cache_partial_blocks: bo
 
 /// Steps a decoding request can take after the current one that are silent: it neither
 /// finishes nor needs another block for the token after (see `PassInFlight`).
-fn silent_steps(live: &Live, state: Option<&State>, block_size: u64, batching: Batching) -> u64 {
+fn silent_steps(
+    live: &Live,
+    state: Option<&State>,
+    block_size: u64,
+    batching: Batching,
+    cache_output_blocks: bool,
+) -> u64 {
     let Some(State::Decoding { held, extra, .. }) = state else {
         return 0;
     };
@@ -853,7 +893,40 @@ fn silent_steps(live: &Live, state: Option<&State>, block_size: u64, batching: B
     } else {
         u64::MAX
     };
-    by_output.min(by_blocks)
+    // A step that fills a block registers it when generated blocks are cached, and the
+    // step that ends the reasoning cools its blocks: both are seen by the pool.
+    let by_fill = if cache_output_blocks {
+        block_size - 1 - (input + generated - 1) % block_size
+    } else {
+        u64::MAX
+    };
+    let think = live.request.think_tokens;
+    let by_think = if think > generated {
+        think - generated - 1
+    } else {
+        u64::MAX
+    };
+    by_output.min(by_blocks).min(by_fill).min(by_think)
+}
+
+/// Whether the decode step that brings request `live` to `generated` tokens changes more
+/// than token counts: it fills a block that is then cached, or it ends the reasoning.
+fn step_is_visible(
+    live: &Live,
+    generated: u64,
+    block_size: u64,
+    cache_output_blocks: bool,
+) -> bool {
+    let computed = live.request.input_tokens + generated - 1;
+    (cache_output_blocks && computed % block_size == 0)
+        || (live.request.think_tokens > 0 && generated == live.request.think_tokens)
+}
+
+/// The token hash of the `index`-th block filled by request `id`'s generated tokens:
+/// unique in the run (the top bit keeps it apart from prompt hashes, which are trace ids
+/// or generator counters well below it), so such blocks are shared by no other request.
+fn output_local_hash(id: RequestId, index: usize) -> LocalBlockHash {
+    LocalBlockHash::new(1 << 63 | (id.get() & ((1 << 43) - 1)) << 20 | (index as u64 & 0xf_ffff))
 }
 
 /// A router that routes to workers `0..workers` (at dp rank 0), all learnt from their
@@ -1004,6 +1077,9 @@ fn simulate_observed(
         output_tokens: 0,
         completed: 0,
         too_large: 0,
+        cache_output_blocks: scenario.worker.cache_output_blocks,
+        output_blocks_cached: 0,
+        think_blocks_cooled: 0,
         waits: 0,
         block_size,
         cache_partial_blocks: scenario.worker.cache_partial_blocks,
@@ -1151,6 +1227,9 @@ impl Sim {
                 first_token_at: None,
                 counted: false,
                 scheduled: false,
+                output_identities: Vec::new(),
+                think_blocks: Vec::new(),
+                thinking_done: false,
             },
         );
         i
@@ -1415,6 +1494,7 @@ impl Sim {
                         worker.states.get(i),
                         self.block_size,
                         batching,
+                        self.cache_output_blocks,
                     )
                 })
                 .min()
@@ -1492,7 +1572,9 @@ impl Sim {
                     .get_mut(&i)
                     .expect("a decoding request is in flight");
                 let generated = live.generated + 1;
-                if generated < live.request.output_tokens {
+                if generated < live.request.output_tokens
+                    && !step_is_visible(live, generated, self.block_size, self.cache_output_blocks)
+                {
                     let next = live.request.input_tokens + generated;
                     let needed = if self.batching.decode_blocks {
                         (next + 1).div_ceil(self.block_size) as usize
@@ -1613,13 +1695,14 @@ impl Sim {
         &mut self,
         w: WorkerIndex,
         i: usize,
-        held: BlockChain,
+        mut held: BlockChain,
         mut extra: Vec<MutableBlock<Reset>>,
     ) -> bool {
         let live = &self.live[&i];
         let (input, output) = (live.request.input_tokens, live.request.output_tokens);
         if live.generated >= output {
             drop(extra);
+            self.end_thinking(w, i);
             self.finish(w, i, held);
             return true;
         }
@@ -1657,6 +1740,10 @@ impl Sim {
                 }
             }
         }
+        if self.cache_output_blocks {
+            self.cache_filled_output_blocks(w, i, &mut held, &mut extra);
+        }
+        self.end_thinking(w, i);
         self.workers[w].states.insert(
             i,
             State::Decoding {
@@ -1666,6 +1753,98 @@ impl Sim {
             },
         );
         false
+    }
+
+    /// Registers the blocks of request `i` that its generated tokens have filled, as an
+    /// engine with prefix caching does once the token that fills a block is computed
+    /// (every token but the newest). `held` holds the registered blocks in order, prompt
+    /// first; `extra` the rest, the next to fill first. Reasoning blocks (every token a
+    /// prompt or reasoning token) are tagged `ThinkActive`, or `ThinkComplete` once the
+    /// request answers.
+    fn cache_filled_output_blocks(
+        &mut self,
+        w: WorkerIndex,
+        i: usize,
+        held: &mut BlockChain,
+        extra: &mut Vec<MutableBlock<Reset>>,
+    ) {
+        let block_size = self.block_size;
+        let Some(live) = self.live.get_mut(&i) else {
+            return;
+        };
+        let request = &live.request;
+        let (id, input, think) = (request.id, request.input_tokens, request.think_tokens);
+        let prompt = cacheable_blocks(request, block_size, false);
+        let prompt_last = request.blocks[..prompt].last().copied();
+        let computed = input + live.generated - 1;
+        let full = (computed / block_size) as usize;
+        let count = full.saturating_sub(held.len()).min(extra.len());
+        if count == 0 {
+            return;
+        }
+        // Registered blocks are the prompt's, then outputs' (a worker that did not get
+        // the whole prompt registered caches nothing of the output).
+        let Some(first) = held.len().checked_sub(prompt) else {
+            return;
+        };
+        while live.output_identities.len() < first + count {
+            let index = live.output_identities.len();
+            let parent = match index {
+                0 => prompt_last.as_ref(),
+                _ => live.output_identities.last(),
+            };
+            let identity = BlockIdentity::chained(parent, output_local_hash(id, index));
+            live.output_identities.push(identity);
+        }
+        let complete = extra
+            .drain(..count)
+            .zip(&live.output_identities[first..first + count])
+            .map(|(block, identity)| block.apply_identity(*identity))
+            .collect();
+        let manager = &mut self.workers[w].manager;
+        held.extend(manager.register(complete, self.now));
+        self.output_blocks_cached += count as u64;
+        // Reasoning blocks: the output blocks that end within the reasoning tokens.
+        let reasoning_end = input + think;
+        let mut new_think = Vec::new();
+        for index in first..first + count {
+            let block_end = (prompt + index + 1) as u64 * block_size;
+            if block_end <= reasoning_end && index == live.think_blocks.len() {
+                let hash = live.output_identities[index].sequence_hash;
+                live.think_blocks.push(hash);
+                new_think.push(hash);
+            }
+        }
+        if !new_think.is_empty() {
+            let phase = if live.thinking_done {
+                Phase::ThinkComplete
+            } else {
+                Phase::ThinkActive
+            };
+            manager.set_phase(&new_think, phase, self.now);
+        }
+    }
+
+    /// At request `i`'s ExitThink point (its reasoning tokens all generated), tags its
+    /// reasoning blocks `ThinkComplete`: never read again, the first the priority policy
+    /// evicts and writes back (seed 004).
+    fn end_thinking(&mut self, w: WorkerIndex, i: usize) {
+        let Some(live) = self.live.get_mut(&i) else {
+            return;
+        };
+        let think = live.request.think_tokens;
+        if think == 0 || live.thinking_done || live.generated < think {
+            return;
+        }
+        live.thinking_done = true;
+        if !live.think_blocks.is_empty() {
+            let cooled = self.workers[w].manager.set_phase(
+                &live.think_blocks,
+                Phase::ThinkComplete,
+                self.now,
+            );
+            self.think_blocks_cooled += cooled as u64;
+        }
     }
 
     /// Takes request `j` off worker `w`'s device (recompute preemption): its blocks go
@@ -2585,6 +2764,10 @@ impl Sim {
                 disk_transfers_failed: self.disk_transfers_failed,
             },
             disaggregation,
+            output_blocks: self.cache_output_blocks.then_some(OutputBlocksReport {
+                cached: self.output_blocks_cached,
+                reasoning_cooled: self.think_blocks_cooled,
+            }),
             simulated_s: simulated_ns as f64 / 1e9,
             passes: self.passes,
             preemptions: self.preemptions,
@@ -2902,6 +3085,23 @@ mod tests {
             repeats[i].blocks = earlier;
         }
         cases.push((tiered, repeats));
+        // Generated blocks cached and reasoning cooled at ExitThink: steps that fill a
+        // block or end the reasoning are never planned away.
+        // Under pressure, with write-back: when blocks cool decides what is written back
+        // and evicted first.
+        let mut reasoning = cluster(2, Routing::Kv);
+        reasoning.worker.cache_output_blocks = true;
+        reasoning.worker.tiers = tiers_with_write_back();
+        reasoning.worker.tiers[0].capacity_blocks = 48;
+        for tier in &mut reasoning.worker.tiers[..2] {
+            tier.eviction = EvictionPolicyKind::Priority;
+        }
+        reasoning.worker.bytes_per_block = 1 << 20;
+        let mut thinking = shared_prefix_requests(20, 400, 3, 2, 150);
+        for (k, request) in thinking.iter_mut().enumerate() {
+            request.think_tokens = 40 + 7 * k as u64;
+        }
+        cases.push((reasoning, thinking));
         // A lossy, late event plane.
         let mut lossy = cluster(2, Routing::Kv);
         lossy.cluster.event_plane.delay_us = 250;
@@ -2920,6 +3120,60 @@ mod tests {
                 b.engine_events
             );
         }
+    }
+
+    #[test]
+    fn generated_blocks_are_cached_and_reasoning_blocks_cool_at_exit_think() {
+        // 32 prompt tokens (2 blocks of 16), 100 generated, the first 60 reasoning.
+        // Blocks fill as tokens are computed (all but the newest): (32 + 100 - 1) / 16 = 8
+        // full blocks, 6 of them output. Blocks 2, 3 and 4 end by token 80 <= 32 + 60:
+        // reasoning; block 5 holds tokens 80-95, answer tokens among them.
+        let mut scenario = scenario();
+        scenario.worker.cache_output_blocks = true;
+        scenario.worker.tiers[0].eviction = kvtwin::pool::EvictionPolicyKind::Priority;
+        let mut thinker = request(0, 1000, 32, 100);
+        thinker.think_tokens = 60;
+        let report = simulate(&scenario, &[thinker.clone()]).unwrap();
+        assert_eq!(
+            report.output_blocks,
+            Some(OutputBlocksReport {
+                cached: 6,
+                reasoning_cooled: 3,
+            })
+        );
+        assert!(report.routing.view_matches_pools);
+        assert!(report.events.rebuild_matches_pools);
+        // Without output caching nothing is registered past the prompt, and the report
+        // has no such section.
+        scenario.worker.cache_output_blocks = false;
+        let plain = simulate(&scenario, &[thinker]).unwrap();
+        assert_eq!(plain.output_blocks, None);
+        assert_eq!(report.events.stored_blocks, plain.events.stored_blocks + 6);
+        assert!(!plain.to_json().contains("output_blocks"));
+    }
+
+    #[test]
+    fn cached_outputs_need_decode_blocks_and_whole_prompt_blocks() {
+        let mut text = String::from(
+            r#"(name: "x", seed: 1,
+            hardware: (name: "h", pcie_bytes_per_s: 1, pcie_latency_ns: 0,
+                nvme_read_bytes_per_s: 1, nvme_write_bytes_per_s: 1, nvme_latency_ns: 0,
+                nic_bytes_per_s: 1, nic_latency_ns: 0, prefill_ns_per_token: 1,
+                decode_ns_per_token: 1, max_inflight_transfers: 1),
+            worker: (block_size_tokens: 16, bytes_per_block: 1, onboard: CostAware,
+                max_inflight_transfers: 1, tiers: [(tier: Device, capacity_blocks: 8)],
+                cache_output_blocks: true, cache_partial_blocks: true),
+            workload: MooncakeTrace(path: "t.jsonl"))"#,
+        );
+        let error = Scenario::parse(&text, Path::new("x.ron")).unwrap_err();
+        assert!(error.to_string().contains("cache_output_blocks"), "{error}");
+        text = text.replace(
+            "cache_partial_blocks: true",
+            "batching: (decode_blocks: false)",
+        );
+        assert!(Scenario::parse(&text, Path::new("x.ron")).is_err());
+        text = text.replace("batching: (decode_blocks: false)", "");
+        assert!(Scenario::parse(&text, Path::new("x.ron")).is_ok());
     }
 
     fn fault(at_ms: u64, kind: FaultKind) -> Fault {

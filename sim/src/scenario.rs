@@ -36,6 +36,14 @@ pub struct WorkerSpec {
     /// reference treats every hash id as a cacheable block (on).
     #[serde(default)]
     pub cache_partial_blocks: bool,
+    /// Whether blocks filled by generated tokens are cached too, as engines with prefix
+    /// caching do (vLLM registers every full block). No later prompt hits them unless it
+    /// repeats the output, but they take room in the cache like any other; reasoning
+    /// blocks are tagged by phase for the priority policy (`Request::think_tokens`).
+    /// Off by default: only prompt blocks are cached. Needs `batching.decode_blocks` and
+    /// no `cache_partial_blocks`.
+    #[serde(default)]
+    pub cache_output_blocks: bool,
 }
 
 /// Continuous batching: what one forward pass may hold.
@@ -344,6 +352,14 @@ pub enum ScenarioError {
         /// What is wrong.
         reason: String,
     },
+    /// The worker's options contradict each other.
+    #[error("{path}: worker: {reason}", path = path.display())]
+    Worker {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// The worker configuration is not runnable.
     #[error("{path}: worker: {source}", path = path.display())]
     Invalid {
@@ -385,6 +401,16 @@ impl Scenario {
         };
         if self.cluster.workers == 0 {
             return Err(cluster("workers must be at least 1"));
+        }
+        if self.worker.cache_output_blocks
+            && (self.worker.cache_partial_blocks || !self.worker.batching.decode_blocks)
+        {
+            return Err(ScenarioError::Worker {
+                path: path.to_owned(),
+                reason: "cache_output_blocks needs batching.decode_blocks and no \
+                         cache_partial_blocks (generated tokens fill the blocks it caches)"
+                    .to_string(),
+            });
         }
         let drop = self.cluster.event_plane.drop_probability;
         if !(0.0..=1.0).contains(&drop) {
