@@ -9,7 +9,8 @@
 //! with the flags applied: `--workers` identical workers of `--device-blocks`,
 //! `--host-blocks` and `--disk-blocks` blocks of `--block-tokens` tokens, each tier
 //! writing back to the next one present, routed by `--routing`, timed by the `--compute`
-//! profile (DynoSim's own timing by default, as the peer figures use).
+//! profile (DynoSim's own timing by default, as the peer figures use), caching the
+//! blocks generated tokens fill unless `--cache-output-blocks false` (DynoSim caches them).
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -58,6 +59,10 @@ pub(crate) struct SimArgs {
     /// The run's seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Whether blocks filled by generated tokens are cached, as DynoSim's vLLM model
+    /// (and vLLM) do: `true` or `false`.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    cache_output_blocks: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -95,6 +100,7 @@ fn scenario(args: &SimArgs) -> Result<Scenario> {
     let worker = &mut scenario.worker;
     worker.block_size_tokens = args.block_tokens;
     worker.bytes_per_block = args.block_tokens as u64 * KV_BYTES_PER_TOKEN;
+    worker.cache_output_blocks = args.cache_output_blocks;
     let (host, disk) = (args.host_blocks > 0, args.disk_blocks > 0);
     worker.tiers = vec![tier(Tier::Device, args.device_blocks, host || disk)];
     if host {
