@@ -4,10 +4,14 @@
 //! tier in memory, disk tier in an extent file with a BLAKE3 per block, remote tier on an
 //! in-process fabric; transfers on a bounded pool of worker threads) and
 //! [`content::KvContent`], the deterministic KV bytes that let a test check any round
-//! trip byte for byte. CUDA and NIXL (features `cuda`, `nixl`), the ZMQ and NATS
-//! transports and calibration are still to come (issue #5).
+//! trip byte for byte. With feature `nixl`, module `nixl`: NIXL agents moving blocks memory to
+//! memory over UCX and memory to file over POSIX, and `NixlFabric`, MRDN frames between
+//! two agents. CUDA (feature `cuda`), the ZMQ and NATS transports and calibration are
+//! still to come (issue #5).
 //! Never: be needed by `cargo test` without its features, or put I/O, threads or clocks
 //! into the core (they stay on this side of the `Hardware` trait).
 
 pub mod content;
 pub mod host;
+#[cfg(feature = "nixl")]
+pub mod nixl;
