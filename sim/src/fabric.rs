@@ -109,6 +109,13 @@ impl ClusterFabric {
         self.links.advance(now);
     }
 
+    /// Stops transfer `id` at `now` (an end of it crashed): it never lands, the bytes it
+    /// had not moved come off its links' usage, and the transfers left share the links
+    /// again. Returns whether it was in flight.
+    pub fn abort(&mut self, id: u64, now: Timestamp) -> bool {
+        self.links.abort(id, now)
+    }
+
     /// The earliest transfer landed by `now` (call [`ClusterFabric::advance`] first).
     pub fn pop_landed(&mut self, now: Timestamp) -> Option<u64> {
         self.links.pop_landed(now)
@@ -210,5 +217,21 @@ mod tests {
         assert_eq!(usage.len(), 9);
         assert_eq!(usage[8].0, FabricLink::Switch);
         assert_eq!(usage[8].1.bytes, 2_000_000);
+    }
+
+    #[test]
+    fn an_aborted_transfer_never_lands_and_gives_its_share_back() {
+        // Two 1 MB transfers into node 2 share its NIC in: 0.5 MB each by 1 ms, when one
+        // is aborted; the other's last 0.5 MB then goes at full speed, through at 1.5 ms.
+        let mut fabric = ClusterFabric::new(3, GB, 0, 0, 0);
+        let a = fabric.start(0, 2, 1_000_000, Timestamp::ZERO);
+        let b = fabric.start(1, 2, 1_000_000, Timestamp::ZERO);
+        assert!(fabric.abort(a, Timestamp::from_nanos(1_000_000)));
+        assert!(!fabric.abort(a, Timestamp::from_nanos(1_000_000)));
+        let landed = drain(&mut fabric);
+        assert_eq!(landed.len(), 1);
+        assert_eq!(landed[&b], Timestamp::from_nanos(1_500_000));
+        // Only the bytes it moved count on its links.
+        assert_eq!(fabric.usage()[3 + 2].1.bytes, 1_500_000);
     }
 }

@@ -48,6 +48,19 @@
 //! request recomputes it locally, as an aggregated worker does (its prompt blocks are
 //! usually still cached there). A request of one output token is done on its prefill
 //! worker.
+//!
+//! Crashes, disaggregated: a handoff is bound to the incarnations (epochs) of both its
+//! ends, so a crash of either aborts it. Its frames in flight are aborted on the fabric
+//! (they never land, and their share of the links goes back to the other transfers), the
+//! end still up lets go of what it held for it (the prefill worker's blocks stay cached
+//! there; the decode worker's reserved blocks go back to its pool), and the request goes
+//! back to the router and is prefilled again, keeping the tokens it had generated (they
+//! are recomputed with the prompt, and their KV travels with it in the next handoff). So
+//! does every request the crashed worker was prefilling, decoding or holding in its
+//! queue: a decode worker's KV is gone with it. Handoffs go only to decode workers that
+//! are up; with none up they wait, their blocks held on the prefill worker, and go out
+//! first come first served when one comes back (empty, under a new epoch). With no
+//! prefill worker up, requests wait for one as they do aggregated.
 //! Never: read a clock or iterate an unordered map.
 
 use crate::compute::{ComputeModel, Pass, UnknownProfile};
@@ -278,9 +291,9 @@ pub struct DisaggregationReport {
     pub frame_blocks: usize,
     /// Handoffs whose last frame landed.
     pub handoffs: u64,
-    /// MRDN frames sent.
+    /// MRDN frames sent (those of aborted handoffs included).
     pub frames: u64,
-    /// Bytes sent over the fabric, MRDN headers included.
+    /// Bytes of the frames sent (whole, aborted ones too), MRDN headers included.
     pub bytes: u64,
     /// Of those, MRDN headers.
     pub header_bytes: u64,
@@ -291,12 +304,19 @@ pub struct DisaggregationReport {
     pub handoff_wait: Percentiles,
     /// Handoffs that found no free device blocks on their decode worker and waited.
     pub waits_for_decode_blocks: u64,
-    /// Requests each prefill worker handed off (index: worker).
+    /// Requests each prefill worker handed off, aborted handoffs included (index:
+    /// worker).
     pub handed_off_per_prefill_worker: Vec<u64>,
     /// Handoffs each decode worker received (index: worker less `prefill_workers`).
     pub received_per_decode_worker: Vec<u64>,
-    /// Requests done on their prefill worker (one output token: nothing to hand off).
+    /// Requests done on their prefill worker (nothing left to hand off: one output
+    /// token, or a retried request whose new prefill produced its last).
     pub finished_at_prefill: u64,
+    /// Handoffs aborted because their prefill or decode worker crashed (their requests
+    /// are prefilled again).
+    pub handoffs_aborted: u64,
+    /// Of their frames, those in flight on the fabric when aborted (they never land).
+    pub frames_aborted: u64,
     /// The fabric's links: the prefill nodes' NICs out, the decode nodes' NICs in (each
     /// summed over its pool, utilisation averaged over it), and the switch if modelled.
     pub links: Vec<LinkReport>,
@@ -532,6 +552,13 @@ impl fmt::Display for Report {
                 d.handoff_latency.p99_ms,
                 d.handoff_wait.p99_ms
             )?;
+            if d.handoffs_aborted > 0 {
+                writeln!(
+                    f,
+                    "          {} handoffs aborted by crashes ({} frames in flight stopped)",
+                    d.handoffs_aborted, d.frames_aborted
+                )?;
+            }
             for link in &d.links {
                 writeln!(
                     f,
@@ -692,9 +719,13 @@ struct Disagg {
     poll_at: BTreeSet<Timestamp>,
     /// Handoffs whose last frame has not landed, by request.
     handoffs: BTreeMap<usize, Handoff>,
-    /// The request of every frame in flight, by fabric transfer id.
-    frames_in_flight: BTreeMap<u64, usize>,
+    /// Handoffs waiting for a decode worker to be up, first come first served.
+    unassigned: VecDeque<usize>,
+    /// Every frame in flight, by fabric transfer id.
+    frames_in_flight: BTreeMap<u64, FrameInFlight>,
     handoffs_done: u64,
+    handoffs_aborted: u64,
+    frames_aborted: u64,
     frames: u64,
     bytes: u64,
     header_bytes: u64,
@@ -710,7 +741,11 @@ struct Disagg {
 /// One request's KV handoff from a prefill worker to a decode worker.
 struct Handoff {
     from: WorkerIndex,
-    to: WorkerIndex,
+    /// The decode worker; `None` while none is up (the handoff waits in
+    /// `Disagg::unassigned`).
+    to: Option<WorkerIndex>,
+    /// Its frames' fabric ids, to abort those still in flight if an end crashes.
+    frames: Vec<u64>,
     /// When the prefill ended.
     ready_at: Timestamp,
     /// When the frames were sent (the decode worker had blocks for them).
@@ -718,6 +753,14 @@ struct Handoff {
     frames_left: usize,
     /// Whether it has waited for decode blocks (counted once).
     waited: bool,
+}
+
+/// A handoff frame on the fabric: its request, and the incarnations of the workers at
+/// both ends when it was sent (a frame of a crashed worker's former self never counts).
+struct FrameInFlight {
+    request: usize,
+    from: (WorkerIndex, Epoch),
+    to: (WorkerIndex, Epoch),
 }
 
 impl Disagg {
@@ -758,6 +801,8 @@ impl Disagg {
             handed_off_per_prefill_worker: self.handed_off[..self.prefill_workers].to_vec(),
             received_per_decode_worker: self.received[self.prefill_workers..].to_vec(),
             finished_at_prefill: self.finished_at_prefill,
+            handoffs_aborted: self.handoffs_aborted,
+            frames_aborted: self.frames_aborted,
             links: links
                 .into_iter()
                 .map(|(link, usage, nodes)| LinkReport {
@@ -791,8 +836,11 @@ impl Disagg {
             ),
             poll_at: BTreeSet::new(),
             handoffs: BTreeMap::new(),
+            unassigned: VecDeque::new(),
             frames_in_flight: BTreeMap::new(),
             handoffs_done: 0,
+            handoffs_aborted: 0,
+            frames_aborted: 0,
             frames: 0,
             bytes: 0,
             header_bytes: 0,
@@ -839,10 +887,6 @@ pub enum SimError {
     /// The hardware profile names a compute profile that is not built in.
     #[error("hardware.compute: {0}")]
     Compute(#[from] UnknownProfile),
-    /// Worker crashes are not modelled with disaggregation yet (TODO(#4): a crash would
-    /// have to abort the handoffs from and to the worker).
-    #[error("faults: worker crashes are not modelled with cluster.disaggregation yet")]
-    CrashWithDisaggregation,
     /// Disaggregation leaves the prefill or the decode pool without a worker.
     #[error(
         "cluster.disaggregation: {prefill_workers} prefill workers of {workers} leave a pool empty"
@@ -1003,14 +1047,6 @@ fn simulate_observed(
                 prefill_workers: spec.prefill_workers,
                 workers: cluster.workers,
             });
-        }
-        Some(_)
-            if scenario
-                .faults
-                .iter()
-                .any(|f| matches!(f.kind, FaultKind::WorkerCrash { .. })) =>
-        {
-            return Err(SimError::CrashWithDisaggregation);
         }
         Some(spec) => Some(Disagg::new(
             spec,
@@ -1316,7 +1352,7 @@ impl Sim {
             .disagg
             .as_ref()
             .and_then(|d| d.handoffs.get(&i))
-            .is_some_and(|h| h.to == w && h.sent_at.is_none())
+            .is_some_and(|h| h.to == Some(w) && h.sent_at.is_none())
         {
             self.receive(w, i);
             return;
@@ -2305,6 +2341,9 @@ impl Sim {
 
     /// Worker `w` stops: the router forgets it, its requests start again on other
     /// workers (as a frontend retries them), and it comes back empty after `down_ms`.
+    /// Disaggregated, the handoffs from or to it are aborted first
+    /// ([`Sim::abort_handoff`]), and its requests are prefilled again wherever the router
+    /// sends them.
     fn crash(&mut self, w: WorkerIndex, down_ms: u64) {
         let Some(worker) = self.workers.get_mut(w) else {
             return;
@@ -2358,9 +2397,67 @@ impl Sim {
         let back = self.now.saturating_add(Duration::from_millis(down_ms));
         self.disruptions.insert(back);
         self.queue.push(back, Event::Restart(w));
+        // All aborts before any retry: the blocks they free on the other ends may serve
+        // the retried requests (a prefill worker's stay cached there).
+        for i in &requests {
+            self.abort_handoff(*i);
+        }
         for i in requests {
             self.requests_retried += 1;
             self.reroute(i);
+        }
+    }
+
+    /// Aborts request `i`'s handoff, if it has one, because one of its ends crashed:
+    /// its frames still on the fabric never land (the other transfers take their share
+    /// of the links), the prefill worker, if up, lets the request's blocks go (they stay
+    /// cached) and the router stops counting its load there, and the decode worker, if
+    /// up, gives back the blocks it reserved (or drops the handoff from its queue). The
+    /// request itself is the caller's to retry.
+    fn abort_handoff(&mut self, i: usize) {
+        let now = self.now;
+        let Some(disagg) = self.disagg.as_mut() else {
+            return;
+        };
+        let Some(handoff) = disagg.handoffs.remove(&i) else {
+            return;
+        };
+        disagg.handoffs_aborted += 1;
+        disagg.unassigned.retain(|waiting| *waiting != i);
+        for id in &handoff.frames {
+            if disagg.frames_in_flight.remove(id).is_some() && disagg.fabric.abort(*id, now) {
+                disagg.frames_aborted += 1;
+            }
+        }
+        // The others' rates went up: their landings may be earlier than scheduled.
+        self.schedule_fabric();
+        let p = handoff.from;
+        if self.workers[p].up {
+            self.set_clock(p);
+            let worker = &mut self.workers[p];
+            if let Some(State::Sending { held, own }) = worker.states.remove(&i) {
+                drop(own);
+                worker.manager.device().release(held);
+                if self.routing == Routing::Kv {
+                    let (key, blocks) = (worker.key, self.request(i).blocks.len() as u64);
+                    self.router.finish(key, blocks);
+                }
+            }
+            self.retry_waiting(p);
+            self.also_touched.insert(p);
+        }
+        if let Some(d) = handoff.to.filter(|d| self.workers[*d].up) {
+            self.set_clock(d);
+            let worker = &mut self.workers[d];
+            match worker.states.remove(&i) {
+                Some(State::Receiving { blocks }) => drop(blocks),
+                Some(other) => {
+                    worker.states.insert(i, other);
+                }
+                None => worker.waiting.retain(|waiting| *waiting != i),
+            }
+            self.retry_waiting(d);
+            self.also_touched.insert(d);
         }
     }
 
@@ -2385,8 +2482,8 @@ impl Sim {
     }
 
     /// Request `i`, prefilled on prefill worker `p`, goes to the decode pool: `p` holds
-    /// its blocks until the handoff lands, and the decode worker with the fewest requests
-    /// (the lowest index on a tie) receives it.
+    /// its blocks until the handoff lands, and a decode worker receives it
+    /// ([`Sim::assign_decode_worker`]).
     fn hand_off(
         &mut self,
         p: WorkerIndex,
@@ -2397,12 +2494,6 @@ impl Sim {
         self.workers[p]
             .states
             .insert(i, State::Sending { held, own });
-        let first = self.routable();
-        // `min_by_key` keeps the first of equals: the lowest index.
-        let d = (first..self.workers.len())
-            .filter(|d| self.workers[*d].up)
-            .min_by_key(|d| self.workers[*d].states.len() + self.workers[*d].waiting.len())
-            .unwrap_or(first);
         let now = self.now;
         let Some(disagg) = self.disagg.as_mut() else {
             return;
@@ -2412,21 +2503,60 @@ impl Sim {
             i,
             Handoff {
                 from: p,
-                to: d,
+                to: None,
+                frames: Vec::new(),
                 ready_at: now,
                 sent_at: None,
                 frames_left: 0,
                 waited: false,
             },
         );
-        self.receive(d, i);
+        self.assign_decode_worker(i);
+    }
+
+    /// Gives request `i`'s handoff to the decode worker that is up with the fewest
+    /// requests (the lowest index on a tie), which receives it. With none up it waits,
+    /// first come first served, for one to come back (its blocks stay held on the
+    /// prefill worker): nothing is handed to a crashed worker.
+    fn assign_decode_worker(&mut self, i: usize) {
+        let first = self.routable();
+        // `min_by_key` keeps the first of equals: the lowest index.
+        let d = (first..self.workers.len())
+            .filter(|d| self.workers[*d].up)
+            .min_by_key(|d| self.workers[*d].states.len() + self.workers[*d].waiting.len());
+        let Some(disagg) = self.disagg.as_mut() else {
+            return;
+        };
+        let Some(handoff) = disagg.handoffs.get_mut(&i) else {
+            return;
+        };
+        match d {
+            Some(d) => {
+                handoff.to = Some(d);
+                self.receive(d, i);
+            }
+            None => disagg.unassigned.push_back(i),
+        }
+    }
+
+    /// Blocks request `i`'s handoff carries: its prompt's, and for a request prefilled
+    /// again after a crash, those of the generated tokens recomputed with it (all but the
+    /// newest, whose KV the decode worker computes).
+    fn handoff_blocks(&self, i: usize) -> usize {
+        let live = &self.live[&i];
+        let request = &live.request;
+        let computed = request.input_tokens + live.generated.saturating_sub(1);
+        let beyond_prompt = computed
+            .div_ceil(self.block_size)
+            .saturating_sub(request.input_tokens.div_ceil(self.block_size));
+        request.blocks.len() + beyond_prompt as usize
     }
 
     /// Decode worker `d` takes device blocks for request `i`'s prompt and the handoff's
     /// frames go out; without free blocks the handoff waits in `d`'s queue, first come
     /// first served, and is tried again when blocks come free there.
     fn receive(&mut self, d: WorkerIndex, i: usize) {
-        let blocks = self.request(i).blocks.len();
+        let blocks = self.handoff_blocks(i);
         self.set_clock(d);
         // Taking blocks may evict cached ones: `d` has events to publish.
         self.also_touched.insert(d);
@@ -2451,18 +2581,25 @@ impl Sim {
         }
     }
 
-    /// Sends request `i`'s prompt blocks over the fabric, `frame_blocks` to an MRDN
-    /// frame, all frames at once (a prompt of no full block still sends one frame, its
-    /// header).
+    /// Sends request `i`'s blocks over the fabric, `frame_blocks` to an MRDN frame, all
+    /// frames at once (a prompt of no full block still sends one frame, its header).
     fn send_frames(&mut self, i: usize) {
-        let blocks = self.request(i).blocks.len();
+        let blocks = self.handoff_blocks(i);
         let now = self.now;
+        let workers = &self.workers;
         let Some(disagg) = self.disagg.as_mut() else {
             return;
         };
         let Some(handoff) = disagg.handoffs.get_mut(&i) else {
             return;
         };
+        let Some(to) = handoff.to else {
+            return;
+        };
+        let (from, to) = (
+            (handoff.from, workers[handoff.from].epoch),
+            (to, workers[to].epoch),
+        );
         let mut sizes: Vec<usize> = frame_sizes(blocks, disagg.frame_blocks).collect();
         if sizes.is_empty() {
             sizes.push(0);
@@ -2474,8 +2611,16 @@ impl Sim {
             .push(now.saturating_duration_since(handoff.ready_at).as_nanos() as u64);
         for size in sizes {
             let bytes = frame_bytes(size, disagg.bytes_per_block);
-            let id = disagg.fabric.start(handoff.from, handoff.to, bytes, now);
-            disagg.frames_in_flight.insert(id, i);
+            let id = disagg.fabric.start(from.0, to.0, bytes, now);
+            handoff.frames.push(id);
+            disagg.frames_in_flight.insert(
+                id,
+                FrameInFlight {
+                    request: i,
+                    from,
+                    to,
+                },
+            );
             disagg.frames += 1;
             disagg.bytes += bytes;
             disagg.header_bytes += frame_bytes(0, 0);
@@ -2500,6 +2645,7 @@ impl Sim {
     /// handoff whose last frame is in completes, in the order its frames landed.
     fn fabric_due(&mut self) {
         let now = self.now;
+        let workers = &self.workers;
         let Some(disagg) = self.disagg.as_mut() else {
             return;
         };
@@ -2507,9 +2653,17 @@ impl Sim {
         disagg.fabric.advance(now);
         let mut complete = Vec::new();
         while let Some(id) = disagg.fabric.pop_landed(now) {
-            let Some(i) = disagg.frames_in_flight.remove(&id) else {
+            let Some(frame) = disagg.frames_in_flight.remove(&id) else {
                 continue;
             };
+            // Sent by or to a crashed worker's former self: its handoff was aborted (and
+            // the frame with it, so this is only a safeguard).
+            let current =
+                |(w, epoch): (WorkerIndex, Epoch)| workers[w].up && workers[w].epoch == epoch;
+            if !(current(frame.from) && current(frame.to)) {
+                continue;
+            }
+            let i = frame.request;
             if let Some(handoff) = disagg.handoffs.get_mut(&i) {
                 handoff.frames_left = handoff.frames_left.saturating_sub(1);
                 if handoff.frames_left == 0 {
@@ -2535,14 +2689,19 @@ impl Sim {
         let Some(handoff) = disagg.handoffs.remove(&i) else {
             return;
         };
+        let (p, d) = (
+            handoff.from,
+            handoff
+                .to
+                .expect("a handoff whose frames landed was sent to a decode worker"),
+        );
         disagg.handoffs_done += 1;
-        disagg.received[handoff.to] += 1;
+        disagg.received[d] += 1;
         if let Some(sent) = handoff.sent_at {
             disagg
                 .latency
                 .push(now.saturating_duration_since(sent).as_nanos() as u64);
         }
-        let (p, d) = (handoff.from, handoff.to);
         let prompt_blocks = self.request(i).blocks.len() as u64;
         self.set_clock(p);
         let worker = &mut self.workers[p];
@@ -2595,6 +2754,14 @@ impl Sim {
         let key = worker.key;
         if w < self.routable() {
             self.router.add_worker(key, WorkerMode::Events);
+        }
+        // A decode worker back takes the handoffs that waited for one, in their order.
+        let unassigned = match self.disagg.as_mut() {
+            Some(disagg) if w >= disagg.prefill_workers => std::mem::take(&mut disagg.unassigned),
+            _ => VecDeque::new(),
+        };
+        for i in unassigned {
+            self.assign_decode_worker(i);
         }
         for i in std::mem::take(&mut self.parked) {
             self.reroute(i);
@@ -2759,7 +2926,10 @@ impl Sim {
                 applied: self.faults_applied,
                 requests_retried: self.requests_retried,
                 snapshots: self.snapshots,
-                requests_unserved: self.parked.len() as u64,
+                // Parked for a prefill worker, or prefilled and waiting for a decode one.
+                requests_unserved: (self.parked.len()
+                    + self.disagg.as_ref().map_or(0, |d| d.unassigned.len()))
+                    as u64,
                 disk_blocks_lost: self.disk_blocks_lost,
                 disk_transfers_failed: self.disk_transfers_failed,
             },
@@ -3671,6 +3841,278 @@ mod tests {
         assert!(aggregated.disaggregation.is_none());
         assert!(!aggregated.to_json().contains("disaggregation"));
         assert!(!aggregated.to_string().contains("disagg"));
+    }
+
+    /// What a test watches after every event: the time, the blocks held on `worker`'s
+    /// device, and the handoff frames on the fabric.
+    fn watch(sim: &Sim, worker: usize) -> (u64, usize, usize) {
+        (
+            sim.now.as_nanos(),
+            sim.workers[worker].manager.device().counts().active,
+            sim.disagg.as_ref().map_or(0, |d| d.frames_in_flight.len()),
+        )
+    }
+
+    /// The last of `watched` by `ns`: (blocks held, frames in flight) then.
+    fn watched_at(watched: &[(u64, usize, usize)], ns: u64) -> (usize, usize) {
+        watched
+            .iter()
+            .rev()
+            .find(|(now, ..)| *now <= ns)
+            .map(|(_, active, frames)| (*active, *frames))
+            .unwrap_or_default()
+    }
+
+    /// What holds at every instant, crashes or not: nothing lives on a worker that is
+    /// down, every handoff's ends are up and hold it (the prefill worker sending, the
+    /// decode worker receiving or queueing it), and every frame on the fabric belongs
+    /// to a handoff.
+    fn check_handoffs(sim: &Sim) {
+        for (w, worker) in sim.workers.iter().enumerate() {
+            if !worker.up {
+                assert!(worker.states.is_empty() && worker.waiting.is_empty(), "{w}");
+                assert!(worker.pass.is_none(), "{w}");
+            }
+        }
+        let Some(disagg) = sim.disagg.as_ref() else {
+            return;
+        };
+        for (i, handoff) in &disagg.handoffs {
+            let from = &sim.workers[handoff.from];
+            assert!(from.up, "handoff {i} from a crashed worker");
+            assert!(matches!(from.states.get(i), Some(State::Sending { .. })));
+            match handoff.to {
+                Some(d) => {
+                    let to = &sim.workers[d];
+                    assert!(to.up, "handoff {i} to a crashed worker");
+                    assert!(
+                        matches!(to.states.get(i), Some(State::Receiving { .. }))
+                            || to.waiting.contains(i)
+                    );
+                }
+                None => assert!(disagg.unassigned.contains(i)),
+            }
+        }
+        for frame in disagg.frames_in_flight.values() {
+            assert!(disagg.handoffs.contains_key(&frame.request));
+        }
+    }
+
+    #[test]
+    fn a_prefill_worker_crashing_mid_handoff_aborts_its_frames_and_the_request_is_prefilled_elsewhere(
+    ) {
+        // Two prefill workers, one decode worker, blocks of 1 MiB in frames of two. A (96
+        // tokens: 6 blocks, 3 out) is prefilled on worker 0 by 96 µs (its first token
+        // then) and its three frames of 2,097,184 bytes share the NICs; at 1 ms, 904,000
+        // bytes through, worker 0 crashes. The frames are aborted, worker 2 gives back
+        // the 6 blocks it reserved, and A goes to worker 1: 96 prompt tokens and the one
+        // generated, 97 µs, so its second token at 1.097 ms. The new handoff carries 7
+        // blocks (the generated token's KV spills into a seventh), 2+2+2+1 in four
+        // frames, 7,340,160 bytes through by 8,437,160 ns and landed 5 µs later; then
+        // one decode pass of 100 µs.
+        let mut scenario = disaggregated(2, 1, 2);
+        scenario.worker.bytes_per_block = 1 << 20;
+        scenario.faults = vec![fault(
+            1,
+            FaultKind::WorkerCrash {
+                worker: 0,
+                down_ms: 10,
+            },
+        )];
+        let mut watched = Vec::new();
+        let report = simulate_observed(&scenario, [request(0, 1000, 96, 3)], |sim| {
+            check_handoffs(sim);
+            watched.push(watch(sim, 2));
+        })
+        .unwrap();
+        assert_eq!(report.completed, 1);
+        assert_eq!(report.ttft.max_ms, ms(96_000));
+        let landed = 1_097_000 + 7_340_160 + 5_000;
+        assert_eq!(report.end_to_end.max_ms, ms(landed + 100_000));
+        assert_eq!(report.faults.requests_retried, 1);
+        assert_eq!(report.routing.requests_per_worker, vec![1, 1, 0]);
+        let d = report.disaggregation.as_ref().unwrap();
+        assert_eq!((d.handoffs_aborted, d.frames_aborted), (1, 3));
+        assert_eq!((d.handoffs, d.frames), (1, 3 + 4));
+        assert_eq!(d.bytes, 3 * 2_097_184 + 7_340_160);
+        assert_eq!(d.handed_off_per_prefill_worker, vec![1, 1]);
+        assert_eq!(d.received_per_decode_worker, vec![1]);
+        assert_eq!(d.handoff_latency.max_ms, ms(7_340_160 + 5_000));
+        // Only the bytes that went through before the crash count on the NIC.
+        let nic_in = d.links.iter().find(|l| l.link == "nic_in").unwrap();
+        assert!(
+            nic_in.bytes.abs_diff(904_000 + 7_340_160) <= 3,
+            "{}",
+            nic_in.bytes
+        );
+        assert!(report.to_string().contains("1 handoffs aborted by crashes"));
+        // Worker 2 held the 6 blocks of the first handoff until the crash, none until
+        // the second, then 7.
+        let at = |ns: u64| watched_at(&watched, ns);
+        assert_eq!(at(999_999), (6, 3));
+        assert_eq!(at(1_000_000), (0, 0));
+        assert_eq!(at(1_097_000), (7, 4));
+        assert!(report.routing.view_matches_pools, "{report:?}");
+        assert!(report.events.rebuild_matches_pools);
+    }
+
+    #[test]
+    fn a_crashed_decode_workers_requests_are_prefilled_again_and_decoded_elsewhere() {
+        // One prefill worker, two decode workers: A (96 tokens, 3 out) goes to worker 1.
+        // Receiving: 1 MiB blocks, one frame of 6,291,488 bytes, not in by 1 ms, when
+        // worker 1 crashes. The frame is aborted and worker 0 lets A's blocks go; A is
+        // prefilled there again, hitting 5 of its own blocks (the last is computed to
+        // produce a token): 16 tokens and its generated one, 17 µs. Its 7 blocks (the
+        // generated token's KV too) go to worker 2 in one frame of 7,340,064 bytes, and
+        // it decodes its last token there.
+        let mut receiving = disaggregated(1, 2, 16);
+        receiving.worker.bytes_per_block = 1 << 20;
+        receiving.faults = vec![fault(
+            1,
+            FaultKind::WorkerCrash {
+                worker: 1,
+                down_ms: 50,
+            },
+        )];
+        let mut active = Vec::new();
+        let report = simulate_observed(&receiving, [request(0, 1000, 96, 3)], |sim| {
+            check_handoffs(sim);
+            active.push(watch(sim, 0));
+        })
+        .unwrap();
+        assert_eq!(report.completed, 1);
+        let landed = 1_017_000 + 7_340_064 + 5_000;
+        assert_eq!(report.end_to_end.max_ms, ms(landed + 100_000));
+        assert_eq!(report.faults.requests_retried, 1);
+        assert_eq!(report.blocks.computed, 6, "counted once, when first served");
+        let d = report.disaggregation.as_ref().unwrap();
+        assert_eq!((d.handoffs_aborted, d.frames_aborted), (1, 1));
+        assert_eq!((d.handoffs, d.frames), (1, 2));
+        assert_eq!(d.received_per_decode_worker, vec![0, 1]);
+        assert_eq!(d.handed_off_per_prefill_worker, vec![2]);
+        // Worker 0 held A's 6 blocks while sending, and let them go at the crash: the
+        // retry takes 5 of them back, cached, and a new one, and sends its frame.
+        assert_eq!(watched_at(&active, 999_999), (6, 1));
+        assert_eq!(watched_at(&active, 1_000_000), (6, 0));
+        assert_eq!(watched_at(&active, 1_017_000), (6, 1));
+        assert!(report.routing.view_matches_pools, "{report:?}");
+        assert!(report.events.rebuild_matches_pools);
+        // Decoding: 1 KiB blocks, A (30 out) lands on worker 1 at 107,176 ns and has
+        // generated 9 tokens by 1 ms (a pass every 100 µs from 107,176 ns; the one in
+        // flight then is dropped with the crash). Prefilled again: 16 + 9 tokens, 25 µs;
+        // 7 blocks in 7,200 bytes to worker 2 by 1,037,200 ns; 20 more passes.
+        let mut decoding = disaggregated(1, 2, 16);
+        decoding.faults = receiving.faults.clone();
+        let report =
+            simulate_observed(&decoding, [request(0, 1000, 96, 30)], check_handoffs).unwrap();
+        assert_eq!(report.completed, 1);
+        assert_eq!(report.ttft.max_ms, ms(96_000));
+        assert_eq!(
+            report.end_to_end.max_ms,
+            ms(1_025_000 + 7_200 + 5_000 + 20 * 100_000)
+        );
+        let d = report.disaggregation.as_ref().unwrap();
+        // Nothing was in flight: the handoff had landed.
+        assert_eq!((d.handoffs_aborted, d.frames_aborted), (0, 0));
+        assert_eq!(d.received_per_decode_worker, vec![1, 1]);
+        assert_eq!(report.faults.requests_retried, 1);
+        // 8 decode passes on worker 1 (the ninth dropped), 20 on worker 2, 2 prefills.
+        assert_eq!(report.passes, 8 + 20 + 2);
+        assert!(report.routing.view_matches_pools, "{report:?}");
+        assert!(report.events.rebuild_matches_pools);
+    }
+
+    #[test]
+    fn handoffs_wait_while_no_decode_worker_is_up_and_go_when_it_is_back() {
+        // One decode worker, down from 1 to 6 ms. A (96 tokens, 30 out) decoding there
+        // has 9 tokens at the crash and is prefilled again by 1,025,000 ns; B (96 tokens,
+        // 3 out) arrives at 2 ms and is prefilled by 2,096,000 ns. Both handoffs wait,
+        // their blocks held on the prefill worker, and go at 6 ms, in that order, sharing
+        // worker 1's NIC: B's 6,176 bytes through at 12,352 ns, A's 7,200 at 13,376 ns,
+        // each landing 5 µs later. B decodes alone from 6,017,352 ns, then with A: B is
+        // done at 6,217,352 ns, A 19 passes later.
+        let mut scenario = disaggregated(1, 1, 16);
+        scenario.faults = vec![fault(
+            1,
+            FaultKind::WorkerCrash {
+                worker: 1,
+                down_ms: 5,
+            },
+        )];
+        let mut late = request(1, 2000, 96, 3);
+        late.arrival = Timestamp::from_nanos(2_000_000);
+        let requests = [request(0, 1000, 96, 30), late];
+        let mut held = Vec::new();
+        let report = simulate_observed(&scenario, requests.iter().cloned(), |sim| {
+            check_handoffs(sim);
+            held.push(watch(sim, 0));
+        })
+        .unwrap();
+        assert_eq!((report.completed, report.faults.requests_unserved), (2, 0));
+        let (a_done, b_done) = (6_217_352 + 19 * 100_000, 6_217_352);
+        assert_eq!(report.end_to_end.max_ms, ms(a_done));
+        assert_eq!(
+            report.end_to_end.mean_ms,
+            ms((a_done + b_done - 2_000_000) / 2)
+        );
+        let d = report.disaggregation.as_ref().unwrap();
+        assert_eq!(d.handoffs, 1 + 2);
+        assert_eq!(d.received_per_decode_worker, vec![3]);
+        assert_eq!(d.handoff_wait.max_ms, ms(6_000_000 - 1_025_000));
+        assert_eq!(d.waits_for_decode_blocks, 0);
+        // The prefill worker held both prompts (6 blocks each) while no decode worker
+        // was up, and sent both when it came back.
+        assert_eq!(watched_at(&held, 5_999_999), (12, 0));
+        assert_eq!(watched_at(&held, 6_000_000), (12, 2));
+        assert_eq!(watched_at(&held, 6_018_376), (0, 0));
+        assert!(report.routing.view_matches_pools, "{report:?}");
+        assert!(report.events.rebuild_matches_pools);
+    }
+
+    #[test]
+    fn disaggregated_crashes_are_deterministic_and_the_cluster_converges() {
+        // Both pools lose workers, one after another, with handoffs in flight (64 KiB
+        // blocks take the fabric a while), and for a millisecond neither decode worker
+        // is up.
+        let mut scenario = disaggregated(2, 2, 4);
+        scenario.cluster.routing = Routing::Kv;
+        scenario.cluster.event_plane.delay_us = 50;
+        scenario.worker.tiers = tiers_with_write_back();
+        scenario.worker.bytes_per_block = 64 << 10;
+        let crash = |at_ms: u64, worker: usize, down_ms: u64| {
+            fault(at_ms, FaultKind::WorkerCrash { worker, down_ms })
+        };
+        scenario.faults = vec![
+            crash(1, 0, 2),
+            crash(2, 2, 2),
+            crash(3, 3, 2),
+            crash(4, 1, 1),
+        ];
+        let requests = shared_prefix_requests(40, 150, 6, 3, 30);
+        let mut unassigned_max = 0;
+        let report = simulate_observed(&scenario, requests.iter().cloned(), |sim| {
+            check_handoffs(sim);
+            let unassigned = sim.disagg.as_ref().map_or(0, |d| d.unassigned.len());
+            unassigned_max = unassigned_max.max(unassigned);
+        })
+        .unwrap();
+        assert!(unassigned_max > 0, "handoffs waited for a decode worker");
+        assert_eq!(report.completed, 40, "{report:?}");
+        assert_eq!(report.faults.requests_unserved, 0);
+        assert!(report.faults.requests_retried > 0, "{report:?}");
+        let d = report.disaggregation.as_ref().unwrap();
+        assert!(d.handoffs_aborted > 0 && d.frames_aborted > 0, "{d:?}");
+        // Every request was handed off once to the end, besides the aborted ones.
+        assert_eq!(
+            d.handed_off_per_prefill_worker.iter().sum::<u64>(),
+            d.handoffs + d.handoffs_aborted
+        );
+        assert!(report.routing.view_matches_pools, "{report:?}");
+        assert!(report.events.rebuild_matches_pools);
+        assert_eq!(
+            report.to_json(),
+            simulate(&scenario, &requests).unwrap().to_json()
+        );
     }
 
     #[test]
