@@ -864,12 +864,21 @@ impl Disagg {
 /// after the next arrival, and before the worker's next transfer deadline: nothing can
 /// touch the worker before its last step, so the run is step for step the one an
 /// engine doing one pass at a time produces (a test compares both).
+///
+/// Disaggregated, a handoff landing on a decode worker touches it too, and one not yet
+/// sent may be sent and land within a plan. So a decode worker's plan also stops at the
+/// first step that ends at or after the next event that could send a handoff or land
+/// one: the fabric's next deadline, and the end of any prefill worker's pass or its next
+/// transfer deadline (which may start a pass). Stopping early only splits the steps into
+/// more events.
 #[derive(Debug)]
 struct PassInFlight {
     /// Requests in it, with the tokens each processes.
     members: Vec<(usize, u64)>,
     /// When its prefill part ends.
     first_token_at: Timestamp,
+    /// When its last step ends.
+    ends_at: Timestamp,
     /// Steps it stands for (1 for an ordinary pass).
     steps: usize,
 }
@@ -1450,10 +1459,11 @@ impl Sim {
     /// decoding sequence generates one token, and prefill chunks fill the rest of the
     /// token budget, oldest request first (chunked prefill), up to `max_seqs` sequences.
     fn start_pass(&mut self, w: WorkerIndex) {
-        let worker = &mut self.workers[w];
-        if worker.pass.is_some() {
+        if self.workers[w].pass.is_some() {
             return;
         }
+        let handoff_horizon = self.handoff_horizon(w);
+        let worker = &mut self.workers[w];
         let batching = self.batching;
         let mut pass = Pass::default();
         // The buffer of the last pass, emptied (no allocation per pass).
@@ -1511,17 +1521,15 @@ impl Sim {
         }
         let time = self.compute.pass(&pass, self.device_capacity_tokens);
         let (mut end, mut steps) = (self.now.saturating_add(time.total), 1);
-        // TODO(#4): disaggregated, a handoff landing on a decode worker would have to cut
-        // its plan short, so decode workers go one pass at a time.
         if batching.plan_decode_steps
-            && self.disagg.is_none()
             && pass.prefills.is_empty()
             && worker.prefill_queue.is_empty()
             && decoding == members.len()
         {
             // Decodes only, all of them: plan the silent steps that follow (see
-            // `PassInFlight`): none starts at or after the next arrival, and each ends
-            // before the worker's next transfer deadline.
+            // `PassInFlight`): none starts at or after the next arrival (or, on a decode
+            // worker, the next event that could hand it a request), and each ends before
+            // the worker's next transfer deadline.
             let silent = members
                 .iter()
                 .map(|(i, _)| {
@@ -1544,6 +1552,7 @@ impl Sim {
             };
             for _ in 0..silent {
                 if self.next_arrival.is_some_and(|arrival| end >= arrival)
+                    || handoff_horizon.is_some_and(|horizon| end >= horizon)
                     || self
                         .disruptions
                         .range(self.now..)
@@ -1564,10 +1573,34 @@ impl Sim {
         worker.pass = Some(PassInFlight {
             members,
             first_token_at: self.now.saturating_add(time.prefill),
+            ends_at: end,
             steps,
         });
         let epoch = worker.epoch;
         self.queue.push(end, Event::PassDone(w, epoch));
+    }
+
+    /// For decode worker `w`, disaggregated: the earliest time something may send it a
+    /// handoff or land one (see `PassInFlight`); `None` for other workers, or when
+    /// nothing is pending anywhere.
+    fn handoff_horizon(&self, w: WorkerIndex) -> Option<Timestamp> {
+        let disagg = self.disagg.as_ref()?;
+        if w < disagg.prefill_workers {
+            return None;
+        }
+        let prefill = self.workers[..disagg.prefill_workers]
+            .iter()
+            .filter(|p| p.up)
+            .flat_map(|p| {
+                let pass = p.pass.as_ref().map(|pass| pass.ends_at);
+                pass.into_iter().chain(p.poll_at.first().copied())
+            });
+        disagg
+            .fabric
+            .next_deadline()
+            .into_iter()
+            .chain(prefill)
+            .min()
     }
 
     /// Applies worker `w`'s finished pass: prefill chunks advance (a finished prompt
@@ -2359,12 +2392,24 @@ impl Sim {
             .collect();
         requests.sort_unstable();
         requests.dedup();
+        // A plan ends at the first step that ends at or after a fault (see
+        // `PassInFlight`): every step of it but the last is done by now, and an engine
+        // going one pass at a time would have its tokens. They are kept; the last step
+        // is lost with the worker.
+        if let Some(pass) = worker.pass.take() {
+            let silent = (pass.steps - 1) as u64;
+            self.passes += silent;
+            for (i, _) in &pass.members {
+                if let Some(live) = self.live.get_mut(i) {
+                    live.generated += silent;
+                }
+            }
+        }
         worker.up = false;
         worker.epoch += 1;
         worker.states.clear();
         worker.waiting.clear();
         worker.prefill_queue.clear();
-        worker.pass = None;
         worker.poll_at.clear();
         worker.last_applied = None;
         worker.gap_seen = false;
@@ -3277,6 +3322,59 @@ mod tests {
         lossy.cluster.event_plane.delay_us = 250;
         lossy.cluster.event_plane.drop_probability = 0.2;
         cases.push((lossy, shared_prefix_requests(25, 100, 2, 2, 60)));
+        // Disaggregated: handoffs land on decode workers in the middle of their decode
+        // phases (64 KiB blocks take the fabric tens of microseconds), and prefills end
+        // and send new ones while they decode.
+        let mut disagg = disaggregated(2, 2, 4);
+        disagg.cluster.routing = Routing::Kv;
+        disagg.worker.bytes_per_block = 64 << 10;
+        cases.push((disagg.clone(), shared_prefix_requests(30, 700, 4, 3, 120)));
+        // Round-robin, every request at once: handoffs wait for decode blocks.
+        let mut crowded = disaggregated(1, 2, 16);
+        crowded.worker.tiers[0].capacity_blocks = 40;
+        cases.push((crowded, shared_prefix_requests(12, 0, 2, 2, 150)));
+        // Crashes, aggregated: a worker goes down in the middle of a plan.
+        cases.push(faulty(vec![
+            fault(
+                7,
+                FaultKind::WorkerCrash {
+                    worker: 1,
+                    down_ms: 5,
+                },
+            ),
+            fault(
+                13,
+                FaultKind::WorkerCrash {
+                    worker: 2,
+                    down_ms: 3,
+                },
+            ),
+        ]));
+        // And crashes of both pools: aborted handoffs, none up for a while.
+        disagg.faults = vec![
+            fault(
+                3,
+                FaultKind::WorkerCrash {
+                    worker: 0,
+                    down_ms: 2,
+                },
+            ),
+            fault(
+                6,
+                FaultKind::WorkerCrash {
+                    worker: 2,
+                    down_ms: 4,
+                },
+            ),
+            fault(
+                7,
+                FaultKind::WorkerCrash {
+                    worker: 3,
+                    down_ms: 2,
+                },
+            ),
+        ];
+        cases.push((disagg, shared_prefix_requests(30, 700, 4, 3, 120)));
         for (planned, requests) in cases {
             let mut single = planned.clone();
             single.worker.batching.plan_decode_steps = false;
