@@ -69,6 +69,24 @@ pub struct HardwareProfile {
     pub compute: Option<ComputeChoice>,
     /// Transfers in flight at most.
     pub max_inflight_transfers: usize,
+    /// One transfer's rate at most on PCIe, bytes per second (0: only the link bounds
+    /// it): a single copy stream, such as one worker thread of a host backend.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pcie_transfer_bytes_per_s: u64,
+    /// One transfer's rate at most reading the NVMe (0: only the link bounds it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub nvme_read_transfer_bytes_per_s: u64,
+    /// One transfer's rate at most writing the NVMe (0: only the link bounds it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub nvme_write_transfer_bytes_per_s: u64,
+    /// Transfers in service at once over all links (0: unbound): a backend's pool of copy
+    /// threads (`HostHardware`'s workers); more wait in submission order.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub transfer_workers: usize,
+}
+
+fn is_zero<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 fn default_nvme_max_io_bytes() -> u64 {
@@ -206,7 +224,16 @@ pub struct SimHardware {
 impl SimHardware {
     /// A node with `profile`, for blocks of `block_size_tokens` tokens.
     pub fn new(profile: HardwareProfile, block_size_tokens: usize) -> Self {
-        let links = FluidLinks::new(Link::ALL.iter().map(|l| link_spec(&profile, *l)).collect());
+        let mut specs: Vec<LinkSpec> = Link::ALL.iter().map(|l| link_spec(&profile, *l)).collect();
+        if profile.transfer_workers > 0 {
+            // The worker pool as one more link, of no bandwidth limit, with a queue depth;
+            // every transfer crosses it first (see `worker_link`).
+            specs.push(LinkSpec {
+                queue_depth: Some(profile.transfer_workers),
+                ..LinkSpec::bandwidth(u64::MAX)
+            });
+        }
+        let links = FluidLinks::new(specs);
         Self {
             profile,
             block_size_tokens: block_size_tokens as u64,
@@ -274,6 +301,12 @@ impl SimHardware {
         self.links.set_speed(link.index(), factor, now);
     }
 
+    /// The index of the worker pool's link, when the profile bounds the transfers in
+    /// service: it comes after [`Link::ALL`] and never shows in [`Self::link_usage`].
+    fn worker_link(&self) -> Option<usize> {
+        (self.profile.transfer_workers > 0).then_some(Link::ALL.len())
+    }
+
     /// Latency and time on the wire of `bytes` over `links` with nothing else in flight.
     fn spans(&self, links: &[Link], bytes: u64) -> (Duration, Duration) {
         let latency = links.iter().map(|l| self.latency(*l)).sum();
@@ -287,18 +320,29 @@ impl SimHardware {
 
 /// The fluid model's view of `link` under `profile`.
 fn link_spec(profile: &HardwareProfile, link: Link) -> LinkSpec {
-    let nvme = |bytes_per_s: u64, iops: u64| LinkSpec {
+    let per_transfer = |bytes_per_s: u64| (bytes_per_s > 0).then_some(bytes_per_s as f64);
+    let nvme = |bytes_per_s: u64, iops: u64, transfer: u64| LinkSpec {
         ops_per_s: (iops > 0).then_some(iops as f64),
         max_op_bytes: profile.nvme_max_io_bytes.max(1),
         queue_depth: (profile.nvme_queue_depth > 0).then_some(profile.nvme_queue_depth),
+        max_transfer_bytes_per_s: per_transfer(transfer),
         ..LinkSpec::bandwidth(bytes_per_s)
     };
     match link {
-        Link::PcieHostToDevice | Link::PcieDeviceToHost => {
-            LinkSpec::bandwidth(profile.pcie_bytes_per_s)
-        }
-        Link::NvmeRead => nvme(profile.nvme_read_bytes_per_s, profile.nvme_read_iops),
-        Link::NvmeWrite => nvme(profile.nvme_write_bytes_per_s, profile.nvme_write_iops),
+        Link::PcieHostToDevice | Link::PcieDeviceToHost => LinkSpec {
+            max_transfer_bytes_per_s: per_transfer(profile.pcie_transfer_bytes_per_s),
+            ..LinkSpec::bandwidth(profile.pcie_bytes_per_s)
+        },
+        Link::NvmeRead => nvme(
+            profile.nvme_read_bytes_per_s,
+            profile.nvme_read_iops,
+            profile.nvme_read_transfer_bytes_per_s,
+        ),
+        Link::NvmeWrite => nvme(
+            profile.nvme_write_bytes_per_s,
+            profile.nvme_write_iops,
+            profile.nvme_write_transfer_bytes_per_s,
+        ),
         Link::NicIn | Link::NicOut => LinkSpec::bandwidth(profile.nic_bytes_per_s),
     }
 }
@@ -339,7 +383,12 @@ impl Hardware for SimHardware {
         }
         let links = path(request.src_tier, request.dst_tier);
         let latency = links.iter().map(|l| self.latency(*l)).sum();
-        let indices: Vec<usize> = links.iter().map(|l| l.index()).collect();
+        // The worker pool first: a transfer waiting for a worker waits there.
+        let indices: Vec<usize> = self
+            .worker_link()
+            .into_iter()
+            .chain(links.iter().map(|l| l.index()))
+            .collect();
         let id = self.next_id;
         self.next_id += 1;
         self.links.start(id, &indices, request.bytes, latency, now);
@@ -408,6 +457,10 @@ mod tests {
             decode_ns_per_token: 10_000,
             compute: None,
             max_inflight_transfers: 8,
+            pcie_transfer_bytes_per_s: 0,
+            nvme_read_transfer_bytes_per_s: 0,
+            nvme_write_transfer_bytes_per_s: 0,
+            transfer_workers: 0,
         }
     }
 
@@ -518,6 +571,41 @@ mod tests {
         assert_eq!(drain(&mut hw), vec![(copy.get(), 1_251_000)]);
         hw.restore_tier(Tier::Disk);
         assert!(hw.submit(transfer(Tier::Host, Tier::Disk, 1), at).is_ok());
+    }
+
+    #[test]
+    fn a_host_backend_profile_caps_each_transfer_and_bounds_the_workers() {
+        // PCIe 2 GB/s but 1 GB/s per transfer, two workers: three 1 MB host-to-device
+        // copies at once: two run at 1 GB/s each (1 ms), the third waits for a worker and
+        // runs alone at its 1 GB/s cap (through at 2 ms); each lands 1 µs later.
+        let mut hw = SimHardware::new(
+            HardwareProfile {
+                pcie_bytes_per_s: 2_000_000_000,
+                pcie_transfer_bytes_per_s: 1_000_000_000,
+                transfer_workers: 2,
+                ..profile()
+            },
+            16,
+        );
+        assert_eq!(
+            hw.estimate_transfer(Tier::Host, Tier::Device, 1_000_000),
+            Duration::from_nanos(1_001_000)
+        );
+        for _ in 0..3 {
+            hw.submit(
+                transfer(Tier::Host, Tier::Device, 1_000_000),
+                Timestamp::ZERO,
+            )
+            .unwrap();
+        }
+        assert_eq!(
+            drain(&mut hw),
+            vec![(0, 1_001_000), (1, 1_001_000), (2, 2_001_000)]
+        );
+        assert_eq!(hw.link_usage().len(), Link::ALL.len());
+        // Zero fields stay out of what a profile serialises to.
+        let text = serde_json::to_string(&profile()).unwrap();
+        assert!(!text.contains("transfer_workers"), "{text}");
     }
 
     #[test]

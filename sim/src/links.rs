@@ -9,14 +9,17 @@
 //!
 //! The model, per transfer of `b` bytes over links `L`:
 //! - it waits (first come, first served) while a link of `L` with a queue depth has that
-//!   many transfers in service;
+//!   many transfers in service (a link of infinite bandwidth with a queue depth, crossed by
+//!   every transfer, bounds the transfers in service overall: a backend's worker threads);
 //! - then it moves its bytes at rate `r`, consuming `r × cost(l)` of each link's
 //!   bandwidth, where `cost(l) ≥ 1` is how many bytes' worth of a link's time one byte
 //!   takes: 1 unless the link is bound by operations per second (an SSD serving small
 //!   I/O), then `ops × bandwidth / (iops × b)`;
 //! - the rates are the max-min fair allocation (progressive filling: every unfrozen
 //!   transfer's rate rises together; a link that saturates freezes the transfers that
-//!   cross it), so two equal transfers on one link each get half of it;
+//!   cross it), so two equal transfers on one link each get half of it; a transfer never
+//!   moves faster than the per-transfer rate of any link it crosses (one stream, one
+//!   worker thread), so it freezes there first when that is lower;
 //! - once its bytes are through, it lands after the sum of the latencies of `L`.
 //!
 //! Time is integer nanoseconds; bytes in flight are `f64`. A transfer whose remaining
@@ -38,6 +41,9 @@ pub struct LinkSpec {
     pub max_op_bytes: u64,
     /// Transfers in service at once at most (an SSD's queue depth); `None`: unbound.
     pub queue_depth: Option<usize>,
+    /// One transfer's rate at most, bytes per second (a single stream: what one thread or
+    /// one queue moves); `None`: only the link's bandwidth bounds it.
+    pub max_transfer_bytes_per_s: Option<f64>,
 }
 
 impl LinkSpec {
@@ -48,12 +54,17 @@ impl LinkSpec {
             ops_per_s: None,
             max_op_bytes: u64::MAX,
             queue_depth: None,
+            max_transfer_bytes_per_s: None,
         }
     }
 
     /// Seconds `bytes` take on this link with nothing else in flight.
     pub fn seconds_alone(&self, bytes: u64) -> f64 {
-        bytes as f64 * self.cost(bytes) / self.bytes_per_s.max(1.0)
+        let link = bytes as f64 * self.cost(bytes) / self.bytes_per_s.max(1.0);
+        match self.max_transfer_bytes_per_s {
+            Some(cap) => link.max(bytes as f64 / cap.max(1.0)),
+            None => link,
+        }
     }
 
     /// Bytes' worth of this link's time that one byte of a `bytes`-byte transfer takes.
@@ -83,6 +94,8 @@ pub struct LinkUsage {
 struct Flow {
     /// Link indices and the cost per byte on each.
     links: Vec<(usize, f64)>,
+    /// The rate it never exceeds: the lowest per-transfer rate of its links.
+    cap: f64,
     remaining: f64,
     rate: f64,
     latency: Duration,
@@ -181,10 +194,15 @@ impl FluidLinks {
             self.landing.insert((now.saturating_add(latency), id));
             return;
         }
+        let cap = links
+            .iter()
+            .filter_map(|(l, _)| self.specs[*l].max_transfer_bytes_per_s)
+            .fold(f64::INFINITY, |cap, link_cap| cap.min(link_cap.max(1.0)));
         self.flows.insert(
             id,
             Flow {
                 links,
+                cap,
                 remaining: bytes as f64,
                 rate: 0.0,
                 latency,
@@ -252,13 +270,25 @@ impl FluidLinks {
             let Some((level, link)) = bottleneck else {
                 break;
             };
+            // A flow whose own cap is below every link's level stops there, and only it.
+            let cap = unfrozen
+                .iter()
+                .map(|id| self.flows[id].cap)
+                .fold(f64::INFINITY, f64::min);
+            let capped = cap <= level;
+            let level = if capped { cap } else { level };
             // Levels never fall as filling goes on; clamping keeps rounding from giving a
             // later flow less (or nothing) than one frozen before it.
             let level = level.max(floor);
             floor = level;
-            let (frozen, rest): (Vec<u64>, Vec<u64>) = unfrozen
-                .into_iter()
-                .partition(|id| self.flows[id].links.iter().any(|(l, _)| *l == link));
+            let (frozen, rest): (Vec<u64>, Vec<u64>) = unfrozen.into_iter().partition(|id| {
+                let flow = &self.flows[id];
+                if capped {
+                    flow.cap <= cap
+                } else {
+                    flow.links.iter().any(|(l, _)| *l == link)
+                }
+            });
             for id in frozen {
                 let flow = self.flows.get_mut(&id).expect("unfrozen flows exist");
                 flow.rate = level;
@@ -558,6 +588,7 @@ mod tests {
             ops_per_s: Some(1e6),
             max_op_bytes: 1 << 20,
             queue_depth: Some(4),
+            max_transfer_bytes_per_s: None,
         };
         let mut links = FluidLinks::new(vec![ssd]);
         for id in 0..8 {
@@ -569,6 +600,58 @@ mod tests {
         // A large read is bandwidth-bound: 6.5 MB in 1 ms.
         links.start(8, &[0], 6_500_000, Duration::ZERO, ms(1.0));
         assert_eq!(drain(&mut links)[&8], ms(2.0));
+    }
+
+    #[test]
+    fn a_transfer_moves_no_faster_than_its_per_transfer_rate() {
+        // A 2 GB/s link whose transfers move at 1 GB/s each: one 1 MB transfer alone takes
+        // 1 ms (not 0.5), two together still 1 ms each, four share the link at 0.5 GB/s.
+        let link = LinkSpec {
+            max_transfer_bytes_per_s: Some(1e9),
+            ..LinkSpec::bandwidth(2 * GB)
+        };
+        assert_eq!(link.seconds_alone(1_000_000), 1e-3);
+        for (count, through) in [(1u64, 1.0), (2, 1.0), (4, 2.0)] {
+            let mut links = FluidLinks::new(vec![link]);
+            for id in 0..count {
+                links.start(id, &[0], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+            }
+            let landed = drain(&mut links);
+            assert!(
+                landed.values().all(|at| *at == ms(through)),
+                "{count}: {landed:?}"
+            );
+        }
+        // A capped flow leaves the rest of the link to an uncapped one on another path.
+        let mut links = FluidLinks::new(vec![link, LinkSpec::bandwidth(10 * GB)]);
+        links.start(0, &[0], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        links.start(1, &[0, 1], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        let landed = drain(&mut links);
+        assert_eq!(landed[&0], ms(1.0));
+        assert_eq!(landed[&1], ms(1.0));
+    }
+
+    #[test]
+    fn an_unbounded_link_with_a_queue_depth_bounds_the_transfers_in_service() {
+        // Two links, and a third of no bandwidth limit with room for 2, crossed by all:
+        // of three transfers on different links, the third waits for a slot.
+        let workers = LinkSpec {
+            queue_depth: Some(2),
+            ..LinkSpec::bandwidth(u64::MAX)
+        };
+        let mut links = FluidLinks::new(vec![
+            LinkSpec::bandwidth(GB),
+            LinkSpec::bandwidth(GB),
+            workers,
+        ]);
+        links.start(0, &[2, 0], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        links.start(1, &[2, 1], 2_000_000, Duration::ZERO, Timestamp::ZERO);
+        links.start(2, &[2, 1], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        let landed = drain(&mut links);
+        assert_eq!(landed[&0], ms(1.0));
+        // The third starts at 1 ms and shares link 1 with the second from then on.
+        assert_eq!(landed[&1], ms(3.0));
+        assert_eq!(landed[&2], ms(3.0));
     }
 
     proptest! {
