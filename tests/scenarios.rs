@@ -7,6 +7,7 @@ mod common;
 
 use kvtwin_sim::run::simulate;
 use kvtwin_sim::scenario::Scenario;
+use kvtwin_sim::validation::{is_validation_file, run_script, SimArm, ValidationScenario};
 
 #[test]
 fn every_scenario_runs_to_completion_and_its_events_rebuild_the_pools() {
@@ -15,6 +16,9 @@ fn every_scenario_runs_to_completion_and_its_events_rebuild_the_pools() {
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "ron"))
+        // Validation scripts are not simulations: `kvtwin validate` runs them, and the
+        // test below loads them.
+        .filter(|p| !is_validation_file(p))
         .collect();
     paths.sort();
     assert!(!paths.is_empty(), "no scenarios in {}", dir.display());
@@ -69,4 +73,26 @@ fn every_scenario_runs_to_completion_and_its_events_rebuild_the_pools() {
             path.display()
         );
     }
+}
+
+#[test]
+fn every_validation_script_loads_and_runs_on_the_simulator() {
+    let dir = common::repo_root().join("scenarios");
+    let mut found = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if !is_validation_file(&path) {
+            continue;
+        }
+        found += 1;
+        let script = ValidationScenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        let profile = Scenario::load(&dir.join("default.ron")).unwrap().hardware;
+        let mut arm = SimArm::new(&script, profile).unwrap();
+        let trace = run_script(&mut arm, &script).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            trace.phases.len(),
+            script.levels.len() * script.phases.len()
+        );
+    }
+    assert!(found > 0, "no validate_*.ron in {}", dir.display());
 }

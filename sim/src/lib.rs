@@ -7,7 +7,8 @@
 //! [`fabric`]), workloads
 //! ([`workload`]: synthetic conversations and Mooncake traces), scenarios ([`scenario`],
 //! RON), the cluster's run loop and its report ([`run`]), latency statistics in bounded
-//! memory ([`stats`]), and trace replay through one pool for cache sizing ([`cache`]).
+//! memory ([`stats`]), and trace replay through one pool for cache sizing ([`cache`]); validation scripts
+//! run on any two hardwares through one `Manager`, and their comparison ([`validation`]).
 //!
 //! Invariant: a scenario and a seed fully determine a run: no wall clock, no unseeded
 //! randomness, ordered maps wherever iteration order is observable. Latencies it prints
@@ -23,4 +24,5 @@ pub mod links;
 pub mod run;
 pub mod scenario;
 pub mod stats;
+pub mod validation;
 pub mod workload;
