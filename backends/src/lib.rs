@@ -6,12 +6,16 @@
 //! [`content::KvContent`], the deterministic KV bytes that let a test check any round
 //! trip byte for byte. With feature `nixl`, module `nixl`: NIXL agents moving blocks memory to
 //! memory over UCX and memory to file over POSIX, and `NixlFabric`, MRDN frames between
-//! two agents. CUDA (feature `cuda`), the ZMQ and NATS transports and calibration are
-//! still to come (issue #5).
+//! two agents. [`calibrate`]: microbenchmarks through `HostHardware`'s transfer path and
+//! the simulator's `HardwareProfile` fitted to them; [`validate`]: a validation script on
+//! `HostHardware` and on the simulator, compared. CUDA (feature `cuda`) and the ZMQ and
+//! NATS transports are still to come (issue #5).
 //! Never: be needed by `cargo test` without its features, or put I/O, threads or clocks
 //! into the core (they stay on this side of the `Hardware` trait).
 
+pub mod calibrate;
 pub mod content;
 pub mod host;
+pub mod validate;
 #[cfg(feature = "nixl")]
 pub mod nixl;

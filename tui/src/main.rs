@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_sim;
+mod calibrate;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -69,6 +70,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure this machine through the host backend and write a hardware profile.
+    Calibrate(calibrate::CalibrateArgs),
+    /// Run a transfer script on the host backend and on the simulator; compare them.
+    Validate(calibrate::ValidateArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(Bench),
@@ -124,6 +129,8 @@ fn main() -> Result<()> {
         } => cache_sizes(&trace, &capacity_blocks, block_tokens, policy, json),
         Command::Bench(Bench::Router { workload, threads }) => bench::router(&workload, threads),
         Command::Bench(Bench::Sim(args)) => bench_sim::run(&args),
+        Command::Calibrate(args) => calibrate::calibrate(&args),
+        Command::Validate(args) => calibrate::validate(&args),
     }
 }
 

@@ -1,0 +1,118 @@
+//! `kvtwin calibrate --quick` and `kvtwin validate` end to end: the profile calibration
+//! writes loads as a `HardwareProfile` (alone, and as a scenario's `hardware`), and
+//! validation on `scenarios/validate_host_disk.ron` with it prints every metric with
+//! finite figures, as a table and as JSON. No timing is asserted: machines here are
+//! shared and noisy.
+
+use kvtwin_sim::hardware::HardwareProfile;
+use kvtwin_sim::scenario::Scenario;
+use kvtwin_sim::validation::load_profile;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A directory of this test's own, removed on drop.
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn kvtwin(args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "kvtwin {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn calibrate_writes_a_loadable_profile_and_validate_prints_every_metric() {
+    let dir = Dir(std::env::temp_dir().join(format!("kvtwin-cal-test-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let out = dir.0.join("profile.ron");
+    let (out_arg, dir_arg) = (out.to_str().unwrap(), dir.0.to_str().unwrap());
+    let table = kvtwin(&["calibrate", "--quick", "--out", out_arg, "--dir", dir_arg]);
+    for needle in [
+        "host->device",
+        "device->host",
+        "host->disk",
+        "disk->device",
+        "no GPU",
+    ] {
+        assert!(table.contains(needle), "{needle} missing:\n{table}");
+    }
+
+    // The profile loads alone and as the hardware of a scenario.
+    let profile: HardwareProfile = load_profile(&out).unwrap();
+    assert!(profile.pcie_bytes_per_s > 0 && profile.nvme_read_bytes_per_s > 0);
+    assert!(profile.transfer_workers > 0);
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.starts_with("// "), "the method opens the file");
+    let default = std::fs::read_to_string(repo_root().join("scenarios/default.ron")).unwrap();
+    let start = default.find("hardware: (").unwrap() + "hardware: ".len();
+    let end = start + default[start..].find("\n    ),").unwrap() + "\n    )".len();
+    let body = text
+        .lines()
+        .filter(|l| !l.starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let scenario_text = format!("{}{}{}", &default[..start], body, &default[end..]);
+    let scenario = Scenario::parse(&scenario_text, Path::new("calibrated.ron")).unwrap();
+    assert_eq!(scenario.hardware, profile);
+
+    // Validation: every metric, finite, as a table and as JSON.
+    let script = "scenarios/validate_host_disk.ron";
+    let args = [
+        "validate",
+        script,
+        "--profile",
+        out_arg,
+        "--dir",
+        dir_arg,
+        "--repeat",
+        "1",
+    ];
+    let table = kvtwin(&args);
+    let json_args: Vec<&str> = args.iter().copied().chain(["--json"]).collect();
+    let json: Value = serde_json::from_str(kvtwin(&json_args).trim()).unwrap();
+    let metrics = json["metrics"].as_array().unwrap();
+    assert!(metrics.len() >= 30, "{} metrics", metrics.len());
+    for metric in metrics {
+        let name = metric["name"].as_str().unwrap();
+        for field in ["real", "sim", "error_pct"] {
+            let value = metric[field].as_f64();
+            assert!(
+                value.is_some_and(f64::is_finite),
+                "{name}.{field}: {metric}"
+            );
+        }
+        assert!(
+            table.contains(name),
+            "{name} missing from the table:\n{table}"
+        );
+    }
+    let names: Vec<&str> = metrics
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names[0], "time_ms.total");
+    for pair in ["device->host", "host->disk", "host->device", "disk->device"] {
+        for kind in ["latency_p50_us", "latency_p99_us", "bandwidth_gbps"] {
+            let name = format!("{kind}.{pair}");
+            assert!(names.contains(&name.as_str()), "{name} missing");
+        }
+    }
+}
