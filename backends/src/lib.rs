@@ -16,6 +16,6 @@
 pub mod calibrate;
 pub mod content;
 pub mod host;
-pub mod validate;
 #[cfg(feature = "nixl")]
 pub mod nixl;
+pub mod validate;
