@@ -61,16 +61,64 @@ pub struct CalibrateOptions {
     /// Worker threads of the pool the profile describes (the backend's default unless
     /// told otherwise).
     pub worker_threads: usize,
+    /// The GPU whose memory is the device tier while measuring (feature `cuda`), so the
+    /// host↔device links are PCIe / NVLink-C2C H2D and D2H; `None` emulates the device
+    /// in host memory.
+    pub cuda_device: Option<u32>,
 }
 
 impl CalibrateOptions {
-    /// The full calibration in `dir`, for the backend's default pool.
+    /// The full calibration in `dir`, for the backend's default pool, on GPU 0 when this
+    /// build has feature `cuda` and GPU 0 opens.
     pub fn new(dir: &Path) -> Self {
         Self {
             dir: dir.to_path_buf(),
             quick: false,
             worker_threads: HostConfig::DEFAULT_WORKER_THREADS,
+            cuda_device: first_gpu(),
         }
+    }
+}
+
+/// GPU 0 if this build can use it.
+fn first_gpu() -> Option<u32> {
+    #[cfg(feature = "cuda")]
+    if crate::cuda::CudaDevice::open(0).is_ok() {
+        return Some(0);
+    }
+    None
+}
+
+/// What the calibration says about the GPU it measured, or why it measured none.
+fn gpu_description(cuda_device: Option<u32>) -> String {
+    #[cfg(feature = "cuda")]
+    {
+        match cuda_device.map(crate::cuda::CudaDevice::open) {
+            Some(Ok(device)) => format!(
+                "GPU {} ({}, {} GiB): the device tier is its memory and the host tier is \
+                 pinned, so host↔device figures are CUDA H2D / D2H",
+                device.ordinal(),
+                device.name(),
+                device.total_memory() >> 30
+            ),
+            Some(Err(error)) => format!("no GPU measured: {error}"),
+            None => match crate::cuda::CudaDevice::open(0) {
+                Ok(_) => "no GPU measured (not asked for); the device tier is emulated in \
+                          host memory"
+                    .to_string(),
+                Err(error) => format!(
+                    "no GPU: CUDA H2D/D2H not measured ({error}); the device tier is \
+                     emulated in host memory"
+                ),
+            },
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = cuda_device;
+        "no GPU: CUDA H2D/D2H not measured (this build has no cuda feature); the device \
+         tier is emulated in host memory"
+            .to_string()
     }
 }
 
@@ -250,7 +298,14 @@ fn run(options: &CalibrateOptions, dir: &Path) -> Result<Calibration, CalibrateE
     let mut samples = Vec::new();
     // Latency and one transfer's rate: one at a time, every size, direct I/O.
     for &block in &block_sizes(quick) {
-        let mut bench = Bench::new(dir, block, workers, DiskIo::Auto, slots(block, quick))?;
+        let mut bench = Bench::new(
+            options,
+            dir,
+            block,
+            workers,
+            DiskIo::Auto,
+            slots(block, quick),
+        )?;
         for (src, dst) in PAIRS {
             samples.push(bench.point(src, dst, 1, quick)?);
         }
@@ -263,6 +318,7 @@ fn run(options: &CalibrateOptions, dir: &Path) -> Result<Calibration, CalibrateE
     }
     for &threads in &thread_counts {
         let mut bench = Bench::new(
+            options,
             dir,
             agg_block,
             threads,
@@ -274,6 +330,7 @@ fn run(options: &CalibrateOptions, dir: &Path) -> Result<Calibration, CalibrateE
         }
     }
     let mut bench = Bench::new(
+        options,
         dir,
         agg_block,
         workers,
@@ -287,6 +344,7 @@ fn run(options: &CalibrateOptions, dir: &Path) -> Result<Calibration, CalibrateE
     drop(bench);
     // Buffered disk I/O for comparison (the page cache serves the reads).
     let mut bench = Bench::new(
+        options,
         dir,
         agg_block,
         workers,
@@ -299,7 +357,14 @@ fn run(options: &CalibrateOptions, dir: &Path) -> Result<Calibration, CalibrateE
     }
     drop(bench);
     // Small disk operations at full concurrency.
-    let mut bench = Bench::new(dir, 64 * KIB, workers, DiskIo::Auto, slots(64 * KIB, quick))?;
+    let mut bench = Bench::new(
+        options,
+        dir,
+        64 * KIB,
+        workers,
+        DiskIo::Auto,
+        slots(64 * KIB, quick),
+    )?;
     let write = bench.point(Tier::Host, Tier::Disk, 16, quick)?;
     let read = bench.point(Tier::Disk, Tier::Device, 16, quick)?;
     let ops = |s: &Sample| s.transfers as f64 / s.elapsed.as_secs_f64().max(1e-9);
@@ -313,9 +378,7 @@ fn run(options: &CalibrateOptions, dir: &Path) -> Result<Calibration, CalibrateE
         fits.insert((src, dst), fit_pair(&samples, src, dst, workers, disk_io)?);
     }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let gpu = "no GPU: CUDA H2D/D2H not measured (the cuda feature is not built, and \
-               no NVIDIA device is present); the device tier is emulated in host memory"
-        .to_string();
+    let gpu = gpu_description(options.cuda_device);
     let profile = profile_from(&fits, workers);
     Ok(Calibration {
         samples,
@@ -483,6 +546,7 @@ struct Bench {
 
 impl Bench {
     fn new(
+        options: &CalibrateOptions,
         dir: &Path,
         block_bytes: u64,
         threads: usize,
@@ -505,6 +569,7 @@ impl Bench {
             worker_threads: threads,
             max_in_flight: MAX_IN_FLIGHT,
             costs: Default::default(),
+            cuda_device: options.cuda_device,
         })?;
         Ok(Self {
             hw,

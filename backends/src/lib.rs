@@ -6,15 +6,19 @@
 //! [`content::KvContent`], the deterministic KV bytes that let a test check any round
 //! trip byte for byte. With feature `nixl`, module `nixl`: NIXL agents moving blocks memory to
 //! memory over UCX and memory to file over POSIX, and `NixlFabric`, MRDN frames between
-//! two agents. [`calibrate`]: microbenchmarks through `HostHardware`'s transfer path and
-//! the simulator's `HardwareProfile` fitted to them; [`validate`]: a validation script on
-//! `HostHardware` and on the simulator, compared. CUDA (feature `cuda`) and the ZMQ and
-//! NATS transports are still to come (issue #5).
+//! two agents. With feature `cuda`, module `cuda`: the GPU as `HostHardware`'s device
+//! tier (pinned host tier, block copies batched on streams and completed by CUDA events)
+//! and the block-copy benchmark. [`calibrate`]: microbenchmarks through `HostHardware`'s
+//! transfer path and the simulator's `HardwareProfile` fitted to them; [`validate`]: a
+//! validation script on `HostHardware` and on the simulator, compared. The ZMQ and NATS transports are still
+//! to come (issue #6).
 //! Never: be needed by `cargo test` without its features, or put I/O, threads or clocks
 //! into the core (they stay on this side of the `Hardware` trait).
 
 pub mod calibrate;
 pub mod content;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod host;
 #[cfg(feature = "nixl")]
 pub mod nixl;

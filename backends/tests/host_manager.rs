@@ -180,10 +180,14 @@ fn a_on_disk_only(rig: &mut Rig) -> (Vec<BlockIdentity>, Vec<BlockIdentity>) {
     (a, b)
 }
 
-fn round_trip_through_host_and_disk(dir: &Path, disk_io: DiskIo) {
+/// Blocks computed on the device, written through to host and disk, evicted and
+/// onboarded from disk and from host, checked byte for byte; the device tier is GPU
+/// `cuda_device` when given.
+fn round_trip_through_host_and_disk(dir: &Path, disk_io: DiskIo, cuda_device: Option<u32>) {
     let config = manager_config(write_through_tiers());
     let host = HostConfig {
         disk_io,
+        cuda_device,
         ..HostConfig::for_manager(&config, Some(dir))
     };
     let mut rig = Rig::new(config, host);
@@ -221,8 +225,40 @@ fn round_trip_through_host_and_disk(dir: &Path, disk_io: DiskIo) {
 #[test]
 fn write_through_blocks_come_back_from_host_and_disk_byte_for_byte() {
     let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
-    round_trip_through_host_and_disk(dir.path(), DiskIo::Auto);
-    round_trip_through_host_and_disk(dir.path(), DiskIo::Buffered);
+    round_trip_through_host_and_disk(dir.path(), DiskIo::Auto, None);
+    round_trip_through_host_and_disk(dir.path(), DiskIo::Buffered, None);
+}
+
+/// The same round trip with GPU 0 as the device tier and pinned host memory: batched
+/// copies on streams between GPU and host, staged copies between GPU and disk. Skipped
+/// with the reason when there is no GPU, unless `KVTWIN_REQUIRE_GPU=1`.
+#[cfg(feature = "cuda")]
+#[test]
+fn write_through_blocks_round_trip_through_a_gpu_device_tier() {
+    if let Err(error) = kvtwin_backends::cuda::CudaDevice::open(0) {
+        if std::env::var("KVTWIN_REQUIRE_GPU").as_deref() == Ok("1") {
+            panic!("KVTWIN_REQUIRE_GPU=1 but there is no usable GPU: {error}");
+        }
+        println!("skipped: no usable GPU ({error})");
+        return;
+    }
+    let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+    round_trip_through_host_and_disk(dir.path(), DiskIo::Auto, Some(0));
+}
+
+/// Without feature `cuda`, asking for a GPU device tier is a clean error.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn a_gpu_device_tier_without_the_cuda_feature_is_a_clean_error() {
+    let config = manager_config(write_through_tiers());
+    let host = HostConfig {
+        cuda_device: Some(0),
+        ..HostConfig::for_manager(&config, None)
+    };
+    assert!(matches!(
+        HostHardware::new(host),
+        Err(HostError::CudaNotBuilt)
+    ));
 }
 
 #[test]
@@ -234,7 +270,7 @@ fn the_disk_tier_works_on_tmpfs() {
     }
     // tmpfs refuses O_DIRECT before Linux 6.6 (the fallback) and takes it since.
     let dir = tempfile::tempdir_in(shm).unwrap();
-    round_trip_through_host_and_disk(dir.path(), DiskIo::Auto);
+    round_trip_through_host_and_disk(dir.path(), DiskIo::Auto, None);
 }
 
 #[test]

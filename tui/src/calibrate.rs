@@ -22,6 +22,13 @@ pub(crate) struct CalibrateArgs {
     /// A few seconds in all: fewer sizes and bytes per point.
     #[arg(long)]
     quick: bool,
+    /// The GPU whose memory is the device tier (needs a build with `--features cuda`);
+    /// by default GPU 0 when the build has the feature and the GPU opens.
+    #[arg(long, conflicts_with = "no_gpu")]
+    gpu: Option<u32>,
+    /// Emulate the device tier in host memory even when a GPU is present.
+    #[arg(long)]
+    no_gpu: bool,
 }
 
 #[derive(Args, Debug)]
@@ -44,9 +51,16 @@ pub(crate) struct ValidateArgs {
 
 pub(crate) fn calibrate(args: &CalibrateArgs) -> Result<()> {
     let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let defaults = CalibrateOptions::new(&dir);
+    let cuda_device = match (args.gpu, args.no_gpu) {
+        (_, true) => None,
+        (Some(ordinal), false) => Some(ordinal),
+        (None, false) => defaults.cuda_device,
+    };
     let options = CalibrateOptions {
         quick: args.quick,
-        ..CalibrateOptions::new(&dir)
+        cuda_device,
+        ..defaults
     };
     eprintln!(
         "calibrating{} (disk files in {})...",

@@ -5,6 +5,7 @@
 //! answers "how big must the cache be for this trace?". All logic lives in the libraries.
 
 mod bench;
+mod bench_cuda;
 mod bench_sim;
 mod calibrate;
 
@@ -96,6 +97,10 @@ enum Bench {
     /// one JSON line: wall time, simulated requests and engine events per wall second,
     /// peak memory, and the headline outputs.
     Sim(bench_sim::SimArgs),
+    /// Copy batches of KV blocks between pinned host memory and a GPU, and compare them
+    /// with one large copy (CUDA events) and with `HostHardware`'s transfers (needs a
+    /// build with `--features cuda` and a GPU).
+    Cuda(bench_cuda::CudaArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -129,6 +134,7 @@ fn main() -> Result<()> {
         } => cache_sizes(&trace, &capacity_blocks, block_tokens, policy, json),
         Command::Bench(Bench::Router { workload, threads }) => bench::router(&workload, threads),
         Command::Bench(Bench::Sim(args)) => bench_sim::run(&args),
+        Command::Bench(Bench::Cuda(args)) => bench_cuda::run(&args),
         Command::Calibrate(args) => calibrate::calibrate(&args),
         Command::Validate(args) => calibrate::validate(&args),
     }

@@ -6,7 +6,9 @@
 //! (one big arena split among threads would need raw pointers). The manager never has a
 //! block read and written at once (a transfer's sources are pinned, its targets are
 //! exclusively held), so the locks are uncontended in practice; they make a misuse a wait,
-//! never a data race.
+//! never a data race. With feature `cuda` and a GPU, the host tier's blocks are slices of
+//! one page-locked region ([`BlockBytes::Pinned`]) so that copies to and from the GPU
+//! run by DMA at the link's speed; everything else treats them as plain bytes.
 //! Never: allocate after construction, or abort on a failed allocation (it is an error).
 
 use super::{read, write, HostError};
@@ -14,12 +16,45 @@ use kvtwin::hardware::TransferError;
 use kvtwin::ids::BlockId;
 use kvtwin::tier::Tier;
 use std::fmt;
+use std::ops::{Deref, DerefMut};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// One block's bytes.
+#[derive(Debug)]
+pub(crate) enum BlockBytes {
+    /// On the heap.
+    Heap(Box<[u8]>),
+    /// A slice of a page-locked region.
+    #[cfg(feature = "cuda")]
+    Pinned(crate::cuda::memory::PinnedBlock),
+}
+
+impl Deref for BlockBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            BlockBytes::Heap(bytes) => bytes,
+            #[cfg(feature = "cuda")]
+            BlockBytes::Pinned(block) => block,
+        }
+    }
+}
+
+impl DerefMut for BlockBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            BlockBytes::Heap(bytes) => bytes,
+            #[cfg(feature = "cuda")]
+            BlockBytes::Pinned(block) => block,
+        }
+    }
+}
 
 /// The blocks of one memory tier.
 pub(crate) struct MemoryArena {
     tier: Tier,
-    blocks: Box<[RwLock<Box<[u8]>>]>,
+    blocks: Box<[RwLock<BlockBytes>]>,
 }
 
 impl fmt::Debug for MemoryArena {
@@ -49,7 +84,7 @@ impl MemoryArena {
                 .try_reserve_exact(block_bytes)
                 .map_err(|_| out_of_memory())?;
             block.resize(block_bytes, 0);
-            blocks.push(RwLock::new(block.into_boxed_slice()));
+            blocks.push(RwLock::new(BlockBytes::Heap(block.into_boxed_slice())));
         }
         Ok(Self {
             tier,
@@ -57,12 +92,30 @@ impl MemoryArena {
         })
     }
 
+    /// `capacity` zeroed blocks of `block_bytes` in one page-locked region on `device`.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn pinned(
+        tier: Tier,
+        capacity: usize,
+        block_bytes: usize,
+        device: &std::sync::Arc<crate::cuda::CudaDevice>,
+    ) -> Result<Self, crate::cuda::CudaError> {
+        let region = crate::cuda::memory::PinnedRegion::new(device, capacity, block_bytes)?;
+        let blocks = region
+            .blocks(block_bytes)
+            .into_iter()
+            .take(capacity)
+            .map(|block| RwLock::new(BlockBytes::Pinned(block)))
+            .collect();
+        Ok(Self { tier, blocks })
+    }
+
     /// Blocks in the arena.
     pub(crate) fn capacity(&self) -> usize {
         self.blocks.len()
     }
 
-    fn slot(&self, block: BlockId) -> Result<&RwLock<Box<[u8]>>, TransferError> {
+    fn slot(&self, block: BlockId) -> Result<&RwLock<BlockBytes>, TransferError> {
         self.blocks
             .get(block.index())
             .ok_or(TransferError::Failed { tier: self.tier })
@@ -72,7 +125,7 @@ impl MemoryArena {
     pub(crate) fn read(
         &self,
         block: BlockId,
-    ) -> Result<RwLockReadGuard<'_, Box<[u8]>>, TransferError> {
+    ) -> Result<RwLockReadGuard<'_, BlockBytes>, TransferError> {
         Ok(read(self.slot(block)?))
     }
 
@@ -80,7 +133,7 @@ impl MemoryArena {
     pub(crate) fn write(
         &self,
         block: BlockId,
-    ) -> Result<RwLockWriteGuard<'_, Box<[u8]>>, TransferError> {
+    ) -> Result<RwLockWriteGuard<'_, BlockBytes>, TransferError> {
         Ok(write(self.slot(block)?))
     }
 }

@@ -5,7 +5,9 @@
 //! [`BlockAccessError`] for direct block access), [`HostClock`] and [`HostCounters`].
 //!
 //! Tiers: the device tier is emulated in host memory, the host tier is host memory (not
-//! pinned: there is no GPU to pin it for), the disk tier is one extent file under a
+//! pinned: there is no GPU to pin it for), unless [`HostConfig::cuda_device`] names a GPU
+//! (feature `cuda`): then the device tier is that GPU's memory and the host tier is
+//! page-locked, and transfers between them run as batches on CUDA streams. The disk tier is one extent file under a
 //! configured directory with a BLAKE3 per block (see the `disk` module; direct I/O
 //! where the filesystem allows it), and the remote tier is frames on an in-process
 //! [`InProcessFabric`], or absent ([`RemoteTier::Absent`]: transfers touching it are
@@ -26,6 +28,8 @@
 //! errors), or block the caller of `submit` / `poll_completion` on I/O.
 
 mod disk;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod memory;
 mod remote;
 mod store;
@@ -162,6 +166,9 @@ pub struct HostConfig {
     pub max_in_flight: usize,
     /// Cost estimates.
     pub costs: HostCosts,
+    /// The GPU whose memory is the device tier (its ordinal), with the host tier pinned
+    /// for it; `None` emulates the device tier in host memory. Needs feature `cuda`.
+    pub cuda_device: Option<u32>,
 }
 
 impl HostConfig {
@@ -198,6 +205,7 @@ impl HostConfig {
             worker_threads: Self::DEFAULT_WORKER_THREADS,
             max_in_flight: config.max_inflight_transfers,
             costs: HostCosts::default(),
+            cuda_device: None,
         }
     }
 }
@@ -254,6 +262,13 @@ pub enum HostError {
     /// A worker thread could not be started.
     #[error("could not start a worker thread: {0}")]
     Spawn(#[source] std::io::Error),
+    /// `cuda_device` was set in a build without feature `cuda`.
+    #[error("a GPU device tier needs kvtwin-backends built with feature `cuda`")]
+    CudaNotBuilt,
+    /// The GPU could not be opened or its memory allocated.
+    #[cfg(feature = "cuda")]
+    #[error("GPU: {0}")]
+    Cuda(#[from] crate::cuda::CudaError),
 }
 
 /// Direct access to one block's bytes ([`HostHardware::write_block`],
@@ -359,6 +374,15 @@ impl HostHardware {
             RemoteTier::Absent => 0,
         };
         let fabric = Arc::new(InProcessFabric::new(capacity_bytes));
+        #[cfg(feature = "cuda")]
+        let gpu = config
+            .cuda_device
+            .map(crate::cuda::CudaDevice::open)
+            .transpose()?;
+        #[cfg(not(feature = "cuda"))]
+        if config.cuda_device.is_some() {
+            return Err(HostError::CudaNotBuilt);
+        }
         let mut tiers: [Option<TierStore>; 4] = Default::default();
         for TierCapacity {
             tier,
@@ -372,6 +396,25 @@ impl HostHardware {
                 return Err(HostError::TooLarge { tier });
             }
             tiers[tier.index()] = match tier {
+                #[cfg(feature = "cuda")]
+                Tier::Device if gpu.is_some() => {
+                    let gpu = gpu.as_ref().ok_or(HostError::CudaNotBuilt)?;
+                    Some(TierStore::Gpu(crate::cuda::memory::DeviceArena::new(
+                        gpu,
+                        capacity_blocks,
+                        block_bytes,
+                    )?))
+                }
+                #[cfg(feature = "cuda")]
+                Tier::Host if gpu.is_some() => {
+                    let gpu = gpu.as_ref().ok_or(HostError::CudaNotBuilt)?;
+                    Some(TierStore::Memory(MemoryArena::pinned(
+                        tier,
+                        capacity_blocks,
+                        block_bytes,
+                        gpu,
+                    )?))
+                }
                 Tier::Device | Tier::Host => Some(TierStore::Memory(MemoryArena::new(
                     tier,
                     capacity_blocks,

@@ -7,6 +7,10 @@
 //! copy stages the block in the worker's aligned buffer: loaded (and, from disk or
 //! remote, verified) first, stored second, so a block that fails its check never reaches
 //! its destination.
+//! With feature `cuda`, a transfer between the GPU tier and a memory tier (or within the
+//! GPU) runs as one batch on the worker's stream (module `gpu`); the GPU tier's
+//! [`Stores::load`] / [`Stores::store`] arms copy one block synchronously, for the staged
+//! copies to and from disk and remote and for direct block access.
 //! Never: decide what to copy (the manager does), or report a completion (the workers do).
 
 use super::disk::{AlignedBuf, DiskExtent, ReadError};
@@ -26,6 +30,29 @@ pub(crate) enum TierStore {
     Disk(DiskExtent),
     /// Frames on a fabric.
     Remote(RemoteStore),
+    /// GPU memory (the device tier, feature `cuda`).
+    #[cfg(feature = "cuda")]
+    Gpu(crate::cuda::memory::DeviceArena),
+}
+
+/// What each worker thread keeps between transfers.
+pub(crate) struct Scratch {
+    /// The buffer staged copies pass through.
+    pub(crate) staging: AlignedBuf,
+    /// The worker's CUDA stream, made on its first GPU transfer.
+    #[cfg(feature = "cuda")]
+    pub(crate) stream: Option<crate::cuda::stream::CopyStream>,
+}
+
+impl Scratch {
+    /// A worker's scratch around `staging`.
+    pub(crate) fn new(staging: AlignedBuf) -> Self {
+        Self {
+            staging,
+            #[cfg(feature = "cuda")]
+            stream: None,
+        }
+    }
 }
 
 impl TierStore {
@@ -34,6 +61,8 @@ impl TierStore {
             TierStore::Memory(arena) => arena.capacity(),
             TierStore::Disk(extent) => extent.capacity(),
             TierStore::Remote(remote) => remote.capacity(),
+            #[cfg(feature = "cuda")]
+            TierStore::Gpu(arena) => arena.capacity(),
         }
     }
 }
@@ -82,11 +111,15 @@ impl Stores {
     pub(crate) fn execute(
         &self,
         request: &TransferRequest,
-        staging: &mut AlignedBuf,
+        scratch: &mut Scratch,
     ) -> Result<(), TransferError> {
+        #[cfg(feature = "cuda")]
+        if let Some(result) = self.execute_gpu(request, scratch) {
+            return result;
+        }
         let (src, dst) = (request.src_tier, request.dst_tier);
         for (from, to) in request.src_blocks.iter().zip(&request.dst_blocks) {
-            self.copy(src, *from, dst, *to, staging)?;
+            self.copy(src, *from, dst, *to, &mut scratch.staging)?;
             self.counters.blocks[src.index()][dst.index()].fetch_add(1, Ordering::Relaxed);
             self.counters.bytes[src.index()][dst.index()]
                 .fetch_add(self.block_bytes as u64, Ordering::Relaxed);
@@ -147,6 +180,10 @@ impl Stores {
             Some(TierStore::Remote(remote)) => {
                 remote.read(block, &mut staging.as_mut_slice()[..self.block_bytes])
             }
+            #[cfg(feature = "cuda")]
+            Some(TierStore::Gpu(arena)) => {
+                arena.load(block, &mut staging.as_mut_slice()[..self.block_bytes])
+            }
         };
         if let Err(TransferError::Corrupt { tier }) = result {
             self.counters.checksum_failures[tier.index()].fetch_add(1, Ordering::Relaxed);
@@ -174,6 +211,10 @@ impl Stores {
             Some(TierStore::Disk(extent)) => extent.write_block(block, staging).map_err(|_| failed),
             Some(TierStore::Remote(remote)) => {
                 remote.write(block, &staging.as_slice()[..self.block_bytes])
+            }
+            #[cfg(feature = "cuda")]
+            Some(TierStore::Gpu(arena)) => {
+                arena.store(block, &staging.as_slice()[..self.block_bytes])
             }
         }
     }

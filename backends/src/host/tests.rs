@@ -21,6 +21,7 @@ fn config(tiers: &[(Tier, usize)], dir: Option<&Path>) -> HostConfig {
         worker_threads: 2,
         max_in_flight: 8,
         costs: HostCosts::default(),
+        cuda_device: None,
     }
 }
 

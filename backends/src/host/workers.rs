@@ -11,7 +11,7 @@
 //! bound before they reach the channel), or decide what a completion means.
 
 use super::disk::AlignedBuf;
-use super::store::Stores;
+use super::store::{Scratch, Stores};
 use super::{lock, HostClock};
 use kvtwin::hardware::{Clock, Completion, TransferError, TransferRequest};
 use kvtwin::ids::{Timestamp, TransferId};
@@ -124,7 +124,8 @@ impl Drop for Workers {
     }
 }
 
-fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>, mut staging: AlignedBuf) {
+fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>, staging: AlignedBuf) {
+    let mut scratch = Scratch::new(staging);
     loop {
         // One worker waits in `recv` holding the lock, the others wait for the lock.
         let job = lock(jobs).recv();
@@ -132,7 +133,7 @@ fn run(shared: &Shared, jobs: &Mutex<Receiver<Job>>, mut staging: AlignedBuf) {
             return;
         };
         let result = catch_unwind(AssertUnwindSafe(|| {
-            shared.stores.execute(&request, &mut staging)
+            shared.stores.execute(&request, &mut scratch)
         }))
         .unwrap_or(Err(TransferError::Failed {
             tier: request.src_tier,
