@@ -10,8 +10,9 @@
 //! tier (pinned host tier, block copies batched on streams and completed by CUDA events)
 //! and the block-copy benchmark. [`calibrate`]: microbenchmarks through `HostHardware`'s
 //! transfer path and the simulator's `HardwareProfile` fitted to them; [`validate`]: a
-//! validation script on `HostHardware` and on the simulator, compared. The ZMQ and NATS transports are still
-//! to come (issue #6).
+//! validation script on `HostHardware` and on the simulator, compared. [`zmq`]: engine KV
+//! event streams over ZMQ (subscriber with gap replay and restart detection, publisher
+//! with a replay ROUTER), payloads as opaque bytes.
 //! Never: be needed by `cargo test` without its features, or put I/O, threads or clocks
 //! into the core (they stay on this side of the `Hardware` trait).
 
@@ -23,3 +24,4 @@ pub mod host;
 #[cfg(feature = "nixl")]
 pub mod nixl;
 pub mod validate;
+pub mod zmq;
