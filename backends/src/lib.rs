@@ -23,5 +23,6 @@ pub mod cuda;
 pub mod host;
 #[cfg(feature = "nixl")]
 pub mod nixl;
+pub mod service;
 pub mod validate;
 pub mod zmq;

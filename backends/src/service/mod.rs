@@ -1,0 +1,11 @@
+//! The routing service and the relay: kvtwin's router fed by engine events off the wire.
+//!
+//! Owns: [`translate`] (engine block hashes to kvtwin's chained hashes, per worker),
+//! [`state::RouterState`] (the indexer, per-worker views, route answers), [`metrics`]
+//! (counters and the Prometheus text).
+//! Never: decode wire formats (`crate::wire` does) or own sockets beyond what a source
+//! needs; the index itself is `kvtwin::router`'s.
+
+pub mod metrics;
+pub mod state;
+pub mod translate;

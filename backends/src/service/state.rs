@@ -1,0 +1,331 @@
+//! The router service's state: kvtwin's indexer fed by engine events, per-worker views,
+//! and the answers the HTTP API gives.
+//!
+//! Owns: [`RouterState`] (the `KvIndexer`, each worker rank's [`EngineHashes`] and last
+//! event id, the [`Metrics`]), [`RouteAnswer`] and [`WorkerSummary`]. Everything is
+//! synchronous and deterministic for a given event order: the service wraps it in one
+//! lock; tests drive it directly to compare a networked run with an in-process replay.
+//! Never: touch a socket, or decide what a malformed message is (sources decode and call
+//! [`RouterState::drop_one`] with the decoder's reason).
+
+use super::metrics::{Gauge, Metrics};
+use super::translate::{EngineEvent, EngineHashes};
+use kvtwin::ids::{LocalBlockHash, WorkerId};
+use kvtwin::router::indexer::{ApplyEventError, KvIndexer, WorkerKey, WorkerOverlap};
+use kvtwin::tier::Tier;
+use kvtwin::tokens::{compute_local_hashes, HashSeed, DEFAULT_HASH_SEED};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// One worker rank as the router sees it.
+#[derive(Debug, Default)]
+struct WorkerEntry {
+    hashes: EngineHashes,
+    last_event_id: Option<u64>,
+}
+
+/// What `/v1/workers` reports for one worker rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerSummary {
+    /// The worker and rank.
+    pub key: WorkerKey,
+    /// Blocks held per tier, by `Tier::index`.
+    pub blocks: [u64; 4],
+    /// The last event id applied.
+    pub last_event_id: Option<u64>,
+}
+
+/// What `/v1/route` answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteAnswer {
+    /// The chosen worker rank: the longest overlap, then the most of it on device, then
+    /// the fewest cached blocks, then the lowest key; `None` when no worker is known.
+    pub worker: Option<WorkerKey>,
+    /// Every worker rank with an overlap, sorted by key.
+    pub overlaps: Vec<WorkerOverlap>,
+    /// Full blocks in the query.
+    pub query_blocks: usize,
+}
+
+/// An event the index did not take whole; see [`RouterState::apply`].
+fn apply_reason(error: &ApplyEventError) -> &'static str {
+    match error {
+        ApplyEventError::ParentBlockNotFound { .. } => "parent_not_found",
+        ApplyEventError::ChainMismatch { .. } => "chain_mismatch",
+        ApplyEventError::BlockNotFound { .. } => "block_not_found",
+        ApplyEventError::TooManyWorkers => "too_many_workers",
+        _ => "index_refused",
+    }
+}
+
+/// The router service's state; see the module documentation.
+#[derive(Debug)]
+pub struct RouterState {
+    indexer: KvIndexer,
+    workers: BTreeMap<WorkerKey, WorkerEntry>,
+    block_size: usize,
+    seed: HashSeed,
+    metrics: Metrics,
+}
+
+impl RouterState {
+    /// An empty router hashing queries' tokens in blocks of `block_size` (the engines'
+    /// block size) with kvtwin's default seed.
+    pub fn new(block_size: usize) -> Self {
+        Self {
+            indexer: KvIndexer::new(),
+            workers: BTreeMap::new(),
+            block_size,
+            seed: HashSeed::new(DEFAULT_HASH_SEED),
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The index.
+    pub fn indexer(&self) -> &KvIndexer {
+        &self.indexer
+    }
+
+    /// The counters.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The counters, for sources to add what they saw (gaps, replays, restarts).
+    pub fn metrics_mut(&mut self) -> &mut Metrics {
+        &mut self.metrics
+    }
+
+    /// Counts one message, batch or event refused for `reason`.
+    pub fn drop_one(&mut self, reason: &'static str) {
+        self.metrics.drop_one(reason);
+    }
+
+    /// Applies a batch of events in order, timing it. An event that cannot be translated
+    /// is dropped whole; one the index takes only in part (a refused stored block and the
+    /// rest of its chain) keeps what was taken. Each is counted by reason; the batch goes
+    /// on either way. Returns how many were applied whole.
+    pub fn apply_batch(&mut self, events: &[EngineEvent]) -> usize {
+        let start = Instant::now();
+        let mut applied = 0;
+        for event in events {
+            if self.apply(event).is_ok() {
+                applied += 1;
+            }
+        }
+        self.metrics.batches += 1;
+        self.metrics.apply_latency.observe(start.elapsed());
+        applied
+    }
+
+    /// Applies one event; `Err` with the reason it was (partly) refused, also counted.
+    pub fn apply(&mut self, event: &EngineEvent) -> Result<(), &'static str> {
+        let key = WorkerKey {
+            worker: event.worker,
+            dp_rank: event.dp_rank,
+        };
+        let entry = self.workers.entry(key).or_default();
+        let translated = match entry.hashes.translate(event) {
+            Ok(translated) => translated,
+            Err(error) => {
+                self.metrics.drop_one(error.reason());
+                return Err(error.reason());
+            }
+        };
+        entry.last_event_id = Some(event.event_id);
+        match self.indexer.apply(event.worker, &translated) {
+            Ok(()) => {
+                self.metrics.events_applied += 1;
+                Ok(())
+            }
+            Err(error) => {
+                let reason = apply_reason(&error);
+                self.metrics.drop_one(reason);
+                Err(reason)
+            }
+        }
+    }
+
+    /// Forgets everything `worker` (every rank) held: its engine restarted.
+    pub fn restart_worker(&mut self, worker: WorkerId) {
+        self.indexer.remove_worker(worker);
+        let range = WorkerKey { worker, dp_rank: 0 }..=WorkerKey {
+            worker,
+            dp_rank: u32::MAX,
+        };
+        let keys: Vec<WorkerKey> = self.workers.range(range).map(|(key, _)| *key).collect();
+        for key in keys {
+            self.workers.remove(&key);
+        }
+        self.metrics.restarts += 1;
+    }
+
+    /// The token hashes of `tokens`' full blocks, as the engines' events carry them.
+    pub fn hash_tokens(&self, tokens: &[u32]) -> Vec<LocalBlockHash> {
+        compute_local_hashes(tokens, self.block_size, self.seed)
+    }
+
+    /// Which worker rank to send a request with these block hashes to, and every
+    /// worker's overlap.
+    pub fn route(&self, query: &[LocalBlockHash]) -> RouteAnswer {
+        let overlaps = self.indexer.find_matches(query, false).workers;
+        let cached = |key: &WorkerKey| -> u64 {
+            self.workers
+                .get(key)
+                .map_or(0, |entry| entry.hashes.counts().iter().sum())
+        };
+        let best = overlaps
+            .iter()
+            .filter(|overlap| overlap.blocks > 0)
+            .max_by(|a, b| {
+                (a.blocks, a.by_tier[Tier::Device.index()])
+                    .cmp(&(b.blocks, b.by_tier[Tier::Device.index()]))
+                    .then_with(|| cached(&b.worker).cmp(&cached(&a.worker)))
+                    .then_with(|| b.worker.cmp(&a.worker))
+            })
+            .map(|overlap| overlap.worker);
+        // Nothing cached anywhere: the known worker with the fewest cached blocks.
+        let worker = best.or_else(|| {
+            self.workers
+                .keys()
+                .min_by(|a, b| cached(a).cmp(&cached(b)).then_with(|| a.cmp(b)))
+                .copied()
+        });
+        RouteAnswer {
+            worker,
+            overlaps,
+            query_blocks: query.len(),
+        }
+    }
+
+    /// Every worker rank known, in key order.
+    pub fn workers(&self) -> Vec<WorkerSummary> {
+        self.workers
+            .iter()
+            .map(|(key, entry)| WorkerSummary {
+                key: *key,
+                blocks: entry.hashes.counts(),
+                last_event_id: entry.last_event_id,
+            })
+            .collect()
+    }
+
+    /// The Prometheus text: the counters and the state's sizes.
+    pub fn render_metrics(&self) -> String {
+        let mut per_tier = [0u64; 4];
+        for entry in self.workers.values() {
+            for (total, count) in per_tier.iter_mut().zip(entry.hashes.counts()) {
+                *total += count;
+            }
+        }
+        let gauges = [
+            Gauge {
+                name: "kvtwin_router_workers",
+                help: "Worker ranks known.",
+                values: vec![(String::new(), self.workers.len() as u64)],
+            },
+            Gauge {
+                name: "kvtwin_router_blocks",
+                help: "Blocks cached across workers, by tier.",
+                values: Tier::ALL
+                    .iter()
+                    .map(|tier| (format!("tier=\"{tier}\""), per_tier[tier.index()]))
+                    .collect(),
+            },
+            Gauge {
+                name: "kvtwin_router_index_pairs",
+                help: "(worker, block) pairs in the index.",
+                values: vec![(String::new(), self.indexer.pairs() as u64)],
+            },
+        ];
+        self.metrics.render(&gauges)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::translate::EngineEventData;
+    use super::*;
+
+    fn stored(
+        worker: u64,
+        event_id: u64,
+        parent: Option<u64>,
+        blocks: &[(u64, u64)],
+    ) -> EngineEvent {
+        EngineEvent {
+            worker: WorkerId::new(worker),
+            dp_rank: 0,
+            event_id,
+            data: EngineEventData::Stored {
+                parent,
+                blocks: blocks
+                    .iter()
+                    .map(|&(e, t)| (e, LocalBlockHash::new(t)))
+                    .collect(),
+                tier: Tier::Device,
+            },
+        }
+    }
+
+    #[test]
+    fn routes_to_the_longest_overlap_whatever_the_engine_hashes() {
+        let mut state = RouterState::new(4);
+        // Worker 1 holds tokens-hashes 10, 20, 30; worker 2 holds 10, 20 under other
+        // engine hashes.
+        assert_eq!(
+            state.apply_batch(&[
+                stored(1, 0, None, &[(0x11, 10), (0x12, 20), (0x13, 30)]),
+                stored(2, 0, None, &[(0x21, 10)]),
+                stored(2, 1, Some(0x21), &[(0x22, 20)]),
+            ]),
+            3
+        );
+        let query: Vec<LocalBlockHash> = [10, 20, 30, 40].map(LocalBlockHash::new).to_vec();
+        let answer = state.route(&query);
+        assert_eq!(answer.worker.map(|w| w.worker), Some(WorkerId::new(1)));
+        let scores: Vec<(u64, u32)> = answer
+            .overlaps
+            .iter()
+            .map(|o| (o.worker.worker.get(), o.blocks))
+            .collect();
+        assert_eq!(scores, [(1, 3), (2, 2)]);
+        // No overlap: the worker with the fewest cached blocks.
+        let answer = state.route(&[LocalBlockHash::new(99)]);
+        assert_eq!(answer.worker.map(|w| w.worker), Some(WorkerId::new(2)));
+    }
+
+    #[test]
+    fn refused_events_are_counted_by_reason_and_the_rest_applied() {
+        let mut state = RouterState::new(4);
+        let applied = state.apply_batch(&[
+            stored(1, 0, Some(0xdead), &[(0x1, 1)]),
+            stored(1, 1, None, &[(0x2, 2)]),
+        ]);
+        assert_eq!(applied, 1);
+        assert_eq!(state.metrics().dropped().get("unknown_parent"), Some(&1));
+        assert_eq!(state.workers()[0].blocks, [1, 0, 0, 0]);
+        assert_eq!(state.workers()[0].last_event_id, Some(1));
+        state.restart_worker(WorkerId::new(1));
+        assert!(state.workers().is_empty());
+        assert_eq!(state.indexer().pairs(), 0);
+        assert!(state
+            .render_metrics()
+            .contains("kvtwin_router_restarts_total 1\n"));
+    }
+
+    #[test]
+    fn queries_of_tokens_hash_full_blocks_only() {
+        let state = RouterState::new(4);
+        assert_eq!(state.hash_tokens(&[1, 2, 3, 4, 5, 6]).len(), 1);
+        assert_eq!(
+            state.hash_tokens(&[1, 2, 3, 4]),
+            compute_local_hashes(&[1, 2, 3, 4], 4, HashSeed::new(DEFAULT_HASH_SEED))
+        );
+    }
+}
