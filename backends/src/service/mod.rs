@@ -2,10 +2,11 @@
 //!
 //! Owns: [`translate`] (engine block hashes to kvtwin's chained hashes, per worker),
 //! [`state::RouterState`] (the indexer, per-worker views, route answers), [`metrics`]
-//! (counters and the Prometheus text).
+//! (counters and the Prometheus text), [`http`] (the HTTP/JSON API).
 //! Never: decode wire formats (`crate::wire` does) or own sockets beyond what a source
 //! needs; the index itself is `kvtwin::router`'s.
 
+pub mod http;
 pub mod metrics;
 pub mod state;
 pub mod translate;
