@@ -2,11 +2,13 @@
 //!
 //! Owns: [`translate`] (engine block hashes to kvtwin's chained hashes, per worker),
 //! [`state::RouterState`] (the indexer, per-worker views, route answers), [`metrics`]
-//! (counters and the Prometheus text), [`http`] (the HTTP/JSON API).
+//! (counters and the Prometheus text), [`http`] (the HTTP/JSON API), [`source`] (engine
+//! event sources: a ZMQ subscriber thread per engine applying decoded batches).
 //! Never: decode wire formats (`crate::wire` does) or own sockets beyond what a source
 //! needs; the index itself is `kvtwin::router`'s.
 
 pub mod http;
 pub mod metrics;
+pub mod source;
 pub mod state;
 pub mod translate;

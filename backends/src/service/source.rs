@@ -1,0 +1,158 @@
+//! Engine event sources: a ZMQ subscriber per engine feeding the router state (or a
+//! relay) on a thread of its own.
+//!
+//! Owns: [`ZmqSource`] (the thread: subscriber items in, decoded events applied under the
+//! state's lock, restarts and losses turned into state changes and counters),
+//! [`BatchDecoder`] (how a payload becomes engine events: the vLLM / SGLang msgpack
+//! decoder in `crate::wire`, or anything a test supplies) and [`EventNumbering`] (per
+//! rank event ids for streams whose events carry none).
+//! Never: decode msgpack itself, or block the state's lock on the network: a batch is
+//! received and decoded first, then applied under the lock in one go.
+
+use super::http::{lock, SharedState};
+use super::translate::EngineEvent;
+use crate::zmq::{
+    RawBatch, SubscriberConfig, SubscriberItem, SubscriberStats, ZmqError, ZmqSubscriber,
+};
+use kvtwin::ids::WorkerId;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Turns one batch's payload into engine events of `worker`.
+pub trait BatchDecoder: Send + 'static {
+    /// The events of `batch`, in order, or the stable reason the batch is refused.
+    fn decode(
+        &mut self,
+        worker: WorkerId,
+        batch: &RawBatch,
+    ) -> Result<Vec<EngineEvent>, &'static str>;
+}
+
+impl<F> BatchDecoder for F
+where
+    F: FnMut(WorkerId, &RawBatch) -> Result<Vec<EngineEvent>, &'static str> + Send + 'static,
+{
+    fn decode(
+        &mut self,
+        worker: WorkerId,
+        batch: &RawBatch,
+    ) -> Result<Vec<EngineEvent>, &'static str> {
+        self(worker, batch)
+    }
+}
+
+/// Event ids per data-parallel rank, for streams (vLLM's) whose events are not numbered:
+/// 0, 1, 2, ... per rank, from the last restart.
+#[derive(Clone, Debug, Default)]
+pub struct EventNumbering {
+    next: BTreeMap<u32, u64>,
+}
+
+impl EventNumbering {
+    /// Numbers `events` in order, continuing each rank's count.
+    pub fn number(&mut self, events: &mut [EngineEvent]) {
+        for event in events {
+            let next = self.next.entry(event.dp_rank).or_default();
+            event.event_id = *next;
+            *next += 1;
+        }
+    }
+
+    /// Starts every rank again from 0 (the engine restarted).
+    pub fn reset(&mut self) {
+        self.next.clear();
+    }
+}
+
+/// A thread feeding one engine's events into the router state.
+#[derive(Debug)]
+pub struct ZmqSource {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<SubscriberStats>>,
+}
+
+impl ZmqSource {
+    /// How long the thread waits on the socket before looking at the stop flag.
+    const POLL: Duration = Duration::from_millis(50);
+
+    /// Subscribes to `config` for `worker` and starts applying its events to `state`.
+    pub fn start(
+        worker: WorkerId,
+        config: SubscriberConfig,
+        mut decoder: impl BatchDecoder,
+        state: SharedState,
+    ) -> Result<Self, ZmqError> {
+        let mut subscriber = ZmqSubscriber::new(config)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("kvtwin-zmq-{worker}"))
+            .spawn(move || {
+                let mut numbering = EventNumbering::default();
+                let mut seen = SubscriberStats::default();
+                while !stopping.load(Ordering::Relaxed) {
+                    let item = match subscriber.next(Self::POLL) {
+                        Ok(Some(item)) => item,
+                        Ok(None) => continue,
+                        // A socket error other than a timeout: the context is gone.
+                        Err(_) => break,
+                    };
+                    // Decode outside the lock.
+                    let decoded = match &item {
+                        SubscriberItem::Batch(batch) => Some(decoder.decode(worker, batch)),
+                        _ => None,
+                    };
+                    let stats = subscriber.stats();
+                    let mut router = lock(&state);
+                    let metrics = router.metrics_mut();
+                    metrics.gaps += stats.gaps - seen.gaps;
+                    metrics.replayed += stats.replayed - seen.replayed;
+                    seen = stats;
+                    match (item, decoded) {
+                        (SubscriberItem::Batch(_), Some(Ok(mut events))) => {
+                            numbering.number(&mut events);
+                            router.apply_batch(&events);
+                        }
+                        (SubscriberItem::Batch(_), Some(Err(reason))) => router.drop_one(reason),
+                        (SubscriberItem::Restarted { .. }, _) => {
+                            numbering.reset();
+                            router.restart_worker(worker);
+                        }
+                        (SubscriberItem::Lost { first, last }, _) => {
+                            router.metrics_mut().lost_batches += last - first + 1;
+                        }
+                        (SubscriberItem::Malformed(error), _) => router.drop_one(error.reason()),
+                        _ => {}
+                    }
+                }
+                subscriber.stats()
+            })
+            .map_err(ZmqError::Spawn)?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the thread; the subscriber's final counts.
+    pub fn stop(mut self) -> SubscriberStats {
+        self.halt()
+    }
+
+    fn halt(&mut self) -> SubscriberStats {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .and_then(|thread| thread.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for ZmqSource {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
