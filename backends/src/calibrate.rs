@@ -839,7 +839,7 @@ pub fn table(calibration: &Calibration) -> String {
 }
 
 fn bytes_label(bytes: u64) -> String {
-    if bytes >= MIB && bytes % MIB == 0 {
+    if bytes >= MIB && bytes.is_multiple_of(MIB) {
         format!("{} MiB", bytes / MIB)
     } else {
         format!("{} KiB", bytes / KIB)

@@ -971,7 +971,7 @@ fn step_is_visible(
     cache_output_blocks: bool,
 ) -> bool {
     let computed = live.request.input_tokens + generated - 1;
-    (cache_output_blocks && computed % block_size == 0)
+    (cache_output_blocks && computed.is_multiple_of(block_size))
         || (live.request.think_tokens > 0 && generated == live.request.think_tokens)
 }
 
