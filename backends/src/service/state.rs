@@ -238,6 +238,11 @@ impl RouterState {
                     .collect(),
             },
             Gauge {
+                name: "kvtwin_router_event_id_gaps",
+                help: "Events whose id did not follow their worker rank's previous one.",
+                values: vec![(String::new(), self.indexer.stats().event_id_gaps)],
+            },
+            Gauge {
                 name: "kvtwin_router_index_pairs",
                 help: "(worker, block) pairs in the index.",
                 values: vec![(String::new(), self.indexer.pairs() as u64)],

@@ -67,7 +67,8 @@ impl RouterEvent {
         }
     }
 
-    fn block_count(&self) -> usize {
+    /// Blocks the event names (stored or removed; none for `Cleared`).
+    pub fn block_count(&self) -> usize {
         match &self.event.data {
             KvCacheEventData::Stored { blocks, .. } => blocks.len(),
             KvCacheEventData::Removed { block_hashes, .. } => block_hashes.len(),

@@ -1,0 +1,97 @@
+//! Router events from NATS into the router state: what `kvtwin router --nats` runs.
+//!
+//! Owns: [`NatsSourceConfig`] and [`run_nats_source`]. Each message is a Dynamo
+//! `RouterEvent` as JSON or a Dynamo 1.6 msgpack envelope of several (told apart by the
+//! first byte: JSON objects start with `{`, msgpack maps never do); its events are
+//! translated and applied under the state's lock in one go. With JetStream
+//! ([`ConsumeMode::Replay`]) a router that starts (or restarts) rebuilds its whole state
+//! from the stream before following it live.
+//! Never: stop on a bad message (it is counted by reason and skipped), or hold the
+//! state's lock while waiting on the network.
+
+use super::http::{lock, SharedState};
+use super::translate::EngineEvent;
+use crate::nats::{ConsumeMode, NatsError, NatsSubscriber, SubscriberConfig};
+use crate::wire::{DecodeLimits, Envelope, RouterEvent};
+use std::future::Future;
+
+/// How to consume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NatsSourceConfig {
+    /// The subscription (core, or JetStream replay to rebuild after a restart).
+    pub subscriber: SubscriberConfig,
+    /// Bounds on one message.
+    pub limits: DecodeLimits,
+}
+
+/// What a NATS source did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatsSourceStats {
+    /// Messages received.
+    pub messages: u64,
+    /// Events decoded (and handed to the state).
+    pub events: u64,
+    /// Messages refused.
+    pub refused: u64,
+}
+
+/// The events of one message, or the reason it is refused.
+pub fn decode_message(
+    payload: &[u8],
+    limits: &DecodeLimits,
+) -> Result<Vec<EngineEvent>, &'static str> {
+    if payload.first() == Some(&b'{') {
+        let event = RouterEvent::from_json(payload, limits).map_err(|error| error.reason())?;
+        Ok(vec![event.to_engine_event()])
+    } else {
+        let envelope = Envelope::decode(payload, limits).map_err(|error| error.reason())?;
+        Ok(envelope
+            .events
+            .iter()
+            .map(RouterEvent::to_engine_event)
+            .collect())
+    }
+}
+
+/// Subscribes and applies events to `state` until `shutdown` resolves (or the
+/// subscription ends); what it did.
+pub async fn run_nats_source(
+    config: NatsSourceConfig,
+    state: SharedState,
+    shutdown: impl Future<Output = ()>,
+) -> Result<NatsSourceStats, NatsError> {
+    let durable = matches!(config.subscriber.mode, ConsumeMode::Durable { .. });
+    let mut subscriber = NatsSubscriber::connect(config.subscriber.clone()).await?;
+    let mut stats = NatsSourceStats::default();
+    tokio::pin!(shutdown);
+    loop {
+        let message = tokio::select! {
+            message = subscriber.next() => message,
+            () = &mut shutdown => break,
+        };
+        let message = match message {
+            Ok(message) => message,
+            Err(NatsError::Closed) => break,
+            // A transient failure (a pull interrupted by a server restart): the
+            // subscriber picks up again on the next call.
+            Err(_) => continue,
+        };
+        stats.messages += 1;
+        let decoded = decode_message(&message.payload, &config.limits);
+        let mut router = lock(&state);
+        match decoded {
+            Ok(events) => {
+                stats.events += events.len() as u64;
+                router.apply_batch(&events);
+            }
+            Err(reason) => {
+                stats.refused += 1;
+                router.drop_one(reason);
+            }
+        }
+    }
+    if durable {
+        let _ = subscriber.close().await;
+    }
+    Ok(stats)
+}

@@ -1,0 +1,269 @@
+//! The relay: one engine's ZMQ KV events onto NATS as Dynamo `RouterEvent`s, like
+//! Dynamo's own relay.
+//!
+//! Owns: [`RelayConfig`], [`NatsFormat`], [`RelayStats`] and [`run_relay`]. A thread
+//! runs the ZMQ subscriber (gaps filled by replay, restarts detected) and decodes each
+//! batch into `RouterEvent`s with the engine's block hashes and computed token hashes,
+//! numbered per data-parallel rank; it hands them over a bounded channel to the async
+//! side, which publishes them (one JSON event per message, or Dynamo 1.6 envelopes of up
+//! to 128). An engine restart becomes a `Cleared` event for each rank the relay has
+//! seen, so every router downstream forgets that worker's old blocks.
+//! Never: translate hashes (routers do, per worker), or drop a decoded event silently: a
+//! publish that fails is counted, and the relay carries on with the next.
+
+use crate::nats::{NatsError, NatsPublisher, PublisherConfig as NatsPublisherConfig};
+use crate::wire::{
+    DecodeLimits, DropCounters, EngineDecoder, Envelope, RouterEvent, UnknownEvents,
+};
+use crate::zmq::{SubscriberConfig, SubscriberItem, ZmqError, ZmqSubscriber};
+use kvtwin::events::{KvCacheEvent, KvCacheEventData};
+use kvtwin::ids::WorkerId;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// How events go onto NATS.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NatsFormat {
+    /// One `RouterEvent` per message, as JSON (Dynamo before 1.6).
+    #[default]
+    Json,
+    /// Dynamo 1.6's msgpack envelope, up to 128 events per message.
+    Envelope {
+        /// The envelope's `publisher_id`.
+        publisher_id: u64,
+    },
+}
+
+/// How to relay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RelayConfig {
+    /// The engine's worker id in the events.
+    pub worker: WorkerId,
+    /// The engine's ZMQ stream (and replay socket).
+    pub zmq: SubscriberConfig,
+    /// Where to publish.
+    pub nats: NatsPublisherConfig,
+    /// How.
+    pub format: NatsFormat,
+    /// Bounds on what a batch may hold.
+    pub limits: DecodeLimits,
+}
+
+/// What a relay did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RelayStats {
+    /// Engine batches decoded.
+    pub batches: u64,
+    /// Events published.
+    pub events: u64,
+    /// Blocks in those events.
+    pub blocks: u64,
+    /// NATS messages published.
+    pub messages: u64,
+    /// Publishes that failed (their events are lost to the subscribers).
+    pub publish_failures: u64,
+    /// Engine restarts (each published as `Cleared` per rank).
+    pub restarts: u64,
+    /// Engine batches neither the stream nor replay supplied.
+    pub lost_batches: u64,
+    /// Batches or events refused, by reason.
+    pub dropped: BTreeMap<&'static str, u64>,
+}
+
+/// A relay could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// The ZMQ side.
+    #[error(transparent)]
+    Zmq(#[from] ZmqError),
+    /// The NATS side.
+    #[error(transparent)]
+    Nats(#[from] NatsError),
+    /// The decoding thread could not be started.
+    #[error("could not start the relay thread: {0}")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// What the ZMQ thread hands the publisher.
+enum Hop {
+    Events(Vec<RouterEvent>),
+    Restarted,
+    Lost(u64),
+    Dropped(&'static str),
+}
+
+/// Runs the relay until `shutdown` resolves; what it did.
+pub async fn run_relay(
+    config: RelayConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<RelayStats, RelayError> {
+    let publisher = NatsPublisher::connect(config.nats.clone()).await?;
+    let mut subscriber = ZmqSubscriber::new(config.zmq.clone())?;
+    // A bounded hand-over: when NATS is slow, the ZMQ thread waits and the engine's
+    // batches queue in the SUB socket (and, past it, are recovered by replay).
+    let (sender, mut receiver) = mpsc::channel::<Hop>(1024);
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    let worker = config.worker;
+    let limits = config.limits;
+    let thread = std::thread::Builder::new()
+        .name(format!("kvtwin-relay-{worker}"))
+        .spawn(move || {
+            let decoder = EngineDecoder::new(limits, UnknownEvents::Skip);
+            let mut next_ids: BTreeMap<u32, u64> = BTreeMap::new();
+            while !stopping.load(Ordering::Relaxed) {
+                let hop = match subscriber.next(Duration::from_millis(50)) {
+                    Ok(Some(SubscriberItem::Batch(batch))) => {
+                        match decoder.decode_payload(batch.seq, &batch.payload) {
+                            Ok(decoded) => {
+                                let mut skipped = DropCounters::new();
+                                for event in &decoded.skipped {
+                                    skipped.record(&event.error);
+                                }
+                                for (reason, count) in skipped.iter() {
+                                    for _ in 0..count {
+                                        let _ = sender.blocking_send(Hop::Dropped(reason));
+                                    }
+                                }
+                                let next =
+                                    next_ids.entry(decoded.dp_rank.unwrap_or(0)).or_default();
+                                let mut events = Vec::with_capacity(decoded.events.len());
+                                match decoded.router_events(worker, next, &mut events) {
+                                    Ok(()) => Hop::Events(events),
+                                    Err(error) => Hop::Dropped(error.reason()),
+                                }
+                            }
+                            Err(error) => Hop::Dropped(error.reason()),
+                        }
+                    }
+                    Ok(Some(SubscriberItem::Restarted { .. })) => Hop::Restarted,
+                    Ok(Some(SubscriberItem::Lost { first, last })) => Hop::Lost(last - first + 1),
+                    Ok(Some(SubscriberItem::Malformed(error))) => Hop::Dropped(error.reason()),
+                    Ok(None) => continue,
+                    Err(_) => break,
+                };
+                if sender.blocking_send(hop).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(RelayError::Spawn)?;
+
+    let mut stats = RelayStats::default();
+    let mut ranks: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut envelope_sequence = 0u64;
+    tokio::pin!(shutdown);
+    loop {
+        let hop = tokio::select! {
+            hop = receiver.recv() => hop,
+            () = &mut shutdown => None,
+        };
+        let Some(hop) = hop else { break };
+        let events = match hop {
+            Hop::Events(events) => {
+                stats.batches += 1;
+                for event in &events {
+                    ranks.insert(event.event.dp_rank, event.event.event_id + 1);
+                }
+                events
+            }
+            Hop::Restarted => {
+                stats.restarts += 1;
+                // Every rank seen starts over: tell the routers to forget it.
+                let cleared: Vec<RouterEvent> = ranks
+                    .iter()
+                    .map(|(&dp_rank, &event_id)| RouterEvent {
+                        worker_id: worker,
+                        event: KvCacheEvent {
+                            event_id,
+                            dp_rank,
+                            data: KvCacheEventData::Cleared,
+                        },
+                    })
+                    .collect();
+                ranks.clear();
+                cleared
+            }
+            Hop::Lost(batches) => {
+                stats.lost_batches += batches;
+                continue;
+            }
+            Hop::Dropped(reason) => {
+                *stats.dropped.entry(reason).or_default() += 1;
+                continue;
+            }
+        };
+        publish(
+            &publisher,
+            config.format,
+            &events,
+            &mut envelope_sequence,
+            &mut stats,
+        )
+        .await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    // Unblocks a thread waiting to hand over, so it sees the stop flag.
+    drop(receiver);
+    let _ = thread.join();
+    let _ = publisher.flush().await;
+    Ok(stats)
+}
+
+async fn publish(
+    publisher: &NatsPublisher,
+    format: NatsFormat,
+    events: &[RouterEvent],
+    envelope_sequence: &mut u64,
+    stats: &mut RelayStats,
+) {
+    match format {
+        NatsFormat::Json => {
+            for event in events {
+                stats.messages += 1;
+                match publisher.publish(event.to_json()).await {
+                    Ok(_) => {
+                        stats.events += 1;
+                        stats.blocks += event.block_count() as u64;
+                    }
+                    Err(_) => stats.publish_failures += 1,
+                }
+            }
+        }
+        NatsFormat::Envelope { publisher_id } => {
+            for chunk in events.chunks(Envelope::MAX_EVENTS) {
+                let envelope = Envelope {
+                    publisher_id,
+                    sequence: *envelope_sequence,
+                    published_at_ms: unix_millis(),
+                    topic: Envelope::TOPIC.to_string(),
+                    events: chunk.to_vec(),
+                };
+                *envelope_sequence += 1;
+                stats.messages += 1;
+                match publisher.publish(envelope.to_bytes()).await {
+                    Ok(_) => {
+                        stats.events += chunk.len() as u64;
+                        stats.blocks += chunk.iter().map(|e| e.block_count() as u64).sum::<u64>();
+                    }
+                    Err(_) => stats.publish_failures += 1,
+                }
+            }
+        }
+    }
+}
+
+/// Now, in milliseconds since the Unix epoch (the envelope's `published_at`; 0 if the
+/// system clock is before 1970). A relay is a live service: its stamps are wall-clock.
+fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
+        })
+}
