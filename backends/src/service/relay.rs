@@ -16,6 +16,7 @@ use crate::wire::{
     DecodeLimits, DropCounters, EngineDecoder, Envelope, RouterEvent, UnknownEvents,
 };
 use crate::zmq::{SubscriberConfig, SubscriberItem, ZmqError, ZmqSubscriber};
+use bytes::Bytes;
 use kvtwin::events::{KvCacheEvent, KvCacheEventData};
 use kvtwin::ids::WorkerId;
 use std::collections::BTreeMap;
@@ -51,6 +52,10 @@ pub struct RelayConfig {
     pub format: NatsFormat,
     /// Bounds on what a batch may hold.
     pub limits: DecodeLimits,
+    /// Tries per NATS message before it counts as a failure: a server restarting is a
+    /// few failed tries (each waits out the publish timeout, then a quarter second), not
+    /// lost events. The engine's batches queue meanwhile.
+    pub publish_attempts: u32,
 }
 
 /// What a relay did.
@@ -200,7 +205,7 @@ pub async fn run_relay(
         };
         publish(
             &publisher,
-            config.format,
+            &config,
             &events,
             &mut envelope_sequence,
             &mut stats,
@@ -215,23 +220,37 @@ pub async fn run_relay(
     Ok(stats)
 }
 
+/// Publishes `payload`, trying up to `attempts` times; whether it went out.
+async fn publish_with_retry(publisher: &NatsPublisher, payload: Bytes, attempts: u32) -> bool {
+    for attempt in 1..=attempts.max(1) {
+        if publisher.publish(payload.clone()).await.is_ok() {
+            return true;
+        }
+        if attempt < attempts {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    false
+}
+
 async fn publish(
     publisher: &NatsPublisher,
-    format: NatsFormat,
+    config: &RelayConfig,
     events: &[RouterEvent],
     envelope_sequence: &mut u64,
     stats: &mut RelayStats,
 ) {
-    match format {
+    let attempts = config.publish_attempts;
+    match config.format {
         NatsFormat::Json => {
             for event in events {
                 stats.messages += 1;
-                match publisher.publish(event.to_json()).await {
-                    Ok(_) => {
+                match publish_with_retry(publisher, event.to_json().into(), attempts).await {
+                    true => {
                         stats.events += 1;
                         stats.blocks += event.block_count() as u64;
                     }
-                    Err(_) => stats.publish_failures += 1,
+                    false => stats.publish_failures += 1,
                 }
             }
         }
@@ -246,12 +265,12 @@ async fn publish(
                 };
                 *envelope_sequence += 1;
                 stats.messages += 1;
-                match publisher.publish(envelope.to_bytes()).await {
-                    Ok(_) => {
+                match publish_with_retry(publisher, envelope.to_bytes().into(), attempts).await {
+                    true => {
                         stats.events += chunk.len() as u64;
                         stats.blocks += chunk.iter().map(|e| e.block_count() as u64).sum::<u64>();
                     }
-                    Err(_) => stats.publish_failures += 1,
+                    false => stats.publish_failures += 1,
                 }
             }
         }
