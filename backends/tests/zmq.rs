@@ -263,6 +263,7 @@ fn a_replay_socket_that_never_answers_times_out_into_a_loss() {
     let mut subscriber = ZmqSubscriber::new(SubscriberConfig {
         replay_timeout: Duration::from_millis(200),
         catch_up: CatchUp::FromFirstReceived,
+        idle_probe: None,
         ..SubscriberConfig::new(publisher.endpoint(), Some(&silent_endpoint))
     })
     .unwrap();
@@ -284,4 +285,32 @@ fn a_replay_socket_that_never_answers_times_out_into_a_loss() {
         "{stats:?}"
     );
     assert_eq!(seqs(&items).last(), Some(&(start + 1)));
+}
+
+#[test]
+fn a_batch_lost_at_the_end_of_a_burst_is_fetched_when_the_stream_goes_quiet() {
+    let mut publisher = publisher(true);
+    let mut subscriber = ZmqSubscriber::new(SubscriberConfig {
+        idle_probe: Some(Duration::from_millis(100)),
+        ..SubscriberConfig::new(publisher.endpoint(), publisher.replay_endpoint())
+    })
+    .unwrap();
+    let mut items = join(&mut publisher, &mut subscriber);
+    let start = publisher.next_seq();
+    publisher.publish(&payload(start)).unwrap();
+    // No later batch will reveal these two as a gap: only the idle probe can.
+    publisher
+        .publish_with(&payload(start + 1), Delivery::BufferOnly)
+        .unwrap();
+    publisher
+        .publish_with(&payload(start + 2), Delivery::BufferOnly)
+        .unwrap();
+    items.extend(drain(&mut subscriber, Duration::from_millis(400)));
+    assert_eq!(seqs(&items), (0..start + 3).collect::<Vec<_>>());
+    let stats = subscriber.stats();
+    assert_eq!(
+        (stats.gaps, stats.lost, stats.restarts),
+        (0, 0, 0),
+        "{stats:?}"
+    );
 }

@@ -300,14 +300,23 @@ impl NatsSubscriber {
     /// Waits (bounded by the request timeout) until the server has processed everything
     /// this client sent, subscriptions included: after a reconnect, core messages
     /// published from then on reach this subscriber.
-    pub async fn flush(&self) -> Result<(), NatsError> {
+    ///
+    /// The future holds a clone of the client, not `&self`: the replay consumer inside
+    /// `self` is not `Sync`, so a future borrowing `self` could not be spawned on a
+    /// multi-threaded runtime.
+    pub fn flush(
+        &self,
+    ) -> impl std::future::Future<Output = Result<(), NatsError>> + Send + 'static {
         let timeout = self.config.connect.request_timeout;
-        match tokio::time::timeout(timeout, self.client.flush()).await {
-            Ok(result) => result.map_err(NatsError::Flush),
-            Err(_) => Err(NatsError::Timeout {
-                op: "flush",
-                after: timeout,
-            }),
+        let client = self.client.clone();
+        async move {
+            match tokio::time::timeout(timeout, client.flush()).await {
+                Ok(result) => result.map_err(NatsError::Flush),
+                Err(_) => Err(NatsError::Timeout {
+                    op: "flush",
+                    after: timeout,
+                }),
+            }
         }
     }
 

@@ -11,13 +11,17 @@
 //! a number going back is the engine restarting ([`SubscriberItem::Restarted`]: the
 //! consumer clears that worker), after which the new run's first batches are fetched the
 //! same way if they were missed. A replayed batch the live stream also delivers (or the
-//! reverse) is passed on once.
+//! reverse) is passed on once (told from a restarted engine's batch by its payload hash).
+//! When the live stream is quiet for `idle_probe`, the subscriber asks the replay socket
+//! for what follows the last batch it saw: batches published before it joined, or lost
+//! at the end of a burst, arrive without waiting for a later one to reveal the gap, and an
+//! engine that restarted meanwhile (it no longer has that batch) is reported.
 //! Never: decode payloads, or wait longer than the caller's timeout on the live stream
 //! (a replay waits at most `replay_timeout`).
 
 use super::END_OF_REPLAY;
 use super::{decode_live, decode_replay, socket_error, FrameError, RawBatch, ZmqError};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// What to do about batches published before the subscriber's first one.
@@ -45,6 +49,11 @@ pub struct SubscriberConfig {
     pub catch_up: CatchUp,
     /// How long one replay may take in all.
     pub replay_timeout: Duration,
+    /// After this long without a live batch, ask the replay socket for anything newer
+    /// than the last batch seen (from 0 before the first): batches published before the
+    /// subscription reached the engine, or lost at the end of a burst, are otherwise only
+    /// noticed when a later one arrives. `None`: never.
+    pub idle_probe: Option<Duration>,
     /// Messages larger than this disconnect the publisher (libzmq's `ZMQ_MAXMSGSIZE`);
     /// `None`: no limit.
     pub max_message_bytes: Option<u64>,
@@ -59,6 +68,7 @@ impl SubscriberConfig {
             topic: String::new(),
             catch_up: CatchUp::default(),
             replay_timeout: Duration::from_secs(2),
+            idle_probe: Some(Duration::from_millis(500)),
             max_message_bytes: Some(64 << 20),
         }
     }
@@ -118,6 +128,14 @@ pub struct ZmqSubscriber {
     expected: Option<u64>,
     ready: VecDeque<SubscriberItem>,
     stats: SubscriberStats,
+    /// When a live batch last arrived (or the subscriber started, or last probed).
+    last_heard: Instant,
+    /// The sequence number and payload hash of the last batch handed out.
+    last_batch: Option<(u64, u64)>,
+    /// The batches the last replay supplied, by sequence number, with a hash of their
+    /// payload: a live batch that repeats one (it was in flight while the replay was
+    /// answered) is a duplicate, one that differs is a restarted engine's.
+    replayed: BTreeMap<u64, u64>,
 }
 
 impl std::fmt::Debug for ZmqSubscriber {
@@ -169,6 +187,9 @@ impl ZmqSubscriber {
             expected: None,
             ready: VecDeque::new(),
             stats: SubscriberStats::default(),
+            last_heard: Instant::now(),
+            last_batch: None,
+            replayed: BTreeMap::new(),
         };
         subscriber.replay = subscriber.open_replay()?;
         Ok(subscriber)
@@ -216,7 +237,8 @@ impl ZmqSubscriber {
             .poll(zmq::POLLIN, millis)
             .map_err(socket_error("poll", &self.config.endpoint))?;
         if readable == 0 {
-            return Ok(None);
+            self.probe_if_idle();
+            return Ok(self.ready.pop_front());
         }
         let frames = match self.socket.recv_multipart(zmq::DONTWAIT) {
             Ok(frames) => frames,
@@ -226,6 +248,7 @@ impl ZmqSubscriber {
         match decode_live(frames) {
             Ok(batch) => {
                 self.stats.live += 1;
+                self.last_heard = Instant::now();
                 self.accept(batch);
             }
             Err(error) => {
@@ -236,56 +259,132 @@ impl ZmqSubscriber {
         Ok(self.ready.pop_front())
     }
 
+    /// Asks the replay socket for anything after the last batch seen, when the live
+    /// stream has been quiet for `idle_probe`.
+    fn probe_if_idle(&mut self) {
+        let Some(idle) = self.config.idle_probe else {
+            return;
+        };
+        if self.replay.is_none() || self.last_heard.elapsed() < idle {
+            return;
+        }
+        self.last_heard = Instant::now();
+        let Some((seq, hash)) = self.last_batch else {
+            if self.config.catch_up == CatchUp::FromStart {
+                if let Some(last) = self.fill(0, None) {
+                    self.expected = Some(last + 1);
+                }
+            }
+            return;
+        };
+        // Ask from the last batch seen: an engine that still has it, with the same
+        // payload, is the same run; one that has not (or has another batch under that
+        // number) restarted while the live stream was quiet to us.
+        self.stats.replay_requests += 1;
+        let Ok(mut batches) = self.replay_range(seq, u64::MAX) else {
+            self.stats.replay_failures += 1;
+            return;
+        };
+        let same_run = batches
+            .first()
+            .is_some_and(|first| first.seq == seq && payload_hash(&first.payload) == hash);
+        let last = if same_run {
+            batches.remove(0);
+            self.queue_replayed(seq + 1, None, batches)
+        } else {
+            self.stats.restarts += 1;
+            self.ready.push_back(SubscriberItem::Restarted { seq: 0 });
+            self.last_batch = None;
+            self.fill(0, None)
+        };
+        if let Some(last) = last {
+            self.expected = Some(last + 1);
+        }
+    }
+
     /// Applies the sequence rules to a live batch.
     fn accept(&mut self, batch: RawBatch) {
         let seq = batch.seq;
+        if self.expected.is_some_and(|expected| seq < expected)
+            && self.replayed.get(&seq) == Some(&payload_hash(&batch.payload))
+        {
+            // Replay already handed this one out.
+            self.stats.duplicates += 1;
+            return;
+        }
         match self.expected {
             Some(expected) if seq == expected => {}
             Some(expected) if seq > expected => {
                 self.stats.gaps += 1;
-                self.fill(expected, seq);
+                self.fill(expected, Some(seq));
             }
             Some(_) => {
                 self.stats.restarts += 1;
                 self.ready.push_back(SubscriberItem::Restarted { seq });
                 if seq > 0 {
-                    self.fill(0, seq);
+                    self.fill(0, Some(seq));
                 }
             }
             None => {
                 if seq > 0 && self.config.catch_up == CatchUp::FromStart {
-                    self.fill(0, seq);
+                    self.fill(0, Some(seq));
                 }
             }
         }
         self.expected = Some(seq + 1);
+        self.last_batch = Some((seq, payload_hash(&batch.payload)));
         self.ready.push_back(SubscriberItem::Batch(batch));
     }
 
     /// Fetches batches `from..until` from the replay socket and queues them in order;
-    /// what it cannot get is queued as lost.
-    fn fill(&mut self, from: u64, until: u64) {
-        let mut next = from;
-        match self.replay_range(from, until) {
-            Ok(batches) => {
-                for batch in batches {
-                    if batch.seq < next {
-                        self.stats.duplicates += 1;
-                        continue;
-                    }
-                    if batch.seq > next {
-                        self.lose(next, batch.seq - 1);
-                    }
-                    next = batch.seq + 1;
-                    self.stats.replayed += 1;
-                    self.ready.push_back(SubscriberItem::Batch(batch));
-                }
-            }
-            Err(()) => self.stats.replay_failures += 1,
+    /// what it cannot get is queued as lost. With no `until` (a probe), everything from
+    /// `from` that the engine has, and nothing missing at the end is a loss (it may not
+    /// have been published yet). Returns the last sequence number queued.
+    fn fill(&mut self, from: u64, until: Option<u64>) -> Option<u64> {
+        if self.replay.is_none() {
+            return self.queue_replayed(from, until, Vec::new());
         }
-        if next < until {
+        self.stats.replay_requests += 1;
+        let batches = match self.replay_range(from, until.unwrap_or(u64::MAX)) {
+            Ok(batches) => batches,
+            Err(()) => {
+                self.stats.replay_failures += 1;
+                Vec::new()
+            }
+        };
+        self.queue_replayed(from, until, batches)
+    }
+
+    /// Queues replayed `batches` (sorted) as the ones from `from` on; see [`Self::fill`].
+    fn queue_replayed(
+        &mut self,
+        from: u64,
+        until: Option<u64>,
+        batches: Vec<RawBatch>,
+    ) -> Option<u64> {
+        let mut next = from;
+        let mut last = None;
+        self.replayed.clear();
+        for batch in batches {
+            let hash = payload_hash(&batch.payload);
+            self.replayed.insert(batch.seq, hash);
+            if batch.seq < next {
+                self.stats.duplicates += 1;
+                continue;
+            }
+            if batch.seq > next {
+                self.lose(next, batch.seq - 1);
+            }
+            next = batch.seq + 1;
+            last = Some(batch.seq);
+            self.last_batch = Some((batch.seq, hash));
+            self.stats.replayed += 1;
+            self.ready.push_back(SubscriberItem::Batch(batch));
+        }
+        if let Some(until) = until.filter(|until| next < *until) {
             self.lose(next, until - 1);
         }
+        last
     }
 
     fn lose(&mut self, first: u64, last: u64) {
@@ -300,7 +399,6 @@ impl ZmqSubscriber {
         let Some(dealer) = self.replay.take() else {
             return Err(());
         };
-        self.stats.replay_requests += 1;
         let request: [&[u8]; 2] = [b"", &from.to_be_bytes()];
         if dealer.send_multipart(request, 0).is_err() {
             self.replay = self.open_replay().ok().flatten();
@@ -332,4 +430,9 @@ impl ZmqSubscriber {
         batches.sort_by_key(|batch| batch.seq);
         Ok(batches)
     }
+}
+
+/// A hash of a payload, to tell a replayed batch seen again from a new one.
+fn payload_hash(payload: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(payload)
 }
