@@ -95,3 +95,38 @@ pub async fn run_nats_source(
     }
     Ok(stats)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn json_and_envelopes_are_told_apart_and_garbage_is_a_reason() {
+        let limits = DecodeLimits::default();
+        let json = br#"{"worker_id":3,"storage_tier":"host_pinned","event":{"event_id":1,"dp_rank":0,"data":{"removed":{"block_hashes":[5]}}}}"#;
+        let events = decode_message(json, &limits).unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].worker.get(), 3);
+        let envelope = Envelope {
+            publisher_id: 1,
+            sequence: 0,
+            published_at_ms: 0,
+            topic: Envelope::TOPIC.to_string(),
+            events: vec![RouterEvent::from_json(json, &limits).unwrap(); 3],
+        };
+        assert_eq!(
+            decode_message(&envelope.to_bytes(), &limits).unwrap().len(),
+            3
+        );
+        assert!(decode_message(b"{nope", &limits).is_err());
+        assert!(decode_message(b"", &limits).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn any_message_decodes_or_gives_a_reason(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode_message(&bytes, &DecodeLimits::default());
+        }
+    }
+}

@@ -58,3 +58,35 @@ fn replay_replies_come_with_or_without_the_topic() {
         Err(FrameError::FrameCount { frames: 1, .. })
     ));
 }
+
+mod properties {
+    //! The frame decoders are total: any frames give a batch or a typed error.
+    use super::super::*;
+    use proptest::prelude::*;
+
+    fn frames() -> impl Strategy<Value = Vec<Vec<u8>>> {
+        prop::collection::vec(prop::collection::vec(any::<u8>(), 0..24), 0..6)
+    }
+
+    proptest! {
+        #[test]
+        fn live_and_replay_decoders_never_panic(frames in frames()) {
+            if let Ok(batch) = decode_live(frames.clone()) {
+                prop_assert_eq!(frames.len(), 3);
+                prop_assert_eq!(batch.seq.to_be_bytes().to_vec(), frames[1].clone());
+            }
+            if let Ok(batch) = decode_replay(frames.clone()) {
+                prop_assert!(frames[0].is_empty());
+                prop_assert!(batch.replayed);
+            }
+        }
+
+        #[test]
+        fn a_live_message_round_trips(topic in prop::collection::vec(any::<u8>(), 0..16),
+                                      seq in any::<u64>(),
+                                      payload in prop::collection::vec(any::<u8>(), 0..64)) {
+            let batch = decode_live(vec![topic.clone(), seq.to_be_bytes().to_vec(), payload.clone()]).unwrap();
+            prop_assert_eq!((batch.topic, batch.seq, batch.payload), (topic, seq, payload));
+        }
+    }
+}
