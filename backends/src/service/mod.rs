@@ -5,7 +5,8 @@
 //! (counters and the Prometheus text), [`http`] (the HTTP/JSON API), [`source`] (engine
 //! event sources: a ZMQ subscriber thread per engine applying decoded batches),
 //! [`nats_source`] (Dynamo `RouterEvent`s from NATS, core or replayed from JetStream) and
-//! [`relay`] (one engine's ZMQ events onto NATS), [`synthetic`] (a seeded engine event
+//! [`relay`] (one engine's ZMQ events onto NATS), [`publish`] (a kvtwin worker's events
+//! as vLLM batches over ZMQ), [`synthetic`] (a seeded engine event
 //! stream for tests and benches).
 //! Never: decode wire formats (`crate::wire` does) or own sockets beyond what a source
 //! needs; the index itself is `kvtwin::router`'s.
@@ -13,6 +14,7 @@
 pub mod http;
 pub mod metrics;
 pub mod nats_source;
+pub mod publish;
 pub mod relay;
 pub mod source;
 pub mod state;
