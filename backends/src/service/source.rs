@@ -11,6 +11,7 @@
 
 use super::http::{lock, SharedState};
 use super::translate::EngineEvent;
+use crate::wire::{EngineDecoder, KvEvent};
 use crate::zmq::{
     RawBatch, SubscriberConfig, SubscriberItem, SubscriberStats, ZmqError, ZmqSubscriber,
 };
@@ -23,11 +24,14 @@ use std::time::Duration;
 
 /// Turns one batch's payload into engine events of `worker`.
 pub trait BatchDecoder: Send + 'static {
-    /// The events of `batch`, in order, or the stable reason the batch is refused.
+    /// The events of `batch`, in order, or the stable reason the batch is refused. Events
+    /// left out of an accepted batch (an unknown type or medium) are reported by pushing
+    /// their reasons onto `skipped`.
     fn decode(
         &mut self,
         worker: WorkerId,
         batch: &RawBatch,
+        skipped: &mut Vec<&'static str>,
     ) -> Result<Vec<EngineEvent>, &'static str>;
 }
 
@@ -39,8 +43,46 @@ where
         &mut self,
         worker: WorkerId,
         batch: &RawBatch,
+        _skipped: &mut Vec<&'static str>,
     ) -> Result<Vec<EngineEvent>, &'static str> {
         self(worker, batch)
+    }
+}
+
+/// vLLM / SGLang batches for a router whose queries are hashed in blocks of
+/// `block_size` tokens: a batch storing blocks of another size is refused
+/// (`block_size_mismatch`), since its token hashes could never match a query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VllmDecoder {
+    /// The payload decoder (limits, unknown-event policy).
+    pub engine: EngineDecoder,
+    /// The router's block size.
+    pub block_size: u32,
+}
+
+impl BatchDecoder for VllmDecoder {
+    fn decode(
+        &mut self,
+        worker: WorkerId,
+        batch: &RawBatch,
+        skipped: &mut Vec<&'static str>,
+    ) -> Result<Vec<EngineEvent>, &'static str> {
+        let decoded = self
+            .engine
+            .decode_payload(batch.seq, &batch.payload)
+            .map_err(|error| error.reason())?;
+        let mismatch = decoded.events.iter().any(|event| {
+            matches!(event, KvEvent::BlockStored(stored) if stored.block_size != self.block_size)
+        });
+        if mismatch {
+            return Err("block_size_mismatch");
+        }
+        skipped.extend(decoded.skipped.iter().map(|event| event.error.reason()));
+        let mut events = Vec::with_capacity(decoded.events.len());
+        decoded
+            .engine_events(worker, &mut events)
+            .map_err(|error| error.reason())?;
+        Ok(events)
     }
 }
 
@@ -101,8 +143,11 @@ impl ZmqSource {
                         Err(_) => break,
                     };
                     // Decode outside the lock.
+                    let mut skipped = Vec::new();
                     let decoded = match &item {
-                        SubscriberItem::Batch(batch) => Some(decoder.decode(worker, batch)),
+                        SubscriberItem::Batch(batch) => {
+                            Some(decoder.decode(worker, batch, &mut skipped))
+                        }
                         _ => None,
                     };
                     let stats = subscriber.stats();
@@ -111,6 +156,9 @@ impl ZmqSource {
                     metrics.gaps += stats.gaps - seen.gaps;
                     metrics.replayed += stats.replayed - seen.replayed;
                     seen = stats;
+                    for reason in skipped {
+                        router.drop_one(reason);
+                    }
                     match (item, decoded) {
                         (SubscriberItem::Batch(_), Some(Ok(mut events))) => {
                             numbering.number(&mut events);
@@ -154,5 +202,70 @@ impl ZmqSource {
 impl Drop for ZmqSource {
     fn drop(&mut self) {
         self.halt();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{BlockStored, EngineBatch, EngineFormat};
+
+    fn batch(block_size: u32) -> RawBatch {
+        let stored = BlockStored {
+            block_hashes: vec![1, 2],
+            token_ids: (0..2 * block_size).collect(),
+            block_size,
+            ..BlockStored::default()
+        };
+        let batch = EngineBatch::new(0, 0.0, vec![KvEvent::BlockStored(stored)], Some(0));
+        RawBatch {
+            topic: Vec::new(),
+            seq: 0,
+            payload: batch.to_payload(&EngineFormat::Vllm0_33.options()),
+            replayed: false,
+        }
+    }
+
+    #[test]
+    fn a_router_refuses_blocks_of_another_size() {
+        let mut decoder = VllmDecoder {
+            engine: EngineDecoder::default(),
+            block_size: 16,
+        };
+        let mut skipped = Vec::new();
+        let worker = WorkerId::new(1);
+        assert_eq!(
+            decoder
+                .decode(worker, &batch(16), &mut skipped)
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(
+            decoder.decode(worker, &batch(32), &mut skipped),
+            Err("block_size_mismatch")
+        );
+        assert!(skipped.is_empty());
+    }
+
+    #[test]
+    fn events_are_numbered_per_rank_and_restart_from_zero() {
+        let event = |dp_rank| EngineEvent {
+            worker: WorkerId::new(1),
+            dp_rank,
+            event_id: 99,
+            data: crate::service::translate::EngineEventData::Cleared,
+        };
+        let mut numbering = EventNumbering::default();
+        let mut events = vec![event(0), event(1), event(0)];
+        numbering.number(&mut events);
+        assert_eq!(
+            events.iter().map(|e| e.event_id).collect::<Vec<_>>(),
+            [0, 0, 1]
+        );
+        numbering.reset();
+        let mut again = vec![event(0)];
+        numbering.number(&mut again);
+        assert_eq!(again[0].event_id, 0);
     }
 }

@@ -215,18 +215,24 @@ impl EngineDecoder {
     }
 }
 
-/// vLLM / SGLang batches for `ZmqSource`. The trait reports a refused batch by reason;
-/// events skipped inside an accepted batch are not visible through it (use
-/// [`EngineDecoder::decode_raw`] where they must be counted).
+/// vLLM / SGLang batches for `ZmqSource`, whatever their block size (a router checks it
+/// with `service::source::VllmDecoder`): a refused batch by reason, events skipped
+/// inside an accepted one by theirs.
 impl BatchDecoder for EngineDecoder {
     fn decode(
         &mut self,
         worker: WorkerId,
         batch: &RawBatch,
+        skipped: &mut Vec<&'static str>,
     ) -> Result<Vec<EngineEvent>, &'static str> {
-        let mut skipped = DropCounters::new();
-        self.decode_raw(worker, batch, &mut skipped)
-            .map_err(|error| error.reason())
+        let mut counters = DropCounters::new();
+        let events = self
+            .decode_raw(worker, batch, &mut counters)
+            .map_err(|error| error.reason())?;
+        for (reason, count) in counters.iter() {
+            skipped.extend(std::iter::repeat_n(reason, count as usize));
+        }
+        Ok(events)
     }
 }
 
@@ -368,14 +374,16 @@ mod tests {
             payload: batch().to_payload(&EngineFormat::Vllm0_24.options()),
             replayed: false,
         };
-        let events = decoder.decode(WorkerId::new(3), &raw).unwrap();
+        let events = decoder
+            .decode(WorkerId::new(3), &raw, &mut Vec::new())
+            .unwrap();
         assert_eq!(events.len(), 4);
         let broken = RawBatch {
             payload: vec![0x93, 0xc1],
             ..raw
         };
         assert_eq!(
-            decoder.decode(WorkerId::new(3), &broken),
+            decoder.decode(WorkerId::new(3), &broken, &mut Vec::new()),
             Err("malformed_msgpack")
         );
     }
