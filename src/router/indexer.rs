@@ -483,11 +483,17 @@ impl KvIndexer {
         };
         let keys: Vec<WorkerKey> = self.by_key.range(range).map(|(key, _)| *key).collect();
         for key in keys {
-            if let Some(slot) = self.by_key.remove(&key) {
-                self.tree.remove_slot(slot);
-                self.slots[slot as usize] = WorkerState::default();
-                self.free_slots.push(slot);
-            }
+            self.remove_rank(key);
+        }
+    }
+
+    /// Forgets one rank of a worker: its blocks and its event-id history (the engine
+    /// serving that rank restarted; the worker's other ranks are untouched).
+    pub fn remove_rank(&mut self, key: WorkerKey) {
+        if let Some(slot) = self.by_key.remove(&key) {
+            self.tree.remove_slot(slot);
+            self.slots[slot as usize] = WorkerState::default();
+            self.free_slots.push(slot);
         }
     }
 

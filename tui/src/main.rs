@@ -2,12 +2,15 @@
 //!
 //! `kvtwin` alone (what `cargo run --release` runs) simulates `scenarios/default.ron` and
 //! prints its report; `kvtwin run` takes another scenario, seed or trace; `kvtwin cache`
-//! answers "how big must the cache be for this trace?". All logic lives in the libraries.
+//! answers "how big must the cache be for this trace?"; `kvtwin router` and `kvtwin
+//! relay` run the event plane's services. All logic lives in the libraries.
 
 mod bench;
 mod bench_cuda;
+mod bench_relay;
 mod bench_sim;
 mod calibrate;
+mod service;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -75,6 +78,11 @@ enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Run a transfer script on the host backend and on the simulator; compare them.
     Validate(calibrate::ValidateArgs),
+    /// A routing service fed by engine KV events (ZMQ, one --zmq per engine, or NATS),
+    /// answering over HTTP/JSON until Ctrl-C.
+    Router(service::RouterArgs),
+    /// Relay one engine's ZMQ KV events onto NATS as Dynamo RouterEvents until Ctrl-C.
+    Relay(service::RelayArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(Bench),
@@ -101,6 +109,9 @@ enum Bench {
     /// with one large copy (CUDA events) and with `HostHardware`'s transfers (needs a
     /// build with `--features cuda` and a GPU).
     Cuda(bench_cuda::CudaArgs),
+    /// Push synthetic vLLM events through ZMQ → relay → NATS → router on loopback (its
+    /// own nats-server) and report block events per second and the added latency.
+    Relay(bench_relay::RelayArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -135,6 +146,9 @@ fn main() -> Result<()> {
         Command::Bench(Bench::Router { workload, threads }) => bench::router(&workload, threads),
         Command::Bench(Bench::Sim(args)) => bench_sim::run(&args),
         Command::Bench(Bench::Cuda(args)) => bench_cuda::run(&args),
+        Command::Bench(Bench::Relay(args)) => bench_relay::run(&args),
+        Command::Router(args) => service::router(&args),
+        Command::Relay(args) => service::relay(&args),
         Command::Calibrate(args) => calibrate::calibrate(&args),
         Command::Validate(args) => calibrate::validate(&args),
     }

@@ -1,6 +1,7 @@
 //! Router events from NATS into the router state: what `kvtwin router --nats` runs.
 //!
-//! Owns: [`NatsSourceConfig`] and [`run_nats_source`]. Each message is a Dynamo
+//! Owns: [`NatsSourceConfig`], [`run_nats_source`] and [`NatsSource`] (the same in two
+//! steps: subscribe, then apply). Each message is a Dynamo
 //! `RouterEvent` as JSON or a Dynamo 1.6 msgpack envelope of several (told apart by the
 //! first byte: JSON objects start with `{`, msgpack maps never do); its events are
 //! translated and applied under the state's lock in one go. With JetStream
@@ -60,40 +61,80 @@ pub async fn run_nats_source(
     state: SharedState,
     shutdown: impl Future<Output = ()>,
 ) -> Result<NatsSourceStats, NatsError> {
-    let durable = matches!(config.subscriber.mode, ConsumeMode::Durable { .. });
-    let mut subscriber = NatsSubscriber::connect(config.subscriber.clone()).await?;
-    let mut stats = NatsSourceStats::default();
-    tokio::pin!(shutdown);
-    loop {
-        let message = tokio::select! {
-            message = subscriber.next() => message,
-            () = &mut shutdown => break,
-        };
-        let message = match message {
-            Ok(message) => message,
-            Err(NatsError::Closed) => break,
-            // A transient failure (a pull interrupted by a server restart): the
-            // subscriber picks up again on the next call.
-            Err(_) => continue,
-        };
-        stats.messages += 1;
-        let decoded = decode_message(&message.payload, &config.limits);
-        let mut router = lock(&state);
-        match decoded {
-            Ok(events) => {
-                stats.events += events.len() as u64;
-                router.apply_batch(&events);
-            }
-            Err(reason) => {
-                stats.refused += 1;
-                router.drop_one(reason);
+    NatsSource::connect(config)
+        .await?
+        .run(state, shutdown)
+        .await
+}
+
+/// A source connected and subscribed but not yet applying: [`run_nats_source`] in two
+/// steps, for a caller that must know the subscription is in place before anything is
+/// published (core NATS delivers only what is published after the server has it).
+#[derive(Debug)]
+pub struct NatsSource {
+    subscriber: NatsSubscriber,
+    limits: DecodeLimits,
+    durable: bool,
+}
+
+impl NatsSource {
+    /// Connects and subscribes.
+    pub async fn connect(config: NatsSourceConfig) -> Result<Self, NatsError> {
+        let durable = matches!(config.subscriber.mode, ConsumeMode::Durable { .. });
+        let subscriber = NatsSubscriber::connect(config.subscriber).await?;
+        Ok(Self {
+            subscriber,
+            limits: config.limits,
+            durable,
+        })
+    }
+
+    /// Waits (bounded by the request timeout) until the server has the subscription:
+    /// from then on, everything published reaches this source.
+    pub fn flush(&self) -> impl Future<Output = Result<(), NatsError>> + Send + 'static {
+        self.subscriber.flush()
+    }
+
+    /// Applies events to `state` until `shutdown` resolves (or the subscription ends);
+    /// what it did.
+    pub async fn run(
+        mut self,
+        state: SharedState,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<NatsSourceStats, NatsError> {
+        let mut stats = NatsSourceStats::default();
+        tokio::pin!(shutdown);
+        loop {
+            let message = tokio::select! {
+                message = self.subscriber.next() => message,
+                () = &mut shutdown => break,
+            };
+            let message = match message {
+                Ok(message) => message,
+                Err(NatsError::Closed) => break,
+                // A transient failure (a pull interrupted by a server restart): the
+                // subscriber picks up again on the next call.
+                Err(_) => continue,
+            };
+            stats.messages += 1;
+            let decoded = decode_message(&message.payload, &self.limits);
+            let mut router = lock(&state);
+            match decoded {
+                Ok(events) => {
+                    stats.events += events.len() as u64;
+                    router.apply_batch(&events);
+                }
+                Err(reason) => {
+                    stats.refused += 1;
+                    router.drop_one(reason);
+                }
             }
         }
+        if self.durable {
+            let _ = self.subscriber.close().await;
+        }
+        Ok(stats)
     }
-    if durable {
-        let _ = subscriber.close().await;
-    }
-    Ok(stats)
 }
 
 #[cfg(test)]

@@ -256,16 +256,19 @@ async fn publish(
         }
         NatsFormat::Envelope { publisher_id } => {
             for chunk in events.chunks(Envelope::MAX_EVENTS) {
-                let envelope = Envelope {
+                let mut bytes = Vec::new();
+                // Encoded from the slice: no copy of the events first.
+                Envelope::encode_events(
                     publisher_id,
-                    sequence: *envelope_sequence,
-                    published_at_ms: unix_millis(),
-                    topic: Envelope::TOPIC.to_string(),
-                    events: chunk.to_vec(),
-                };
+                    *envelope_sequence,
+                    unix_millis(),
+                    Envelope::TOPIC,
+                    chunk,
+                    &mut bytes,
+                );
                 *envelope_sequence += 1;
                 stats.messages += 1;
-                match publish_with_retry(publisher, envelope.to_bytes().into(), attempts).await {
+                match publish_with_retry(publisher, bytes.into(), attempts).await {
                     true => {
                         stats.events += chunk.len() as u64;
                         stats.blocks += chunk.iter().map(|e| e.block_count() as u64).sum::<u64>();

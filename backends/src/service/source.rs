@@ -103,6 +103,11 @@ impl EventNumbering {
         }
     }
 
+    /// The ranks numbered since the last reset.
+    pub fn ranks(&self) -> Vec<u32> {
+        self.next.keys().copied().collect()
+    }
+
     /// Starts every rank again from 0 (the engine restarted).
     pub fn reset(&mut self) {
         self.next.clear();
@@ -166,8 +171,9 @@ impl ZmqSource {
                         }
                         (SubscriberItem::Batch(_), Some(Err(reason))) => router.drop_one(reason),
                         (SubscriberItem::Restarted { .. }, _) => {
+                            // Only the ranks this engine's stream carried.
+                            router.restart_ranks(worker, &numbering.ranks());
                             numbering.reset();
-                            router.restart_worker(worker);
                         }
                         (SubscriberItem::Lost { first, last }, _) => {
                             router.metrics_mut().lost_batches += last - first + 1;

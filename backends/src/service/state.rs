@@ -2,7 +2,8 @@
 //! and the answers the HTTP API gives.
 //!
 //! Owns: [`RouterState`] (the `KvIndexer`, each worker rank's [`EngineHashes`] and last
-//! event id, the [`Metrics`]), [`RouteAnswer`] and [`WorkerSummary`]. Everything is
+//! event id, the [`Metrics`], an optional [`ApplyObserver`]), [`RouteAnswer`] and
+//! [`WorkerSummary`]. Everything is
 //! synchronous and deterministic for a given event order: the service wraps it in one
 //! lock; tests drive it directly to compare a networked run with an in-process replay.
 //! Never: touch a socket, or decide what a malformed message is (sources decode and call
@@ -16,6 +17,11 @@ use kvtwin::tier::Tier;
 use kvtwin::tokens::{compute_local_hashes, HashSeed, DEFAULT_HASH_SEED};
 use std::collections::BTreeMap;
 use std::time::Instant;
+
+/// Called with each event the state applied whole, right after it is applied (under the
+/// state's lock, on the source's thread): how a benchmark learns when an event published
+/// at one end reached the index at the other. Keep it short; it runs on the apply path.
+pub type ApplyObserver = Box<dyn FnMut(&EngineEvent) + Send>;
 
 /// One worker rank as the router sees it.
 #[derive(Debug, Default)]
@@ -59,13 +65,26 @@ fn apply_reason(error: &ApplyEventError) -> &'static str {
 }
 
 /// The router service's state; see the module documentation.
-#[derive(Debug)]
 pub struct RouterState {
     indexer: KvIndexer,
     workers: BTreeMap<WorkerKey, WorkerEntry>,
     block_size: usize,
     seed: HashSeed,
     metrics: Metrics,
+    observer: Option<ApplyObserver>,
+}
+
+impl std::fmt::Debug for RouterState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouterState")
+            .field("indexer", &self.indexer)
+            .field("workers", &self.workers)
+            .field("block_size", &self.block_size)
+            .field("seed", &self.seed)
+            .field("metrics", &self.metrics)
+            .field("observer", &self.observer.as_ref().map(|_| "set"))
+            .finish()
+    }
 }
 
 impl RouterState {
@@ -78,7 +97,15 @@ impl RouterState {
             block_size,
             seed: HashSeed::new(DEFAULT_HASH_SEED),
             metrics: Metrics::default(),
+            observer: None,
         }
+    }
+
+    /// Sets (or, with `None`, removes) the observer called after each event applied
+    /// whole (not for refused or partly refused ones); returns the one it replaces.
+    /// Unset, it costs one branch per event.
+    pub fn set_apply_observer(&mut self, observer: Option<ApplyObserver>) -> Option<ApplyObserver> {
+        std::mem::replace(&mut self.observer, observer)
     }
 
     /// Tokens per block.
@@ -141,6 +168,9 @@ impl RouterState {
         match self.indexer.apply(event.worker, &translated) {
             Ok(()) => {
                 self.metrics.events_applied += 1;
+                if let Some(observer) = &mut self.observer {
+                    observer(event);
+                }
                 Ok(())
             }
             Err(error) => {
@@ -161,6 +191,18 @@ impl RouterState {
         let keys: Vec<WorkerKey> = self.workers.range(range).map(|(key, _)| *key).collect();
         for key in keys {
             self.workers.remove(&key);
+        }
+        self.metrics.restarts += 1;
+    }
+
+    /// Forgets what `ranks` of `worker` held: the engine process serving those
+    /// data-parallel ranks restarted (vLLM runs one publisher per rank, so one rank's
+    /// restart says nothing about the others).
+    pub fn restart_ranks(&mut self, worker: WorkerId, ranks: &[u32]) {
+        for &dp_rank in ranks {
+            let key = WorkerKey { worker, dp_rank };
+            self.workers.remove(&key);
+            self.indexer.remove_rank(key);
         }
         self.metrics.restarts += 1;
     }
@@ -325,6 +367,25 @@ mod tests {
     }
 
     #[test]
+    fn a_restarted_rank_is_cleared_and_the_other_ranks_kept() {
+        let mut state = RouterState::new(4);
+        let ranked = |dp_rank, engine| EngineEvent {
+            dp_rank,
+            ..stored(1, 0, None, &[(engine, 10)])
+        };
+        state.apply_batch(&[ranked(0, 0xa), ranked(1, 0xb)]);
+        assert_eq!(state.indexer().pairs(), 2);
+        state.restart_ranks(WorkerId::new(1), &[1]);
+        let keys: Vec<u32> = state.workers().iter().map(|w| w.key.dp_rank).collect();
+        assert_eq!(keys, [0]);
+        assert_eq!(state.indexer().pairs(), 1);
+        // The new run's first event follows the clear without an id gap.
+        state.apply_batch(&[ranked(1, 0xc)]);
+        assert_eq!(state.indexer().stats().event_id_gaps, 0);
+        assert_eq!(state.metrics().restarts, 1);
+    }
+
+    #[test]
     fn queries_of_tokens_hash_full_blocks_only() {
         let state = RouterState::new(4);
         assert_eq!(state.hash_tokens(&[1, 2, 3, 4, 5, 6]).len(), 1);
@@ -332,5 +393,25 @@ mod tests {
             state.hash_tokens(&[1, 2, 3, 4]),
             compute_local_hashes(&[1, 2, 3, 4], 4, HashSeed::new(DEFAULT_HASH_SEED))
         );
+    }
+
+    #[test]
+    fn the_apply_observer_sees_each_event_applied_whole_and_no_other() {
+        let mut state = RouterState::new(4);
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let previous = state.set_apply_observer(Some(Box::new(move |event: &EngineEvent| {
+            record.lock().unwrap().push(event.event_id);
+        })));
+        assert!(previous.is_none());
+        state.apply_batch(&[
+            stored(1, 0, None, &[(0x1, 1)]),
+            stored(1, 1, Some(0xdead), &[(0x2, 2)]),
+            stored(1, 2, Some(0x1), &[(0x3, 3)]),
+        ]);
+        assert_eq!(*seen.lock().unwrap(), [0, 2]);
+        assert!(state.set_apply_observer(None).is_some());
+        state.apply_batch(&[stored(1, 3, Some(0x3), &[(0x4, 4)])]);
+        assert_eq!(seen.lock().unwrap().len(), 2);
     }
 }

@@ -1,0 +1,468 @@
+//! `kvtwin router` and `kvtwin relay`: the event plane's services from the command line.
+//!
+//! Owns: their flags, the strict parsing of `--zmq WORKER_ID=ENDPOINT[,replay=ENDPOINT]`
+//! ([`ZmqSourceArg`]), the tokio runtime, and the wiring of library parts: a
+//! `RouterState` fed by `ZmqSource`s or a `NatsSource` and served by `service::http`, or
+//! one `run_relay`. Both run until Ctrl-C (or SIGTERM) and log to stderr.
+//! Never: decode, translate or apply an event itself (`kvtwin_backends::service` does).
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use kvtwin::ids::WorkerId;
+use kvtwin_backends::nats::{
+    ConsumeMode, NatsMode, PublisherConfig as NatsPublisherConfig,
+    SubscriberConfig as NatsSubscriberConfig,
+};
+use kvtwin_backends::service::http::{serve, SharedState};
+use kvtwin_backends::service::nats_source::{NatsSource, NatsSourceConfig};
+use kvtwin_backends::service::relay::{run_relay, NatsFormat, RelayConfig};
+use kvtwin_backends::service::source::{VllmDecoder, ZmqSource};
+use kvtwin_backends::service::state::RouterState;
+use kvtwin_backends::wire::{DecodeLimits, EngineDecoder, UnknownEvents};
+use kvtwin_backends::zmq::SubscriberConfig;
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+
+/// Dynamo's subject for KV events without a namespace; ours by default.
+const DEFAULT_SUBJECT: &str = "kvtwin.kv_events";
+
+/// One engine a router subscribes to: `WORKER_ID=ENDPOINT[,replay=ENDPOINT]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ZmqSourceArg {
+    /// The worker id its events are indexed under.
+    pub(crate) worker: u64,
+    /// The engine's PUB endpoint.
+    pub(crate) endpoint: String,
+    /// The engine's replay ROUTER, if any.
+    pub(crate) replay: Option<String>,
+}
+
+/// A ZMQ endpoint as libzmq takes it: `transport://address`, nothing around it.
+fn check_endpoint(what: &str, endpoint: &str) -> Result<(), String> {
+    match endpoint.split_once("://") {
+        Some((transport, address))
+            if !transport.is_empty()
+                && !address.is_empty()
+                && !endpoint.chars().any(char::is_whitespace) =>
+        {
+            Ok(())
+        }
+        _ => Err(format!(
+            "{what} {endpoint:?} is not a ZMQ endpoint (transport://address, e.g. tcp://127.0.0.1:5557)"
+        )),
+    }
+}
+
+/// Parses `WORKER_ID=ENDPOINT[,replay=ENDPOINT]`; any other shape is an error that says
+/// what was expected.
+pub(crate) fn parse_zmq_source(text: &str) -> Result<ZmqSourceArg, String> {
+    let expected = concat!(
+        "expected WORKER_ID=ENDPOINT[,replay=ENDPOINT], ",
+        "e.g. 1=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558"
+    );
+    let (worker, rest) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: no worker id; {expected}"))?;
+    let worker: u64 = worker.parse().map_err(|_| {
+        format!("{text:?}: worker id {worker:?} is not an unsigned integer; {expected}")
+    })?;
+    let mut parts = rest.split(',');
+    let endpoint = parts.next().unwrap_or_default();
+    check_endpoint("endpoint", endpoint).map_err(|error| format!("{text:?}: {error}"))?;
+    let mut replay = None;
+    for option in parts {
+        match option.split_once('=') {
+            Some(("replay", value)) if replay.is_none() => {
+                check_endpoint("replay endpoint", value)
+                    .map_err(|error| format!("{text:?}: {error}"))?;
+                replay = Some(value.to_string());
+            }
+            Some(("replay", _)) => return Err(format!("{text:?}: replay given twice")),
+            _ => return Err(format!("{text:?}: unknown option {option:?}; {expected}")),
+        }
+    }
+    Ok(ZmqSourceArg {
+        worker,
+        endpoint: endpoint.to_string(),
+        replay,
+    })
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RouterArgs {
+    /// Where the HTTP API listens (POST /v1/route, GET /v1/workers, /healthz, /metrics).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Tokens per block (the engines' block size): how queries' tokens are hashed. A ZMQ
+    /// batch storing blocks of another size is refused (`block_size_mismatch`).
+    #[arg(long, default_value_t = 16)]
+    block_size: u32,
+    /// An engine's KV event stream, vLLM / SGLang over ZMQ (repeat per engine).
+    #[arg(
+        long = "zmq",
+        value_name = "WORKER_ID=ENDPOINT[,replay=ENDPOINT]",
+        value_parser = parse_zmq_source,
+        required_unless_present = "nats",
+        conflicts_with = "nats"
+    )]
+    zmq: Vec<ZmqSourceArg>,
+    /// Dynamo RouterEvents (JSON or 1.6 envelopes) from this NATS server.
+    #[arg(long, value_name = "URL")]
+    nats: Option<String>,
+    /// The NATS subject [default: kvtwin.kv_events].
+    #[arg(long)]
+    subject: Option<String>,
+    /// Consume this JetStream stream from its start (a restarted router rebuilds its
+    /// state from it) instead of core NATS.
+    #[arg(long, value_name = "STREAM")]
+    jetstream: Option<String>,
+}
+
+impl RouterArgs {
+    /// What clap cannot check: NATS options only with `--nats` (its `requires` is not
+    /// enforced against an argument that conflicts with a present one), distinct worker
+    /// ids, a block size.
+    fn validate(&self) -> Result<()> {
+        if self.nats.is_none() {
+            if self.subject.is_some() {
+                bail!("--subject needs --nats");
+            }
+            if self.jetstream.is_some() {
+                bail!("--jetstream needs --nats");
+            }
+        }
+        let mut workers = BTreeSet::new();
+        for source in &self.zmq {
+            if !workers.insert(source.worker) {
+                bail!("--zmq: worker id {} given twice", source.worker);
+            }
+        }
+        if self.block_size == 0 {
+            bail!("--block-size must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RelayArgs {
+    /// The engine's ZMQ KV event stream.
+    #[arg(long, value_name = "ENDPOINT", value_parser = zmq_endpoint)]
+    zmq: String,
+    /// The engine's replay socket (gaps and a late start are filled from it).
+    #[arg(long, value_name = "ENDPOINT", value_parser = zmq_endpoint)]
+    replay: Option<String>,
+    /// The NATS server.
+    #[arg(long, value_name = "URL")]
+    nats: String,
+    /// The engine's worker id in the events.
+    #[arg(long)]
+    worker_id: u64,
+    /// The NATS subject.
+    #[arg(long, default_value = DEFAULT_SUBJECT)]
+    subject: String,
+    /// Publish into this JetStream stream (created when missing) instead of core NATS.
+    #[arg(long, value_name = "STREAM")]
+    jetstream: Option<String>,
+    /// Dynamo 1.6 msgpack envelopes (up to 128 events each) instead of one JSON event
+    /// per message.
+    #[arg(long)]
+    envelope: bool,
+}
+
+fn zmq_endpoint(text: &str) -> Result<String, String> {
+    check_endpoint("endpoint", text).map(|()| text.to_string())
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")
+}
+
+/// A watch that turns true on Ctrl-C (or SIGTERM), and a future per subscriber that
+/// resolves then.
+fn stop_on_signal() -> watch::Sender<bool> {
+    let (stop, _) = watch::channel(false);
+    let sender = stop.clone();
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            match signal(SignalKind::terminate()) {
+                Ok(mut terminate) => {
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = terminate.recv() => {}
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        eprintln!("kvtwin: stopping");
+        let _ = sender.send(true);
+    });
+    stop
+}
+
+fn stopped(stop: &watch::Sender<bool>) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut receiver = stop.subscribe();
+    async move {
+        let _ = receiver.wait_for(|stop| *stop).await;
+    }
+}
+
+pub(crate) fn router(args: &RouterArgs) -> Result<()> {
+    args.validate()?;
+    let subject = args.subject.as_deref().unwrap_or(DEFAULT_SUBJECT);
+    runtime()?.block_on(async {
+        let stop = stop_on_signal();
+        let state: SharedState = Arc::new(Mutex::new(RouterState::new(args.block_size as usize)));
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
+        let address = listener.local_addr().context("the listening address")?;
+
+        // Dropped (stopped) when the server returns.
+        let mut zmq_sources = Vec::with_capacity(args.zmq.len());
+        for source in &args.zmq {
+            let config = SubscriberConfig::new(&source.endpoint, source.replay.as_deref());
+            let decoder = VllmDecoder {
+                engine: EngineDecoder::new(DecodeLimits::default(), UnknownEvents::Skip),
+                block_size: args.block_size,
+            };
+            zmq_sources.push(
+                ZmqSource::start(WorkerId::new(source.worker), config, decoder, state.clone())
+                    .with_context(|| format!("subscribing to {}", source.endpoint))?,
+            );
+            eprintln!(
+                "kvtwin router: worker {} from {}{}",
+                source.worker,
+                source.endpoint,
+                source
+                    .replay
+                    .as_deref()
+                    .map(|replay| format!(" (replay {replay})"))
+                    .unwrap_or_default()
+            );
+        }
+        let mut nats_task = None;
+        if let Some(url) = &args.nats {
+            let mode = match &args.jetstream {
+                Some(stream) => ConsumeMode::Replay {
+                    stream: stream.clone(),
+                },
+                None => ConsumeMode::Core,
+            };
+            let source = NatsSource::connect(NatsSourceConfig {
+                subscriber: NatsSubscriberConfig::new(url, subject, mode),
+                limits: DecodeLimits::default(),
+            })
+            .await
+            .with_context(|| format!("subscribing to {subject} on {url}"))?;
+            eprintln!(
+                "kvtwin router: events from {url}, subject {subject}{}",
+                args.jetstream
+                    .as_deref()
+                    .map(|stream| format!(", JetStream stream {stream} replayed from its start"))
+                    .unwrap_or_else(|| ", core NATS".to_string())
+            );
+            nats_task = Some(tokio::spawn(source.run(state.clone(), stopped(&stop))));
+        }
+        eprintln!(
+            "kvtwin router: listening on http://{address} (POST /v1/route, GET /v1/workers, \
+             /healthz, /metrics), block size {}",
+            args.block_size
+        );
+        serve(listener, state.clone(), stopped(&stop))
+            .await
+            .context("serving HTTP")?;
+        let _ = stop.send(true);
+        if let Some(task) = nats_task {
+            let stats = task
+                .await
+                .context("the NATS source task")?
+                .context("the NATS source")?;
+            eprintln!(
+                "kvtwin router: NATS messages {}, events {}, refused {}",
+                stats.messages, stats.events, stats.refused
+            );
+        }
+        drop(zmq_sources);
+        Ok(())
+    })
+}
+
+pub(crate) fn relay(args: &RelayArgs) -> Result<()> {
+    let mode = match &args.jetstream {
+        Some(stream) => NatsMode::JetStream {
+            stream: stream.clone(),
+        },
+        None => NatsMode::Core,
+    };
+    let worker = WorkerId::new(args.worker_id);
+    let config = RelayConfig {
+        worker,
+        zmq: SubscriberConfig::new(&args.zmq, args.replay.as_deref()),
+        nats: NatsPublisherConfig::new(&args.nats, &args.subject, mode),
+        format: if args.envelope {
+            NatsFormat::Envelope {
+                publisher_id: args.worker_id,
+            }
+        } else {
+            NatsFormat::Json
+        },
+        limits: DecodeLimits::default(),
+        // A NATS server restart (a few seconds of reconnecting) costs time, not events.
+        publish_attempts: 40,
+    };
+    let stats = runtime()?.block_on(async {
+        let stop = stop_on_signal();
+        eprintln!(
+            "kvtwin relay: worker {} from {}{} to {} subject {} ({}, {})",
+            args.worker_id,
+            args.zmq,
+            args.replay
+                .as_deref()
+                .map(|replay| format!(" (replay {replay})"))
+                .unwrap_or_default(),
+            args.nats,
+            args.subject,
+            args.jetstream
+                .as_deref()
+                .map(|stream| format!("JetStream stream {stream}"))
+                .unwrap_or_else(|| "core NATS".to_string()),
+            if args.envelope { "envelopes" } else { "JSON" }
+        );
+        run_relay(config, stopped(&stop)).await
+    })?;
+    println!(
+        "{}",
+        json!({
+            "batches": stats.batches,
+            "events": stats.events,
+            "blocks": stats.blocks,
+            "messages": stats.messages,
+            "publish_failures": stats.publish_failures,
+            "restarts": stats.restarts,
+            "lost_batches": stats.lost_batches,
+            "dropped": stats.dropped,
+        })
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zmq_sources_parse_with_and_without_replay() {
+        assert_eq!(
+            parse_zmq_source("1=tcp://127.0.0.1:5557"),
+            Ok(ZmqSourceArg {
+                worker: 1,
+                endpoint: "tcp://127.0.0.1:5557".into(),
+                replay: None,
+            })
+        );
+        assert_eq!(
+            parse_zmq_source("18446744073709551615=ipc:///tmp/kv,replay=tcp://10.0.0.2:5558"),
+            Ok(ZmqSourceArg {
+                worker: u64::MAX,
+                endpoint: "ipc:///tmp/kv".into(),
+                replay: Some("tcp://10.0.0.2:5558".into()),
+            })
+        );
+    }
+
+    #[test]
+    fn malformed_zmq_sources_are_refused_with_what_was_expected() {
+        for (text, says) in [
+            ("tcp://127.0.0.1:5557", "no worker id"),
+            ("5557", "no worker id"),
+            ("-1=tcp://h:1", "not an unsigned integer"),
+            ("w=tcp://h:1", "not an unsigned integer"),
+            ("1=", "not a ZMQ endpoint"),
+            ("1=127.0.0.1:5557", "not a ZMQ endpoint"),
+            ("1=tcp://", "not a ZMQ endpoint"),
+            ("1=tcp://h:1,", "unknown option"),
+            ("1=tcp://h:1,replay", "unknown option"),
+            ("1=tcp://h:1,replay=", "not a ZMQ endpoint"),
+            ("1=tcp://h:1,replay=h:2", "not a ZMQ endpoint"),
+            (
+                "1=tcp://h:1,replay=tcp://h:2,replay=tcp://h:3",
+                "replay given twice",
+            ),
+            ("1=tcp://h:1,topic=kv", "unknown option"),
+            ("1=tcp://h 1", "not a ZMQ endpoint"),
+        ] {
+            let error = parse_zmq_source(text).expect_err(text);
+            assert!(error.contains(says), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn the_router_takes_zmq_or_nats_and_refuses_both_or_neither() {
+        use clap::Parser;
+        #[derive(Parser, Debug)]
+        struct Cli {
+            #[command(flatten)]
+            router: RouterArgs,
+        }
+        let parsed = Cli::try_parse_from([
+            "router",
+            "--zmq",
+            "1=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558",
+            "--zmq",
+            "2=tcp://127.0.0.1:5567",
+            "--block-size",
+            "32",
+        ])
+        .unwrap();
+        assert_eq!(parsed.router.zmq.len(), 2);
+        assert_eq!(parsed.router.block_size, 32);
+        assert_eq!(parsed.router.listen.to_string(), "127.0.0.1:8080");
+        let parsed = Cli::try_parse_from([
+            "router",
+            "--nats",
+            "nats://127.0.0.1:4222",
+            "--jetstream",
+            "kv",
+        ])
+        .unwrap();
+        assert_eq!(parsed.router.jetstream.as_deref(), Some("kv"));
+        assert!(parsed.router.validate().is_ok());
+        assert!(Cli::try_parse_from(["router"]).is_err());
+        assert!(
+            Cli::try_parse_from(["router", "--zmq", "1=tcp://h:1", "--nats", "nats://h:4222"])
+                .is_err()
+        );
+        for extra in [["--jetstream", "kv"], ["--subject", "kv.events"]] {
+            let args = ["router", "--zmq", "1=tcp://h:1"].into_iter().chain(extra);
+            let error = Cli::try_parse_from(args)
+                .unwrap()
+                .router
+                .validate()
+                .unwrap_err();
+            assert!(error.to_string().contains("needs --nats"), "{error}");
+        }
+        let twice = ["router", "--zmq", "1=tcp://h:1", "--zmq", "1=tcp://h:2"];
+        let error = Cli::try_parse_from(twice)
+            .unwrap()
+            .router
+            .validate()
+            .unwrap_err();
+        assert!(error.to_string().contains("given twice"), "{error}");
+        let error = Cli::try_parse_from(["router", "--zmq", "1=h:1"]).unwrap_err();
+        assert!(error.to_string().contains("not a ZMQ endpoint"), "{error}");
+    }
+}

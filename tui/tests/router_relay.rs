@@ -1,0 +1,288 @@
+//! `kvtwin router` and `kvtwin relay` as processes: a router fed by an engine over ZMQ
+//! answers its HTTP API; a relay and a router meet over NATS (JetStream); both stop
+//! cleanly on Ctrl-C (SIGINT), the relay printing what it did.
+//!
+//! The NATS test skips with the reason when there is no nats-server, unless
+//! `KVTWIN_REQUIRE_NATS=1` or `CI=true`.
+
+use kvtwin_backends::nats::NatsServer;
+use kvtwin_backends::service::synthetic::{SyntheticConfig, SyntheticEngine};
+use kvtwin_backends::wire::{EngineBatch, EngineFormat, KvEvent};
+use kvtwin_backends::zmq::{PublisherConfig, ZmqPublisher};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A `kvtwin` process, killed if the test ends before it was stopped; its stderr lines.
+struct Process {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Process {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = sender.send(line);
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// The first stderr line containing `needle` (10 s at most).
+    fn wait_line(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("no line with {needle:?} from kvtwin"),
+            }
+        }
+    }
+
+    /// Sends SIGINT (what Ctrl-C sends) and waits for the exit (10 s at most); stdout.
+    fn interrupt(mut self) -> String {
+        let status = Command::new("kill")
+            .arg("-INT")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let exit = loop {
+            if let Some(exit) = self.child.try_wait().unwrap() {
+                break exit;
+            }
+            assert!(Instant::now() < deadline, "kvtwin did not stop on SIGINT");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(exit.success(), "kvtwin exited with {exit}");
+        let mut stdout = String::new();
+        self.child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut stdout)
+            .unwrap();
+        stdout
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The router's address from its "listening on http://ADDR ..." line.
+fn listening_on(router: &Process) -> String {
+    let line = router.wait_line("listening on http://");
+    let start = line.find("http://").unwrap() + "http://".len();
+    line[start..].split_whitespace().next().unwrap().to_string()
+}
+
+/// One HTTP/1.1 request; the status code and the body.
+fn http(address: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response[9..12].parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Waits until `/v1/workers` lists `worker` with `last_event_id` (10 s at most); its entry.
+fn wait_worker(address: &str, worker: u64, last_event_id: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = http(address, "GET", "/v1/workers", "");
+        assert_eq!(status, 200, "{body}");
+        let workers: Value = serde_json::from_str(&body).unwrap();
+        if let Some(entry) = workers["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|entry| entry["worker"] == worker && entry["last_event_id"] == last_event_id)
+        {
+            return entry.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "worker {worker} not caught up: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// 30 batches of a small synthetic engine, and the number of events in them.
+fn batches() -> (Vec<EngineBatch>, u64) {
+    let mut engine = SyntheticEngine::new(SyntheticConfig::small(5));
+    let batches: Vec<EngineBatch> = (0..30).map(|_| engine.next_batch()).collect();
+    let events = batches.iter().map(|b| b.events.len() as u64).sum();
+    (batches, events)
+}
+
+/// The whole token sequence of the newest request in `batches`: its blocks and their
+/// ancestors, which the engine still caches (blocks something hangs off are never
+/// evicted), so every block of it is a hit.
+fn newest_prefix(batches: &[EngineBatch]) -> Vec<u32> {
+    let mut blocks: HashMap<u64, (Option<u64>, &[u32])> = HashMap::new();
+    let mut newest = None;
+    for event in batches.iter().flat_map(|batch| &batch.events) {
+        if let KvEvent::BlockStored(stored) = event {
+            let mut parent = stored.parent_block_hash;
+            let chunks = stored.token_ids.chunks_exact(stored.block_size as usize);
+            for (hash, tokens) in stored.block_hashes.iter().zip(chunks) {
+                blocks.insert(*hash, (parent, tokens));
+                parent = Some(*hash);
+            }
+            newest = parent;
+        }
+    }
+    let mut chain = Vec::new();
+    while let Some(hash) = newest {
+        let (parent, tokens) = blocks[&hash];
+        chain.push(tokens);
+        newest = parent;
+    }
+    chain.into_iter().rev().flatten().copied().collect()
+}
+
+fn publish(publisher: &mut ZmqPublisher, batches: &[EngineBatch]) {
+    let options = EngineFormat::Vllm0_33.options();
+    for batch in batches {
+        publisher.publish(&batch.to_payload(&options)).unwrap();
+    }
+}
+
+#[test]
+fn a_router_fed_over_zmq_answers_its_http_api_and_stops_on_ctrl_c() {
+    let mut publisher = ZmqPublisher::bind(&PublisherConfig::new(
+        "tcp://127.0.0.1:*",
+        Some("tcp://127.0.0.1:*"),
+    ))
+    .unwrap();
+    let source = format!(
+        "7={},replay={}",
+        publisher.endpoint(),
+        publisher.replay_endpoint().unwrap()
+    );
+    let router = Process::start(&[
+        "router",
+        "--zmq",
+        &source,
+        "--listen",
+        "127.0.0.1:0",
+        "--block-size",
+        "16",
+    ]);
+    let address = listening_on(&router);
+    let (batches, events) = batches();
+    // Batches published before the subscription reached the engine come from replay.
+    publish(&mut publisher, &batches);
+    let entry = wait_worker(&address, 7, events - 1);
+    assert!(entry["blocks"]["device"].as_u64().unwrap() > 0, "{entry}");
+
+    let tokens = newest_prefix(&batches);
+    let (status, body) = http(
+        &address,
+        "POST",
+        "/v1/route",
+        &serde_json::json!({ "tokens": tokens }).to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["worker"], 7, "{answer}");
+    assert_eq!(answer["overlaps"]["7"], answer["query_blocks"], "{answer}");
+    assert_eq!(http(&address, "GET", "/healthz", "").1, "ok\n");
+    let (status, _) = http(&address, "POST", "/v1/route", "{}");
+    assert_eq!(status, 400);
+    let (_, metrics) = http(&address, "GET", "/metrics", "");
+    assert!(
+        metrics.contains(&format!("kvtwin_router_events_applied_total {events}\n")),
+        "{metrics}"
+    );
+    router.interrupt();
+}
+
+#[test]
+fn a_relay_and_a_router_meet_over_jetstream_and_the_relay_reports_on_ctrl_c() {
+    let Some(server) = NatsServer::start_or_skip("a_relay_and_a_router_meet_over_jetstream") else {
+        return;
+    };
+    let url = server.url();
+    let mut publisher = ZmqPublisher::bind(&PublisherConfig::new(
+        "tcp://127.0.0.1:*",
+        Some("tcp://127.0.0.1:*"),
+    ))
+    .unwrap();
+    let relay = Process::start(&[
+        "relay",
+        "--zmq",
+        publisher.endpoint(),
+        "--replay",
+        publisher.replay_endpoint().unwrap(),
+        "--nats",
+        &url,
+        "--worker-id",
+        "3",
+        "--jetstream",
+        "kv",
+        "--envelope",
+    ]);
+    relay.wait_line("kvtwin relay: worker 3");
+    let (batches, events) = batches();
+    publish(&mut publisher, &batches);
+    // Started after the events were stored: it rebuilds them from the stream.
+    std::thread::sleep(Duration::from_millis(500));
+    let router = Process::start(&[
+        "router",
+        "--nats",
+        &url,
+        "--jetstream",
+        "kv",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let address = listening_on(&router);
+    wait_worker(&address, 3, events - 1);
+    let (_, body) = http(
+        &address,
+        "POST",
+        "/v1/route",
+        &serde_json::json!({ "tokens": newest_prefix(&batches) }).to_string(),
+    );
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["worker"], 3, "{answer}");
+    router.interrupt();
+    let stats: Value = serde_json::from_str(relay.interrupt().trim()).unwrap();
+    assert_eq!(stats["events"], events, "{stats}");
+    assert_eq!(stats["batches"], batches.len(), "{stats}");
+    assert_eq!(stats["publish_failures"], 0, "{stats}");
+}
