@@ -296,7 +296,6 @@ impl RouterState {
 
 #[cfg(test)]
 mod tests {
-    use super::super::translate::EngineEventData;
     use super::*;
 
     fn stored(
@@ -305,19 +304,7 @@ mod tests {
         parent: Option<u64>,
         blocks: &[(u64, u64)],
     ) -> EngineEvent {
-        EngineEvent {
-            worker: WorkerId::new(worker),
-            dp_rank: 0,
-            event_id,
-            data: EngineEventData::Stored {
-                parent,
-                blocks: blocks
-                    .iter()
-                    .map(|&(e, t)| (e, LocalBlockHash::new(t)))
-                    .collect(),
-                tier: Tier::Device,
-            },
-        }
+        super::super::translate::stored_event(worker, event_id, parent, blocks, Tier::Device)
     }
 
     #[test]

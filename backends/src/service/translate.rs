@@ -196,24 +196,37 @@ impl EngineHashes {
     }
 }
 
+/// A `Stored` of worker `worker` (rank 0) whose blocks are (engine hash, tokens hash)
+/// pairs: the fixture the service's unit tests share.
+#[cfg(test)]
+pub(crate) fn stored_event(
+    worker: u64,
+    event_id: u64,
+    parent: Option<u64>,
+    blocks: &[(u64, u64)],
+    tier: Tier,
+) -> EngineEvent {
+    EngineEvent {
+        worker: WorkerId::new(worker),
+        dp_rank: 0,
+        event_id,
+        data: EngineEventData::Stored {
+            parent,
+            blocks: blocks
+                .iter()
+                .map(|&(engine, tokens)| (engine, LocalBlockHash::new(tokens)))
+                .collect(),
+            tier,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn stored(parent: Option<u64>, blocks: &[(u64, u64)], tier: Tier) -> EngineEvent {
-        EngineEvent {
-            worker: WorkerId::new(1),
-            dp_rank: 0,
-            event_id: 0,
-            data: EngineEventData::Stored {
-                parent,
-                blocks: blocks
-                    .iter()
-                    .map(|&(e, t)| (e, LocalBlockHash::new(t)))
-                    .collect(),
-                tier,
-            },
-        }
+        stored_event(1, 0, parent, blocks, tier)
     }
 
     fn removed(hashes: &[u64], tier: Tier) -> EngineEvent {
