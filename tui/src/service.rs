@@ -237,7 +237,7 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
             let config = SubscriberConfig::new(&source.endpoint, source.replay.as_deref());
             let decoder = VllmDecoder {
                 engine: EngineDecoder::new(DecodeLimits::default(), UnknownEvents::Skip),
-                block_size: args.block_size,
+                block_size: Some(args.block_size),
             };
             zmq_sources.push(
                 ZmqSource::start(WorkerId::new(source.worker), config, decoder, state.clone())

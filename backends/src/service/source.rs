@@ -49,15 +49,17 @@ where
     }
 }
 
-/// vLLM / SGLang batches for a router whose queries are hashed in blocks of
-/// `block_size` tokens: a batch storing blocks of another size is refused
-/// (`block_size_mismatch`), since its token hashes could never match a query.
+/// vLLM / SGLang batches into engine events: the one decoding path of every ZMQ source
+/// (`EngineDecoder` as a `BatchDecoder` is this with no block size). With a
+/// `block_size` (a router hashing queries in blocks of that many tokens), a batch storing
+/// blocks of another size is refused (`block_size_mismatch`), since its token hashes
+/// could never match a query.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VllmDecoder {
     /// The payload decoder (limits, unknown-event policy).
     pub engine: EngineDecoder,
-    /// The router's block size.
-    pub block_size: u32,
+    /// The router's block size, if batches must match it.
+    pub block_size: Option<u32>,
 }
 
 impl BatchDecoder for VllmDecoder {
@@ -71,8 +73,10 @@ impl BatchDecoder for VllmDecoder {
             .engine
             .decode_payload(batch.seq, &batch.payload)
             .map_err(|error| error.reason())?;
-        let mismatch = decoded.events.iter().any(|event| {
-            matches!(event, KvEvent::BlockStored(stored) if stored.block_size != self.block_size)
+        let mismatch = self.block_size.is_some_and(|block_size| {
+            decoded.events.iter().any(|event| {
+                matches!(event, KvEvent::BlockStored(stored) if stored.block_size != block_size)
+            })
         });
         if mismatch {
             return Err("block_size_mismatch");
@@ -236,7 +240,7 @@ mod tests {
     fn a_router_refuses_blocks_of_another_size() {
         let mut decoder = VllmDecoder {
             engine: EngineDecoder::default(),
-            block_size: 16,
+            block_size: Some(16),
         };
         let mut skipped = Vec::new();
         let worker = WorkerId::new(1);

@@ -183,16 +183,16 @@ impl RouterState {
 
     /// Forgets everything `worker` (every rank) held: its engine restarted.
     pub fn restart_worker(&mut self, worker: WorkerId) {
-        self.indexer.remove_worker(worker);
         let range = WorkerKey { worker, dp_rank: 0 }..=WorkerKey {
             worker,
             dp_rank: u32::MAX,
         };
-        let keys: Vec<WorkerKey> = self.workers.range(range).map(|(key, _)| *key).collect();
-        for key in keys {
-            self.workers.remove(&key);
-        }
-        self.metrics.restarts += 1;
+        let ranks: Vec<u32> = self
+            .workers
+            .range(range)
+            .map(|(key, _)| key.dp_rank)
+            .collect();
+        self.restart_ranks(worker, &ranks);
     }
 
     /// Forgets what `ranks` of `worker` held: the engine process serving those

@@ -16,7 +16,7 @@
 use super::dynamo::RouterEvent;
 use super::engine::{BlockStored, EngineBatch, EngineDecoder, KvEvent};
 use super::{DropCounters, WireError};
-use crate::service::source::BatchDecoder;
+use crate::service::source::{BatchDecoder, VllmDecoder};
 use crate::service::translate::{EngineEvent, EngineEventData};
 use crate::zmq::RawBatch;
 use kvtwin::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
@@ -215,9 +215,8 @@ impl EngineDecoder {
     }
 }
 
-/// vLLM / SGLang batches for `ZmqSource`, whatever their block size (a router checks it
-/// with `service::source::VllmDecoder`): a refused batch by reason, events skipped
-/// inside an accepted one by theirs.
+/// vLLM / SGLang batches for `ZmqSource`, whatever their block size: a
+/// [`VllmDecoder`] without one (a router checks it by giving one).
 impl BatchDecoder for EngineDecoder {
     fn decode(
         &mut self,
@@ -225,14 +224,11 @@ impl BatchDecoder for EngineDecoder {
         batch: &RawBatch,
         skipped: &mut Vec<&'static str>,
     ) -> Result<Vec<EngineEvent>, &'static str> {
-        let mut counters = DropCounters::new();
-        let events = self
-            .decode_raw(worker, batch, &mut counters)
-            .map_err(|error| error.reason())?;
-        for (reason, count) in counters.iter() {
-            skipped.extend(std::iter::repeat_n(reason, count as usize));
+        VllmDecoder {
+            engine: *self,
+            block_size: None,
         }
-        Ok(events)
+        .decode(worker, batch, skipped)
     }
 }
 

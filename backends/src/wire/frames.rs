@@ -20,10 +20,8 @@ pub const fn sequence_frame(seq: u64) -> [u8; 8] {
 
 /// The sequence number in an 8-byte big-endian frame.
 pub fn parse_sequence(frame: &[u8]) -> Result<u64, WireError> {
-    let bytes: [u8; 8] = frame
-        .try_into()
-        .map_err(|_| WireError::BadSequenceFrame { len: frame.len() })?;
-    Ok(u64::from_be_bytes(bytes))
+    // The transport's parser: one definition of the frame, its error converted.
+    crate::zmq::parse_sequence(frame).map_err(WireError::from)
 }
 
 /// One message of the live stream.

@@ -96,8 +96,8 @@ fn socket_error(op: &'static str, endpoint: &str) -> impl FnOnce(zmq::Error) -> 
     }
 }
 
-/// The 8-byte big-endian sequence frame.
-fn sequence(frame: &[u8]) -> Result<u64, FrameError> {
+/// The sequence number in an 8-byte big-endian frame.
+pub fn parse_sequence(frame: &[u8]) -> Result<u64, FrameError> {
     let bytes: [u8; 8] = frame
         .try_into()
         .map_err(|_| FrameError::SequenceWidth(frame.len()))?;
@@ -113,7 +113,7 @@ pub fn decode_live(mut frames: Vec<Vec<u8>>) -> Result<RawBatch, FrameError> {
         });
     }
     let payload = frames.pop().unwrap_or_default();
-    let seq = sequence(&frames[1])?;
+    let seq = parse_sequence(&frames[1])?;
     let topic = std::mem::take(&mut frames[0]);
     Ok(RawBatch {
         topic,
@@ -137,7 +137,7 @@ pub fn decode_replay(mut frames: Vec<Vec<u8>>) -> Result<RawBatch, FrameError> {
         return Err(FrameError::Delimiter);
     }
     let payload = frames.pop().unwrap_or_default();
-    let seq = sequence(&frames[frames.len() - 1])?;
+    let seq = parse_sequence(&frames[frames.len() - 1])?;
     let topic = if frames.len() == 3 {
         std::mem::take(&mut frames[1])
     } else {

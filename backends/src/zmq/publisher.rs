@@ -10,7 +10,7 @@
 //! on a slow subscriber (PUB drops at the high-water mark, as the engine's does; the
 //! replay buffer is how a subscriber recovers).
 
-use super::{bind_with_retry, sequence, socket_error, ZmqError, END_OF_REPLAY};
+use super::{bind_with_retry, parse_sequence, socket_error, ZmqError, END_OF_REPLAY};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -267,7 +267,7 @@ impl ReplayServer {
             };
             // `[identity, b"", start_seq]` (the DEALER's delimiter and request).
             let start = match frames.as_slice() {
-                [_, delimiter, start] if delimiter.is_empty() => sequence(start).ok(),
+                [_, delimiter, start] if delimiter.is_empty() => parse_sequence(start).ok(),
                 _ => None,
             };
             let (Some(identity), Some(start)) = (frames.first(), start) else {
