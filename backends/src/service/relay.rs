@@ -97,9 +97,10 @@ pub enum RelayError {
 /// What the ZMQ thread hands the publisher.
 enum Hop {
     Events(Vec<RouterEvent>),
-    Restarted,
+    /// The engine restarted: a `Cleared` for each rank it had published.
+    Restarted(Vec<RouterEvent>),
     Lost(u64),
-    Dropped(&'static str),
+    Dropped(&'static str, u64),
 }
 
 /// Runs the relay until `shutdown` resolves; what it did.
@@ -131,24 +132,41 @@ pub async fn run_relay(
                                     skipped.record(&event.error);
                                 }
                                 for (reason, count) in skipped.iter() {
-                                    for _ in 0..count {
-                                        let _ = sender.blocking_send(Hop::Dropped(reason));
-                                    }
+                                    let _ = sender.blocking_send(Hop::Dropped(reason, count));
                                 }
                                 let next =
                                     next_ids.entry(decoded.dp_rank.unwrap_or(0)).or_default();
                                 let mut events = Vec::with_capacity(decoded.events.len());
                                 match decoded.router_events(worker, next, &mut events) {
                                     Ok(()) => Hop::Events(events),
-                                    Err(error) => Hop::Dropped(error.reason()),
+                                    Err(error) => Hop::Dropped(error.reason(), 1),
                                 }
                             }
-                            Err(error) => Hop::Dropped(error.reason()),
+                            Err(error) => Hop::Dropped(error.reason(), 1),
                         }
                     }
-                    Ok(Some(SubscriberItem::Restarted { .. })) => Hop::Restarted,
+                    Ok(Some(SubscriberItem::Restarted { .. })) => {
+                        // Every rank seen starts over: tell the routers to forget it,
+                        // numbered after that rank's last event.
+                        let cleared = next_ids
+                            .iter_mut()
+                            .map(|(&dp_rank, next)| {
+                                let event_id = *next;
+                                *next += 1;
+                                RouterEvent {
+                                    worker_id: worker,
+                                    event: KvCacheEvent {
+                                        event_id,
+                                        dp_rank,
+                                        data: KvCacheEventData::Cleared,
+                                    },
+                                }
+                            })
+                            .collect();
+                        Hop::Restarted(cleared)
+                    }
                     Ok(Some(SubscriberItem::Lost { first, last })) => Hop::Lost(last - first + 1),
-                    Ok(Some(SubscriberItem::Malformed(error))) => Hop::Dropped(error.reason()),
+                    Ok(Some(SubscriberItem::Malformed(error))) => Hop::Dropped(error.reason(), 1),
                     Ok(None) => continue,
                     Err(_) => break,
                 };
@@ -160,7 +178,6 @@ pub async fn run_relay(
         .map_err(RelayError::Spawn)?;
 
     let mut stats = RelayStats::default();
-    let mut ranks: BTreeMap<u32, u64> = BTreeMap::new();
     let mut envelope_sequence = 0u64;
     tokio::pin!(shutdown);
     loop {
@@ -172,34 +189,18 @@ pub async fn run_relay(
         let events = match hop {
             Hop::Events(events) => {
                 stats.batches += 1;
-                for event in &events {
-                    ranks.insert(event.event.dp_rank, event.event.event_id + 1);
-                }
                 events
             }
-            Hop::Restarted => {
+            Hop::Restarted(cleared) => {
                 stats.restarts += 1;
-                // Every rank seen starts over: tell the routers to forget it.
-                let cleared: Vec<RouterEvent> = ranks
-                    .iter()
-                    .map(|(&dp_rank, &event_id)| RouterEvent {
-                        worker_id: worker,
-                        event: KvCacheEvent {
-                            event_id,
-                            dp_rank,
-                            data: KvCacheEventData::Cleared,
-                        },
-                    })
-                    .collect();
-                ranks.clear();
                 cleared
             }
             Hop::Lost(batches) => {
                 stats.lost_batches += batches;
                 continue;
             }
-            Hop::Dropped(reason) => {
-                *stats.dropped.entry(reason).or_default() += 1;
+            Hop::Dropped(reason, count) => {
+                *stats.dropped.entry(reason).or_default() += count;
                 continue;
             }
         };
