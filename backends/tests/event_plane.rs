@@ -179,10 +179,10 @@ fn a_router_fed_over_zmq_equals_an_in_process_replay_despite_lost_and_malformed_
         "{metrics:?}"
     );
     assert_eq!(metrics.events_applied, expected.metrics().events_applied);
-    assert!(
-        metrics.gaps >= 3 && metrics.replayed >= 3 * 20,
-        "{metrics:?}"
-    );
+    // The withheld batches (20 an engine) came through replay: noticed as gaps when
+    // the live stream was joined in time, by the idle probe otherwise (a slow machine:
+    // the subscription can reach the publisher after everything was published).
+    assert!(metrics.replayed >= 3 * 20, "{metrics:?}");
     assert_eq!(
         (metrics.lost_batches, metrics.restarts),
         (0, 0),
