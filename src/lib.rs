@@ -24,6 +24,7 @@ pub mod manager;
 pub mod phase;
 pub mod pool;
 pub mod router;
+pub mod stats;
 pub mod sync;
 pub mod testing;
 pub mod tier;

@@ -4,7 +4,7 @@
 //! Owns: [`CalibrateOptions`], [`Calibration`] (the samples, the fitted figures, the
 //! profile and its RON with the method in comments), [`Sample`], [`LinkFit`],
 //! [`CalibrateError`], and the fitting math ([`fit_latency_bandwidth`],
-//! [`fit_aggregate_bandwidth`]; quantiles are `kvtwin_sim::validation::percentile`).
+//! [`fit_aggregate_bandwidth`]; quantiles are nearest-rank, `kvtwin::stats::nearest_rank`).
 //!
 //! Method: every figure is a run of real transfers on a [`HostHardware`] (submit, wait
 //! on the completion path, poll), so what is measured is what the backend achieves, thread
@@ -29,9 +29,9 @@ use crate::host::{
 };
 use kvtwin::hardware::{Clock, Hardware, SubmitError, TransferRequest};
 use kvtwin::ids::{BlockId, Timestamp};
+use kvtwin::stats::nearest_rank;
 use kvtwin::tier::Tier;
 use kvtwin_sim::hardware::HardwareProfile;
-use kvtwin_sim::validation::percentile;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -503,7 +503,7 @@ pub fn fit_link(points: &[(f64, f64)]) -> Option<(f64, f64)> {
         1 => {
             let mut rates: Vec<f64> = streaming.iter().map(|(b, s)| b / s).collect();
             rates.sort_by(f64::total_cmp);
-            percentile(&rates, 0.5)
+            nearest_rank(&rates, 0.5).unwrap_or(0.0)
         }
         _ => fit_latency_bandwidth(&streaming)?.1,
     };
@@ -516,7 +516,7 @@ pub fn fit_link(points: &[(f64, f64)]) -> Option<(f64, f64)> {
         return fit_latency_bandwidth(points);
     }
     extra.sort_by(f64::total_cmp);
-    Some((percentile(&extra, 0.5), rate))
+    Some((nearest_rank(&extra, 0.5).unwrap_or(0.0), rate))
 }
 
 /// The rate a link carries with the pool busy, from `(bytes, seconds, rounds)` points:
@@ -531,7 +531,7 @@ pub fn fit_aggregate_bandwidth(points: &[(f64, f64, usize)], latency_s: f64) -> 
         })
         .collect();
     rates.sort_by(f64::total_cmp);
-    (!rates.is_empty()).then(|| percentile(&rates, 0.5))
+    nearest_rank(&rates, 0.5)
 }
 
 /// One `HostHardware` with device, host and disk tiers of `capacity` blocks.
@@ -610,8 +610,8 @@ impl Bench {
             in_flight,
             transfers,
             elapsed,
-            latency_p50: Duration::from_secs_f64(percentile(&latencies, 0.5)),
-            latency_p99: Duration::from_secs_f64(percentile(&latencies, 0.99)),
+            latency_p50: Duration::from_secs_f64(nearest_rank(&latencies, 0.5).unwrap_or(0.0)),
+            latency_p99: Duration::from_secs_f64(nearest_rank(&latencies, 0.99).unwrap_or(0.0)),
         })
     }
 

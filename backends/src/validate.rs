@@ -11,10 +11,10 @@
 
 use crate::host::{DiskIoMode, HostConfig, HostError, HostHardware};
 use kvtwin::manager::Manager;
+use kvtwin::stats::nearest_rank;
 use kvtwin_sim::hardware::HardwareProfile;
 use kvtwin_sim::validation::{
-    compare, percentile, run_script, Arm, Metric, SimArm, Timed, Trace, ValidationError,
-    ValidationScenario,
+    compare, run_script, Arm, Metric, SimArm, Timed, Trace, ValidationError, ValidationScenario,
 };
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -164,7 +164,11 @@ pub fn median_metrics(runs: &[Vec<Metric>]) -> Vec<Metric> {
                 .map(|m| m.real)
                 .collect();
             reals.sort_by(f64::total_cmp);
-            Metric::new(metric.name.clone(), percentile(&reals, 0.5), metric.sim)
+            Metric::new(
+                metric.name.clone(),
+                nearest_rank(&reals, 0.5).unwrap_or(0.0),
+                metric.sim,
+            )
         })
         .collect()
 }

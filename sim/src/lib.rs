@@ -6,8 +6,7 @@
 //! in [`links`], forward-pass times in [`compute`], the network between the nodes in
 //! [`fabric`]), workloads
 //! ([`workload`]: synthetic conversations and Mooncake traces), scenarios ([`scenario`],
-//! RON), the cluster's run loop and its report ([`run`]), latency statistics in bounded
-//! memory ([`stats`]), and trace replay through one pool for cache sizing ([`cache`]); validation scripts
+//! RON), the cluster's run loop and its report ([`run`]), and trace replay through one pool for cache sizing ([`cache`]); validation scripts
 //! run on any two hardwares through one `Manager`, and their comparison ([`validation`]).
 //!
 //! Invariant: a scenario and a seed fully determine a run: no wall clock, no unseeded
@@ -23,6 +22,5 @@ pub mod hardware;
 pub mod links;
 pub mod run;
 pub mod scenario;
-pub mod stats;
 pub mod validation;
 pub mod workload;

@@ -71,7 +71,6 @@ use crate::hardware::{LinkUsage, SimHardware};
 use crate::scenario::{
     Batching, Disaggregation, EventPlaneSpec, Fault, FaultKind, Routing, Scenario,
 };
-use crate::stats::Latencies;
 use crate::workload::Request;
 use kvtwin::block::{BlockIdentity, Reset};
 use kvtwin::events::{KvCacheEvent, KvCacheEventData, RegistryReplica};
@@ -84,6 +83,7 @@ use kvtwin::pool::{BlockChain, ImmutableBlock, MutableBlock};
 use kvtwin::router::indexer::WorkerKey;
 use kvtwin::router::scheduler::SchedulerConfig;
 use kvtwin::router::{Router, WorkerMode};
+use kvtwin::stats::Latencies;
 use kvtwin::tier::Tier;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -203,14 +203,14 @@ pub struct Percentiles {
 
 impl Percentiles {
     fn of(mut samples: Latencies) -> Self {
-        let mut at = |q: f64| samples.quantile(q) as f64 / 1e6;
-        let (p50_ms, p90_ms, p99_ms, max_ms) = (at(0.50), at(0.90), at(0.99), at(1.0));
+        let summary = samples.summary();
+        let ms = |span: Duration| span.as_nanos() as f64 / 1e6;
         Self {
-            mean_ms: samples.mean() / 1e6,
-            p50_ms,
-            p90_ms,
-            p99_ms,
-            max_ms,
+            mean_ms: summary.mean_ns / 1e6,
+            p50_ms: ms(summary.p50),
+            p90_ms: ms(summary.p90),
+            p99_ms: ms(summary.p99),
+            max_ms: ms(summary.max),
         }
     }
 }

@@ -32,6 +32,7 @@ use kvtwin::manager::{
     OnboardPolicy, TierConfig,
 };
 use kvtwin::pool::{AllocError, EvictionPolicyKind};
+use kvtwin::stats::nearest_rank;
 use kvtwin::tier::Tier;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -673,19 +674,6 @@ pub fn pair_name(src: Tier, dst: Tier) -> String {
     )
 }
 
-/// The `q` quantile (0..=1) of sorted `values`, interpolating linearly; 0 when empty.
-pub fn percentile(sorted: &[f64], q: f64) -> f64 {
-    match sorted.len() {
-        0 => 0.0,
-        1 => sorted[0],
-        n => {
-            let rank = q.clamp(0.0, 1.0) * (n - 1) as f64;
-            let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
-            sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64)
-        }
-    }
-}
-
 /// Total length of the union of `[start, end)` intervals, in nanoseconds.
 pub fn union_ns(mut intervals: Vec<(u64, u64)>) -> u64 {
     intervals.sort_unstable();
@@ -747,8 +735,14 @@ fn figures(trace: &Trace) -> BTreeMap<String, f64> {
         let pair = pair_name(*src, *dst);
         let mut all: Vec<f64> = records.iter().map(latency_us).collect();
         all.sort_by(f64::total_cmp);
-        out.insert(format!("latency_p50_us.{pair}"), percentile(&all, 0.5));
-        out.insert(format!("latency_p99_us.{pair}"), percentile(&all, 0.99));
+        out.insert(
+            format!("latency_p50_us.{pair}"),
+            nearest_rank(&all, 0.5).unwrap_or(0.0),
+        );
+        out.insert(
+            format!("latency_p99_us.{pair}"),
+            nearest_rank(&all, 0.99).unwrap_or(0.0),
+        );
         let mut levels: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
         for record in records {
             let level = trace.phases.get(record.phase).map_or(0, |p| p.in_flight);
@@ -758,11 +752,11 @@ fn figures(trace: &Trace) -> BTreeMap<String, f64> {
             values.sort_by(f64::total_cmp);
             out.insert(
                 format!("latency_p50_us.c{level}.{pair}"),
-                percentile(&values, 0.5),
+                nearest_rank(&values, 0.5).unwrap_or(0.0),
             );
             out.insert(
                 format!("latency_p99_us.c{level}.{pair}"),
-                percentile(&values, 0.99),
+                nearest_rank(&values, 0.99).unwrap_or(0.0),
             );
         }
         let bytes: u64 = records.iter().map(|r| r.bytes).sum();
@@ -888,10 +882,7 @@ mod tests {
     }
 
     #[test]
-    fn percentiles_interpolate_and_unions_merge_overlaps() {
-        assert_eq!(percentile(&[], 0.5), 0.0);
-        assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 0.5), 2.5);
-        assert_eq!(percentile(&[1.0, 2.0, 3.0], 0.99), 2.98);
+    fn unions_merge_overlaps_and_errors_are_relative() {
         assert_eq!(union_ns(vec![(5, 10), (0, 2), (1, 3), (9, 12)]), 3 + 7);
         assert!((Metric::new("x".into(), 10.0, 11.0).error_pct - 10.0).abs() < 1e-9);
         assert_eq!(Metric::new("x".into(), 0.0, 0.0).error_pct, 0.0);

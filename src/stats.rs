@@ -1,15 +1,22 @@
-//! Latency statistics in bounded memory.
+//! Latency statistics: the one percentile definition kvtwin uses, in bounded memory.
 //!
-//! Owns: [`Latencies`]: the samples of one latency (TTFT, TPOT, end to end) of a run, and
-//! the summary the report prints ([`crate::run::Percentiles`]).
-//! Never: let memory grow with the length of a trace: a run of ten million requests keeps
-//! the same few hundred kilobytes per latency as a run of a hundred thousand.
+//! Owns: [`Latencies`], the samples of one latency (a simulated TTFT, a relay's added
+//! latency, an indexer's match time), its [`LatencySummary`], and [`nearest_rank`] for
+//! callers that already hold a sorted slice (calibration rates, validation metrics).
+//! Every percentile in kvtwin's reports, benches and validation is the nearest-rank one:
+//! the `q` quantile of `n` samples is the sample of rank ⌈q·n⌉ (1-based), so it is always
+//! a value that was observed and `q = 1` is the maximum.
+//! Never: let memory grow with the number of samples (a run of ten million requests
+//! keeps the same few hundred kilobytes per latency as a run of a hundred thousand), or
+//! read a clock: samples are handed in.
 //!
 //! Samples are kept exactly until there are [`EXACT_SAMPLES`] of them, so the
 //! percentiles of ordinary runs (and of every test) are exact order statistics. Beyond
 //! that they go into a log-linear histogram: values under 2¹⁰ ns exactly, larger ones in
 //! 2¹⁰ buckets per power of two, so a percentile is off by less than 0.1 % of its value.
 //! The mean is always exact (an integer sum), and so are the minimum and maximum.
+
+use std::time::Duration;
 
 /// Samples kept exactly before the histogram takes over (512 KiB of `u64`).
 pub const EXACT_SAMPLES: usize = 1 << 16;
@@ -136,10 +143,72 @@ impl Latencies {
         self.max
     }
 
+    /// Adds a sample given as a span (saturating at `u64::MAX` nanoseconds).
+    pub fn push_duration(&mut self, span: Duration) {
+        self.push(u64::try_from(span.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// The usual percentiles, the exact mean and the count (all zero without samples).
+    pub fn summary(&mut self) -> LatencySummary {
+        let mut at = |q: f64| Duration::from_nanos(self.quantile(q));
+        let (p50, p90, p99, p999, max) = (at(0.50), at(0.90), at(0.99), at(0.999), at(1.0));
+        LatencySummary {
+            samples: self.count,
+            mean_ns: self.mean(),
+            p50,
+            p90,
+            p99,
+            p999,
+            max,
+        }
+    }
+
     /// Heap bytes held (for the memory tests).
     pub fn heap_bytes(&self) -> usize {
         (self.exact.capacity() + self.histogram.capacity()) * std::mem::size_of::<u64>()
     }
+}
+
+/// The summary of one latency: nearest-rank percentiles, the exact mean and the count.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LatencySummary {
+    /// Samples summarised.
+    pub samples: u64,
+    /// The exact mean, in nanoseconds (fractional: a sum over a count).
+    pub mean_ns: f64,
+    /// Median.
+    pub p50: Duration,
+    /// 90th percentile.
+    pub p90: Duration,
+    /// 99th percentile.
+    pub p99: Duration,
+    /// 99.9th percentile.
+    pub p999: Duration,
+    /// The largest sample.
+    pub max: Duration,
+}
+
+impl LatencySummary {
+    /// The summary of `samples`, in any order.
+    pub fn of(samples: impl IntoIterator<Item = Duration>) -> Self {
+        let mut latencies = Latencies::new();
+        samples
+            .into_iter()
+            .for_each(|span| latencies.push_duration(span));
+        latencies.summary()
+    }
+}
+
+/// The nearest-rank `q` quantile (0 < q ≤ 1) of `sorted`, ascending: the element of rank
+/// ⌈q·n⌉; `None` when it is empty. The definition [`Latencies::quantile`] uses, for
+/// callers that hold a sorted slice of some other unit.
+pub fn nearest_rank<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
+    let n = sorted.len();
+    if n == 0 {
+        return None;
+    }
+    let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
+    Some(sorted[rank - 1])
 }
 
 #[cfg(test)]
@@ -216,5 +285,23 @@ mod tests {
         assert_eq!(latencies.quantile(1.0), 190_000);
         assert_eq!(latencies.mean(), 170_000.0);
         assert_eq!(Latencies::new().quantile(0.5), 0);
+    }
+
+    #[test]
+    fn summaries_and_sorted_slices_take_the_same_nearest_rank() {
+        let spans: Vec<Duration> = (1..=1000).rev().map(Duration::from_micros).collect();
+        let summary = LatencySummary::of(spans.iter().copied());
+        assert_eq!(summary.samples, 1000);
+        assert_eq!(summary.p50, Duration::from_micros(500));
+        assert_eq!(summary.p99, Duration::from_micros(990));
+        assert_eq!(summary.p999, Duration::from_micros(999));
+        assert_eq!(summary.max, Duration::from_micros(1000));
+        assert_eq!(summary.mean_ns, 500_500.0);
+        let sorted: Vec<f64> = (1..=4).map(f64::from).collect();
+        assert_eq!(nearest_rank(&sorted, 0.5), Some(2.0));
+        assert_eq!(nearest_rank(&sorted, 0.51), Some(3.0));
+        assert_eq!(nearest_rank(&sorted, 1.0), Some(4.0));
+        assert_eq!(nearest_rank::<f64>(&[], 0.5), None);
+        assert_eq!(LatencySummary::of([]), LatencySummary::default());
     }
 }
