@@ -3,7 +3,7 @@
 
 mod common;
 
-use kvtwin_sim::run::simulate;
+use kvtwin_sim::cluster::simulate;
 use kvtwin_sim::scenario::Scenario;
 use kvtwin_sim::validation::is_validation_file;
 use std::path::Path;

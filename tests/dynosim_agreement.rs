@@ -1,11 +1,12 @@
 //! `scenarios/dynosim-round-robin.ron` (DynoSim's reference configuration) reproduces
 //! DynoSim's prefix reuse on the Mooncake conversation trace to the precision DynoSim
 //! reports it (6.24 %), and lands within 2 % of its mean TTFT 245.8 ms, p99 TTFT
-//! 1,756.7 ms and mean TPOT 7.54 ms (BENCHMARKS.md explains the remaining differences).
+//! 1,756.7 ms and mean TPOT 7.54 ms (BENCHMARKS.md explains the remaining differences);
+//! and its report is, byte for byte, the one whose digest `common::REPORT_DIGESTS` keeps.
 
 mod common;
 
-use kvtwin_sim::run::simulate;
+use kvtwin_sim::cluster::simulate;
 use kvtwin_sim::scenario::Scenario;
 use kvtwin_sim::workload::read_mooncake_trace;
 
@@ -28,6 +29,8 @@ fn round_robin_on_the_conversation_trace_agrees_with_dynosim() {
     let trace = shared.join("data/mooncake/conversation_trace.jsonl");
     let requests = read_mooncake_trace(&trace).unwrap();
     let report = simulate(&scenario, &requests).unwrap();
+    common::check_report_digest("dynosim-round-robin.ron", &report.to_json())
+        .unwrap_or_else(|mismatch| panic!("the report changed: {mismatch}"));
     assert_eq!(report.completed, 12_031);
     assert_eq!(report.routing.requests_per_worker, {
         // 12,031 requests over 16 workers in turn.

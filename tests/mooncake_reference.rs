@@ -9,7 +9,7 @@ mod common;
 
 use kvtwin::pool::EvictionPolicyKind;
 use kvtwin_sim::cache::replay;
-use kvtwin_sim::run::simulate;
+use kvtwin_sim::cluster::simulate;
 use kvtwin_sim::scenario::Scenario;
 use kvtwin_sim::workload::{read_mooncake_trace, Request};
 use std::path::Path;

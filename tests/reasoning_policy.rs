@@ -5,7 +5,7 @@
 mod common;
 
 use kvtwin::pool::EvictionPolicyKind;
-use kvtwin_sim::run::{simulate, Report};
+use kvtwin_sim::cluster::{simulate, Report};
 use kvtwin_sim::scenario::Scenario;
 
 fn run(eviction: EvictionPolicyKind) -> Report {

@@ -1,11 +1,12 @@
 //! Replays every `scenarios/*.ron` and checks what must hold for any scenario: every
 //! servable request completes, and replaying the emitted events rebuilds every tier's
 //! registry, and the router in the loop ends with a view that matches every worker's
-//! pools (faults included: the cluster must converge once they stop).
+//! pools (faults included: the cluster must converge once they stop); and that each
+//! prints, byte for byte, the report whose digest `common::REPORT_DIGESTS` keeps.
 
 mod common;
 
-use kvtwin_sim::run::simulate;
+use kvtwin_sim::cluster::simulate;
 use kvtwin_sim::scenario::Scenario;
 use kvtwin_sim::validation::{is_validation_file, run_script, SimArm, ValidationScenario};
 
@@ -22,7 +23,15 @@ fn every_scenario_runs_to_completion_and_its_events_rebuild_the_pools() {
         .collect();
     paths.sort();
     assert!(!paths.is_empty(), "no scenarios in {}", dir.display());
+    for (file, _) in common::REPORT_DIGESTS {
+        assert!(
+            paths.iter().any(|p| p.file_name().unwrap() == *file),
+            "REPORT_DIGESTS names {file}, which is not in scenarios/"
+        );
+    }
+    let mut changed = Vec::new();
     for path in paths {
+        let file = path.file_name().unwrap().to_str().unwrap().to_string();
         let scenario = Scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
         let Some(requests) = scenario
             .workload
@@ -32,9 +41,16 @@ fn every_scenario_runs_to_completion_and_its_events_rebuild_the_pools() {
                 "{}: trace workloads are replayed by the trace tests",
                 path.display()
             );
+            assert!(
+                common::REPORT_DIGESTS.iter().any(|(name, _)| *name == file),
+                "{file}: a trace scenario needs its digest in REPORT_DIGESTS too"
+            );
             continue;
         };
         let report = simulate(&scenario, &requests).unwrap();
+        if let Err(mismatch) = common::check_report_digest(&file, &report.to_json()) {
+            changed.push(mismatch);
+        }
         assert_eq!(
             report.completed + report.rejected_too_large,
             report.requests,
@@ -73,6 +89,11 @@ fn every_scenario_runs_to_completion_and_its_events_rebuild_the_pools() {
             path.display()
         );
     }
+    assert!(
+        changed.is_empty(),
+        "reports changed:\n{}",
+        changed.join("\n")
+    );
 }
 
 #[test]

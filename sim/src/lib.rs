@@ -15,12 +15,13 @@
 //! Never: be a dependency of `kvtwin` itself.
 
 pub mod cache;
+pub mod checkers;
+pub mod cluster;
 pub mod compute;
 pub mod engine;
 pub mod fabric;
 pub mod hardware;
 pub mod links;
-pub mod run;
 pub mod scenario;
 pub mod validation;
 pub mod workload;

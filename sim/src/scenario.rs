@@ -135,7 +135,7 @@ pub enum FaultKind {
     /// The worker stops: its requests go back to the router (which forgets the worker)
     /// and start again elsewhere, and its caches are lost. It comes back empty after
     /// `down_ms`. Disaggregated, the KV handoffs from or to it are aborted, and its
-    /// requests are prefilled again (see `crate::run`).
+    /// requests are prefilled again (see `crate::cluster`).
     WorkerCrash {
         /// Which worker (from 0).
         worker: usize,
@@ -182,6 +182,31 @@ pub enum FaultKind {
         /// How long the disk stays down.
         down_ms: u64,
     },
+}
+
+impl FaultKind {
+    /// What makes this fault impossible in a cluster of `workers` workers whose workers
+    /// have a disk tier or not; `None` when it fits.
+    pub fn problem(&self, workers: usize, has_disk: bool) -> Option<&'static str> {
+        match self {
+            FaultKind::WorkerCrash { worker, .. }
+            | FaultKind::SsdFailure { worker, .. }
+            | FaultKind::LinkSlowdown {
+                worker: Some(worker),
+                ..
+            } if *worker >= workers => Some("names a worker the cluster does not have"),
+            FaultKind::LinkSlowdown { factor, .. } if !(*factor > 0.0 && factor.is_finite()) => {
+                Some("factor must be above 0")
+            }
+            FaultKind::EventLoss { probability, .. } if !(0.0..=1.0).contains(probability) => {
+                Some("probability must be within 0..=1")
+            }
+            FaultKind::SsdFailure { .. } if !has_disk => {
+                Some("an SSD failure needs a worker with a disk tier")
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The cluster around the workers: how many, and how requests reach them.
@@ -445,29 +470,9 @@ impl Scenario {
                 index,
                 reason: reason.to_string(),
             };
-            match &fault.kind {
-                FaultKind::WorkerCrash { worker, .. }
-                | FaultKind::SsdFailure { worker, .. }
-                | FaultKind::LinkSlowdown {
-                    worker: Some(worker),
-                    ..
-                } if *worker >= self.cluster.workers => {
-                    return Err(bad("names a worker the cluster does not have"));
-                }
-                FaultKind::LinkSlowdown { factor, .. }
-                    if !(*factor > 0.0 && factor.is_finite()) =>
-                {
-                    return Err(bad("factor must be above 0"));
-                }
-                FaultKind::EventLoss { probability, .. } if !(0.0..=1.0).contains(probability) => {
-                    return Err(bad("probability must be within 0..=1"));
-                }
-                FaultKind::SsdFailure { .. }
-                    if !self.worker.tiers.iter().any(|t| t.tier == Tier::Disk) =>
-                {
-                    return Err(bad("an SSD failure needs a worker with a disk tier"));
-                }
-                _ => {}
+            let has_disk = self.worker.tiers.iter().any(|t| t.tier == Tier::Disk);
+            if let Some(reason) = fault.kind.problem(self.cluster.workers, has_disk) {
+                return Err(bad(reason));
             }
         }
         self.worker

@@ -96,6 +96,13 @@ impl Router {
         self.scheduler.remove_workers_of(worker);
     }
 
+    /// Routes nothing more to `worker` (a worker draining before it leaves), keeping
+    /// its blocks in the index, still fed by its events, until [`Self::remove_worker`].
+    pub fn stop_routing(&mut self, worker: WorkerKey) {
+        self.predicted.remove(&worker);
+        self.scheduler.remove_worker(worker);
+    }
+
     /// Applies a KV event of `worker` to the index.
     pub fn apply(&mut self, worker: WorkerId, event: &KvCacheEvent) -> Result<(), ApplyEventError> {
         self.indexer.apply(worker, event)

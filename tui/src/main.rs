@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use kvtwin::pool::EvictionPolicyKind;
 use kvtwin_sim::cache;
-use kvtwin_sim::run::{simulate, simulate_stream, Report};
+use kvtwin_sim::cluster::{simulate, simulate_stream, Report};
 use kvtwin_sim::scenario::{Scenario, WorkloadSpec};
 use kvtwin_sim::workload::{read_mooncake_trace, MooncakeTraceReader, Request};
 use std::path::{Path, PathBuf};
