@@ -5,10 +5,10 @@
 //! The NATS test skips with the reason when there is no nats-server, unless
 //! `KVTWIN_REQUIRE_NATS=1` or `CI=true`.
 
-use kvtwin_backends::nats::NatsServer;
-use kvtwin_backends::service::synthetic::{SyntheticConfig, SyntheticEngine};
-use kvtwin_backends::wire::{EngineBatch, EngineFormat, KvEvent};
-use kvtwin_backends::zmq::{PublisherConfig, ZmqPublisher};
+use kvtwin_plane::nats::NatsServer;
+use kvtwin_plane::service::synthetic::{SyntheticConfig, SyntheticEngine};
+use kvtwin_plane::wire::{EngineBatch, EngineFormat, KvEvent};
+use kvtwin_plane::zmq::{PublisherConfig, ZmqPublisher};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -9,20 +9,18 @@
 
 use kvtwin::ids::WorkerId;
 use kvtwin::router::indexer::WorkerKey;
-use kvtwin_backends::nats::{
+use kvtwin_plane::nats::{
     ConsumeMode, NatsMode, NatsServer, PublisherConfig as NatsPublisherConfig,
     SubscriberConfig as NatsSubscriberConfig,
 };
-use kvtwin_backends::service::http::{lock, SharedState};
-use kvtwin_backends::service::nats_source::{run_nats_source, NatsSourceConfig};
-use kvtwin_backends::service::relay::{run_relay, NatsFormat, RelayConfig, RelayStats};
-use kvtwin_backends::service::source::{EventNumbering, ZmqSource};
-use kvtwin_backends::service::state::RouterState;
-use kvtwin_backends::service::synthetic::{SyntheticConfig, SyntheticEngine};
-use kvtwin_backends::wire::{
-    DecodeLimits, EngineBatch, EngineDecoder, EngineFormat, UnknownEvents,
-};
-use kvtwin_backends::zmq::{Delivery, PublisherConfig, SubscriberConfig, ZmqPublisher};
+use kvtwin_plane::service::http::{lock, SharedState};
+use kvtwin_plane::service::nats_source::{run_nats_source, NatsSourceConfig};
+use kvtwin_plane::service::relay::{run_relay, NatsFormat, RelayConfig, RelayStats};
+use kvtwin_plane::service::source::{EventNumbering, ZmqSource};
+use kvtwin_plane::service::state::RouterState;
+use kvtwin_plane::service::synthetic::{SyntheticConfig, SyntheticEngine};
+use kvtwin_plane::wire::{DecodeLimits, EngineBatch, EngineDecoder, EngineFormat, UnknownEvents};
+use kvtwin_plane::zmq::{Delivery, PublisherConfig, SubscriberConfig, ZmqPublisher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -192,7 +190,7 @@ fn a_router_fed_over_zmq_equals_an_in_process_replay_despite_lost_and_malformed_
     for engine in &engines {
         for batch in engine.batches.iter().step_by(17) {
             for event in &batch.events {
-                if let kvtwin_backends::wire::KvEvent::BlockStored(stored) = event {
+                if let kvtwin_plane::wire::KvEvent::BlockStored(stored) = event {
                     let query = got.hash_tokens(&stored.token_ids);
                     assert_eq!(got.route(&query), expected.route(&query));
                 }

@@ -1,7 +1,6 @@
 //! Engine block hashes to kvtwin's chained sequence hashes, per worker.
 //!
-//! Owns: [`EngineEvent`] (a worker's KV event with the engine's own block hashes, as
-//! vLLM, SGLang and Dynamo's RouterEvent carry them), [`EngineHashes`] (one worker
+//! Owns: [`EngineHashes`] (one worker
 //! rank's map from engine hash to kvtwin `SequenceHash` and the tiers holding it, with
 //! per-tier counts) and [`TranslateError`].
 //!
@@ -14,47 +13,11 @@
 //! Never: apply events to the indexer (the router state does), or guess a parent it does
 //! not know (the event is refused, as Dynamo's indexer refuses it).
 
+use crate::wire::{EngineEvent, EngineEventData};
 use kvtwin::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
-use kvtwin::ids::{LocalBlockHash, SequenceHash, WorkerId};
-use kvtwin::tier::Tier;
+use kvtwin::ids::SequenceHash;
 use kvtwin::tokens::chain_sequence_hash;
 use rustc_hash::FxHashMap;
-
-/// What happened, in the engine's hashes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EngineEventData {
-    /// Blocks stored in `tier`, parent first.
-    Stored {
-        /// The engine hash of the block before the first (none: the sequence's start).
-        parent: Option<u64>,
-        /// Each block's engine hash and the hash of its tokens.
-        blocks: Vec<(u64, LocalBlockHash)>,
-        /// Where.
-        tier: Tier,
-    },
-    /// Blocks gone from `tier`.
-    Removed {
-        /// Their engine hashes.
-        hashes: Vec<u64>,
-        /// Where from.
-        tier: Tier,
-    },
-    /// Everything the worker held is gone.
-    Cleared,
-}
-
-/// One KV event of one worker rank, in the engine's hashes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EngineEvent {
-    /// The worker.
-    pub worker: WorkerId,
-    /// Its data-parallel rank.
-    pub dp_rank: u32,
-    /// Per-rank event number (a gap means lost events).
-    pub event_id: u64,
-    /// What happened.
-    pub data: EngineEventData,
-}
 
 /// An event that cannot be translated; nothing of it was applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -196,34 +159,12 @@ impl EngineHashes {
     }
 }
 
-/// A `Stored` of worker `worker` (rank 0) whose blocks are (engine hash, tokens hash)
-/// pairs: the fixture the service's unit tests share.
-#[cfg(test)]
-pub(crate) fn stored_event(
-    worker: u64,
-    event_id: u64,
-    parent: Option<u64>,
-    blocks: &[(u64, u64)],
-    tier: Tier,
-) -> EngineEvent {
-    EngineEvent {
-        worker: WorkerId::new(worker),
-        dp_rank: 0,
-        event_id,
-        data: EngineEventData::Stored {
-            parent,
-            blocks: blocks
-                .iter()
-                .map(|&(engine, tokens)| (engine, LocalBlockHash::new(tokens)))
-                .collect(),
-            tier,
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::worker::stored_event;
+    use kvtwin::ids::{LocalBlockHash, WorkerId};
+    use kvtwin::tier::Tier;
 
     fn stored(parent: Option<u64>, blocks: &[(u64, u64)], tier: Tier) -> EngineEvent {
         stored_event(1, 0, parent, blocks, tier)

@@ -3,8 +3,9 @@
 //! Owns: [`ZmqSubscriber`] (a SUB socket on an engine's live stream, with sequence
 //! tracking, gap recovery through the engine's replay ROUTER over a DEALER, and restart
 //! detection), [`ZmqPublisher`] (the same stream from our side: a PUB socket, a buffer of
-//! the last batches and a replay ROUTER served by its own thread), the raw batch they
-//! carry ([`RawBatch`]), the frame-level checks ([`FrameError`]) and [`ZmqError`].
+//! the last batches and a replay ROUTER served by its own thread), the owned-frame checks
+//! of what they carry ([`decode_live`], [`decode_replay`]: a `wire::frames::RawBatch` or a
+//! `wire::frames::FrameError`) and [`ZmqError`].
 //! Frames are checked here (count, sequence width); payloads stay opaque bytes that
 //! `crate::wire` decodes, so the transport never depends on an engine version's event
 //! encoding.
@@ -16,56 +17,10 @@
 mod publisher;
 mod subscriber;
 
-pub use publisher::{Delivery, PublisherConfig, PublisherStats, ReplayLayout, ZmqPublisher};
+pub use publisher::{Delivery, PublisherConfig, PublisherStats, ZmqPublisher};
 pub use subscriber::{CatchUp, SubscriberConfig, SubscriberItem, SubscriberStats, ZmqSubscriber};
 
-/// The sequence number of the replay stream's end marker.
-pub const END_OF_REPLAY: u64 = u64::MAX;
-
-/// One batch as it travels: topic, sequence number and the msgpack payload.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RawBatch {
-    /// The topic frame (may be empty).
-    pub topic: Vec<u8>,
-    /// The publisher's sequence number: from 0, +1 per batch, back to 0 on a restart.
-    pub seq: u64,
-    /// The msgpack batch.
-    pub payload: Vec<u8>,
-    /// Whether it came through the replay socket rather than the live stream.
-    pub replayed: bool,
-}
-
-/// A message whose frames are not a batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum FrameError {
-    /// Not the three frames (topic, sequence, payload) of a live message, or the three or
-    /// four of a replay reply.
-    #[error("{frames} frames, expected {expected}")]
-    FrameCount {
-        /// Frames received.
-        frames: usize,
-        /// What was expected.
-        expected: &'static str,
-    },
-    /// The sequence frame is not 8 bytes.
-    #[error("sequence frame of {0} bytes, expected 8")]
-    SequenceWidth(usize),
-    /// A replay reply without its empty delimiter frame.
-    #[error("replay reply without the empty delimiter frame")]
-    Delimiter,
-}
-
-impl FrameError {
-    /// A stable label for counters and metrics.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            FrameError::FrameCount { .. } => "frame_count",
-            FrameError::SequenceWidth(_) => "sequence_width",
-            FrameError::Delimiter => "replay_delimiter",
-        }
-    }
-}
+use crate::wire::frames::{parse_sequence, FrameError, RawBatch};
 
 /// A ZMQ call failed.
 #[derive(Debug, thiserror::Error)]
@@ -94,14 +49,6 @@ fn socket_error(op: &'static str, endpoint: &str) -> impl FnOnce(zmq::Error) -> 
         endpoint,
         source,
     }
-}
-
-/// The sequence number in an 8-byte big-endian frame.
-pub fn parse_sequence(frame: &[u8]) -> Result<u64, FrameError> {
-    let bytes: [u8; 8] = frame
-        .try_into()
-        .map_err(|_| FrameError::SequenceWidth(frame.len()))?;
-    Ok(u64::from_be_bytes(bytes))
 }
 
 /// Decodes a live message: exactly `[topic, seq, payload]`.

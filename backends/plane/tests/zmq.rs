@@ -2,9 +2,10 @@
 //! socket sending bad frames) and a `ZmqSubscriber`, checking order, gap recovery
 //! through replay, what replay cannot supply, publisher restarts and malformed messages.
 
-use kvtwin_backends::zmq::{
-    CatchUp, Delivery, PublisherConfig, ReplayLayout, SubscriberConfig, SubscriberItem,
-    ZmqPublisher, ZmqSubscriber,
+use kvtwin_plane::wire::ReplayLayout;
+use kvtwin_plane::zmq::{
+    CatchUp, Delivery, PublisherConfig, SubscriberConfig, SubscriberItem, ZmqPublisher,
+    ZmqSubscriber,
 };
 use std::time::{Duration, Instant};
 

@@ -10,11 +10,8 @@
 //! received and decoded first, then applied under the lock in one go.
 
 use super::http::{lock, SharedState};
-use super::translate::EngineEvent;
-use crate::wire::{EngineDecoder, KvEvent};
-use crate::zmq::{
-    RawBatch, SubscriberConfig, SubscriberItem, SubscriberStats, ZmqError, ZmqSubscriber,
-};
+use crate::wire::{EngineDecoder, EngineEvent, KvEvent, RawBatch};
+use crate::zmq::{SubscriberConfig, SubscriberItem, SubscriberStats, ZmqError, ZmqSubscriber};
 use kvtwin::ids::WorkerId;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -87,6 +84,23 @@ impl BatchDecoder for VllmDecoder {
             .engine_events(worker, &mut events)
             .map_err(|error| error.reason())?;
         Ok(events)
+    }
+}
+
+/// vLLM / SGLang batches for `ZmqSource`, whatever their block size: a
+/// [`VllmDecoder`] without one (a router checks it by giving one).
+impl BatchDecoder for EngineDecoder {
+    fn decode(
+        &mut self,
+        worker: WorkerId,
+        batch: &RawBatch,
+        skipped: &mut Vec<&'static str>,
+    ) -> Result<Vec<EngineEvent>, &'static str> {
+        VllmDecoder {
+            engine: *self,
+            block_size: None,
+        }
+        .decode(worker, batch, skipped)
     }
 }
 
@@ -259,12 +273,30 @@ mod tests {
     }
 
     #[test]
+    fn the_engine_decoder_takes_any_block_size_and_reports_reasons() {
+        let mut decoder = EngineDecoder::default();
+        let raw = batch(32);
+        let events = decoder
+            .decode(WorkerId::new(3), &raw, &mut Vec::new())
+            .unwrap();
+        assert_eq!(events.len(), 1);
+        let broken = RawBatch {
+            payload: vec![0x93, 0xc1],
+            ..raw
+        };
+        assert_eq!(
+            decoder.decode(WorkerId::new(3), &broken, &mut Vec::new()),
+            Err("malformed_msgpack")
+        );
+    }
+
+    #[test]
     fn events_are_numbered_per_rank_and_restart_from_zero() {
         let event = |dp_rank| EngineEvent {
             worker: WorkerId::new(1),
             dp_rank,
             event_id: 99,
-            data: crate::service::translate::EngineEventData::Cleared,
+            data: crate::wire::EngineEventData::Cleared,
         };
         let mut numbering = EventNumbering::default();
         let mut events = vec![event(0), event(1), event(0)];

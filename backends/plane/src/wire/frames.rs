@@ -4,14 +4,72 @@
 //! Owns: [`LiveMessage`] (`[topic, seq, payload]` from the engine's PUB socket),
 //! [`ReplayRequest`] (`[b"", start_seq]`, what a DEALER sends the engine's ROUTER) and
 //! [`ReplayReply`] (`[b"", topic, seq, payload]`, or `[b"", seq, payload]` from vLLM 0.25
-//! and older, and the end marker whose seq is `u64::MAX`), each with its parser and its
-//! frames; [`parse_sequence`] and [`sequence_frame`].
+//! and older, and the end marker whose seq is [`END_OF_REPLAY`]), each with its parser
+//! and its frames; [`parse_sequence`] and [`sequence_frame`]; what the transport carries
+//! and how its frames can fail: [`RawBatch`] (an owned batch off a socket), [`FrameError`]
+//! (it converts into `WireError` with the same reasons) and [`ReplayLayout`].
 //! Never: look inside a payload (`super::engine` does) or touch a socket (`crate::zmq`
-//! does; its `decode_live` / `decode_replay` check the same frames for the transport and
-//! their `FrameError` converts into `WireError` with the same reasons).
+//! does; its `decode_live` / `decode_replay` check the same frames on owned messages).
 
 use super::WireError;
-use crate::zmq::{ReplayLayout, END_OF_REPLAY};
+
+/// The sequence number of the replay stream's end marker.
+pub const END_OF_REPLAY: u64 = u64::MAX;
+
+/// The frames of a replay reply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReplayLayout {
+    /// `[b"", topic, seq, payload]` (vLLM 0.26 and later).
+    #[default]
+    WithTopic,
+    /// `[b"", seq, payload]` (vLLM 0.25 and earlier).
+    Legacy,
+}
+
+/// One batch as it travels: topic, sequence number and the msgpack payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawBatch {
+    /// The topic frame (may be empty).
+    pub topic: Vec<u8>,
+    /// The publisher's sequence number: from 0, +1 per batch, back to 0 on a restart.
+    pub seq: u64,
+    /// The msgpack batch.
+    pub payload: Vec<u8>,
+    /// Whether it came through the replay socket rather than the live stream.
+    pub replayed: bool,
+}
+
+/// A message whose frames are not a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// Not the three frames (topic, sequence, payload) of a live message, or the three or
+    /// four of a replay reply.
+    #[error("{frames} frames, expected {expected}")]
+    FrameCount {
+        /// Frames received.
+        frames: usize,
+        /// What was expected.
+        expected: &'static str,
+    },
+    /// The sequence frame is not 8 bytes.
+    #[error("sequence frame of {0} bytes, expected 8")]
+    SequenceWidth(usize),
+    /// A replay reply without its empty delimiter frame.
+    #[error("replay reply without the empty delimiter frame")]
+    Delimiter,
+}
+
+impl FrameError {
+    /// A stable label for counters and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            FrameError::FrameCount { .. } => "frame_count",
+            FrameError::SequenceWidth(_) => "sequence_width",
+            FrameError::Delimiter => "replay_delimiter",
+        }
+    }
+}
 
 /// The 8-byte big-endian sequence frame of `seq`.
 pub const fn sequence_frame(seq: u64) -> [u8; 8] {
@@ -19,9 +77,11 @@ pub const fn sequence_frame(seq: u64) -> [u8; 8] {
 }
 
 /// The sequence number in an 8-byte big-endian frame.
-pub fn parse_sequence(frame: &[u8]) -> Result<u64, WireError> {
-    // The transport's parser: one definition of the frame, its error converted.
-    crate::zmq::parse_sequence(frame).map_err(WireError::from)
+pub fn parse_sequence(frame: &[u8]) -> Result<u64, FrameError> {
+    let bytes: [u8; 8] = frame
+        .try_into()
+        .map_err(|_| FrameError::SequenceWidth(frame.len()))?;
+    Ok(u64::from_be_bytes(bytes))
 }
 
 /// One message of the live stream.

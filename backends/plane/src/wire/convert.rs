@@ -4,8 +4,8 @@
 //! ([`EngineBatch::engine_events`]) and → Dynamo [`RouterEvent`]s
 //! ([`EngineBatch::router_events`], the ZMQ → NATS relay), `RouterEvent` → `EngineEvent`
 //! (a router fed from NATS) and → the indexer's own input ([`RouterEvent::indexer_input`],
-//! for publishers whose block hashes are kvtwin's chained ones), and the
-//! [`BatchDecoder`] that plugs [`EngineDecoder`] into `service::source::ZmqSource`.
+//! for publishers whose block hashes are kvtwin's chained ones), and
+//! [`EngineDecoder::decode_raw`] (a transported batch straight to engine events).
 //!
 //! The tokens hash of each stored block is computed here from the event's token ids
 //! (xxh3, seed 1337, or the LoRA seed when the event names an adapter: DESIGN.md), one
@@ -15,10 +15,9 @@
 
 use super::dynamo::RouterEvent;
 use super::engine::{BlockStored, EngineBatch, EngineDecoder, KvEvent};
+use super::frames::RawBatch;
+use super::worker::{EngineEvent, EngineEventData};
 use super::{DropCounters, WireError};
-use crate::service::source::{BatchDecoder, VllmDecoder};
-use crate::service::translate::{EngineEvent, EngineEventData};
-use crate::zmq::RawBatch;
 use kvtwin::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
 use kvtwin::ids::{LocalBlockHash, SequenceHash, WorkerId};
 use kvtwin::tokens::{compute_local_hash, HashSeed};
@@ -215,23 +214,6 @@ impl EngineDecoder {
     }
 }
 
-/// vLLM / SGLang batches for `ZmqSource`, whatever their block size: a
-/// [`VllmDecoder`] without one (a router checks it by giving one).
-impl BatchDecoder for EngineDecoder {
-    fn decode(
-        &mut self,
-        worker: WorkerId,
-        batch: &RawBatch,
-        skipped: &mut Vec<&'static str>,
-    ) -> Result<Vec<EngineEvent>, &'static str> {
-        VllmDecoder {
-            engine: *self,
-            block_size: None,
-        }
-        .decode(worker, batch, skipped)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,30 +340,6 @@ mod tests {
             assert_eq!(router.to_engine_event(), engine);
             assert_eq!(EngineEvent::from(router), engine);
         }
-    }
-
-    #[test]
-    fn the_batch_decoder_feeds_the_router_service_and_reports_reasons() {
-        use crate::wire::engine::EngineFormat;
-        let mut decoder = EngineDecoder::default();
-        let raw = RawBatch {
-            topic: Vec::new(),
-            seq: 4,
-            payload: batch().to_payload(&EngineFormat::Vllm0_24.options()),
-            replayed: false,
-        };
-        let events = decoder
-            .decode(WorkerId::new(3), &raw, &mut Vec::new())
-            .unwrap();
-        assert_eq!(events.len(), 4);
-        let broken = RawBatch {
-            payload: vec![0x93, 0xc1],
-            ..raw
-        };
-        assert_eq!(
-            decoder.decode(WorkerId::new(3), &broken, &mut Vec::new()),
-            Err("malformed_msgpack")
-        );
     }
 
     #[test]

@@ -19,8 +19,8 @@
 //! Never: decode payloads, or wait longer than the caller's timeout on the live stream
 //! (a replay waits at most `replay_timeout`).
 
-use super::END_OF_REPLAY;
-use super::{decode_live, decode_replay, socket_error, FrameError, RawBatch, ZmqError};
+use super::{decode_live, decode_replay, socket_error, ZmqError};
+use crate::wire::frames::{FrameError, RawBatch, END_OF_REPLAY};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,7 @@
 //! Frame checks of live messages and replay replies.
 
 use super::*;
+use crate::wire::frames::END_OF_REPLAY;
 
 fn frames(parts: &[&[u8]]) -> Vec<Vec<u8>> {
     parts.iter().map(|p| p.to_vec()).collect()

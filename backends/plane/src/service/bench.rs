@@ -37,11 +37,11 @@ use super::nats_source::{decode_message, NatsSource, NatsSourceConfig, NatsSourc
 use super::relay::{run_relay, NatsFormat, RelayConfig, RelayError, RelayStats};
 use super::state::RouterState;
 use super::synthetic::{SyntheticConfig, SyntheticEngine};
-use super::translate::EngineEvent;
 use crate::nats::{
     ConsumeMode, NatsError, NatsMode, NatsServer, PublisherConfig as NatsPublisherConfig,
     SubscriberConfig as NatsSubscriberConfig,
 };
+use crate::wire::EngineEvent;
 use crate::wire::{
     DecodeLimits, EngineBatch, EngineDecoder, EngineFormat, Envelope, KvEvent, RouterEvent,
     UnknownEvents,

@@ -4,8 +4,8 @@
 //! stream it creates or reuses and an ack per publish), [`NatsSubscriber`] (a core
 //! subscription, a durable JetStream consumer that resumes where its last run stopped,
 //! or an ordered replay of the whole stream from its first message), the connection
-//! settings they share ([`ConnectConfig`]), [`NatsError`], and [`NatsServer`], a
-//! `nats-server` child process for tests and benches.
+//! settings they share ([`ConnectConfig`]) and [`NatsError`]; with feature `testing`,
+//! `NatsServer`, a `nats-server` child process for tests and benches.
 //! Payloads are opaque bytes: a codec (`crate::wire`) turns them into events, so the
 //! transport never depends on Dynamo's or an engine's encoding; `events.rs` adds the
 //! typed shortcut for Dynamo's JSON `RouterEvent` ([`DecodedEvent`]).
@@ -25,16 +25,17 @@
 
 mod events;
 mod publisher;
+#[cfg(feature = "testing")]
 mod server;
 mod subscriber;
 
 pub use events::DecodedEvent;
 pub use publisher::{NatsPublisher, PublisherConfig, PublisherStats};
+#[cfg(feature = "testing")]
 pub use server::{NatsServer, NATS_SERVER_ENV};
 pub use subscriber::{ConsumeMode, NatsMessage, NatsSubscriber, SubscriberConfig, SubscriberStats};
 
 use async_nats::jetstream;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -130,16 +131,19 @@ impl ConnectionCounters {
     }
 }
 
-/// Everything that can go wrong in this module.
+/// Everything that can go wrong in this module (the `nats-server` harness's own errors
+/// only with feature `testing`).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum NatsError {
-    /// No `nats-server` binary where [`NatsServer::find_binary`] looks.
+    #[cfg(feature = "testing")]
+    /// No `nats-server` binary where `NatsServer::find_binary` looks.
     #[error("nats-server not found (searched {searched:?}; install it or set {NATS_SERVER_ENV})")]
     ServerNotFound {
         /// The places searched, in order.
-        searched: Vec<PathBuf>,
+        searched: Vec<std::path::PathBuf>,
     },
+    #[cfg(feature = "testing")]
     /// The server's store directory, log file or port could not be set up.
     #[error("nats-server setup ({what}): {source}")]
     ServerSetup {
@@ -148,6 +152,7 @@ pub enum NatsError {
         /// The I/O error.
         source: std::io::Error,
     },
+    #[cfg(feature = "testing")]
     /// The server process could not be started or signalled.
     #[error("nats-server {op} failed: {source}")]
     ServerProcess {
@@ -156,6 +161,7 @@ pub enum NatsError {
         /// The I/O error.
         source: std::io::Error,
     },
+    #[cfg(feature = "testing")]
     /// The server exited before it was ready.
     #[error("nats-server exited before it was ready ({status}); log: {log}")]
     ServerExited {
@@ -164,6 +170,7 @@ pub enum NatsError {
         /// The end of its log.
         log: String,
     },
+    #[cfg(feature = "testing")]
     /// The server did not become ready in time.
     #[error("nats-server not ready on port {port} after {waited:?}; log: {log}")]
     ServerNotReady {
@@ -290,10 +297,15 @@ impl NatsError {
     /// A stable label for counters and metrics.
     pub fn reason(&self) -> &'static str {
         match self {
+            #[cfg(feature = "testing")]
             NatsError::ServerNotFound { .. } => "server_not_found",
+            #[cfg(feature = "testing")]
             NatsError::ServerSetup { .. } => "server_setup",
+            #[cfg(feature = "testing")]
             NatsError::ServerProcess { .. } => "server_process",
+            #[cfg(feature = "testing")]
             NatsError::ServerExited { .. } => "server_exited",
+            #[cfg(feature = "testing")]
             NatsError::ServerNotReady { .. } => "server_not_ready",
             NatsError::Connect { .. } => "connect",
             NatsError::Stream { .. } => "stream",

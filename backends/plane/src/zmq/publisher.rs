@@ -10,22 +10,13 @@
 //! on a slow subscriber (PUB drops at the high-water mark, as the engine's does; the
 //! replay buffer is how a subscriber recovers).
 
-use super::{bind_with_retry, parse_sequence, socket_error, ZmqError, END_OF_REPLAY};
+use super::{bind_with_retry, socket_error, ZmqError};
+use crate::wire::frames::{parse_sequence, ReplayLayout, END_OF_REPLAY};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-/// The frames of a replay reply.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ReplayLayout {
-    /// `[b"", topic, seq, payload]` (vLLM 0.26 and later).
-    #[default]
-    WithTopic,
-    /// `[b"", seq, payload]` (vLLM 0.25 and earlier).
-    Legacy,
-}
 
 /// How to publish.
 #[derive(Clone, Debug, PartialEq, Eq)]

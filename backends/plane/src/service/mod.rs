@@ -12,6 +12,7 @@
 //! Never: decode wire formats (`crate::wire` does) or own sockets beyond what a source
 //! needs; the index itself is `kvtwin::router`'s.
 
+#[cfg(feature = "testing")]
 pub mod bench;
 pub mod http;
 pub mod metrics;

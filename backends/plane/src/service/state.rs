@@ -10,7 +10,8 @@
 //! [`RouterState::drop_one`] with the decoder's reason).
 
 use super::metrics::{Gauge, Metrics};
-use super::translate::{EngineEvent, EngineHashes};
+use super::translate::EngineHashes;
+use crate::wire::EngineEvent;
 use kvtwin::ids::{LocalBlockHash, WorkerId};
 use kvtwin::router::indexer::{ApplyEventError, KvIndexer, WorkerKey, WorkerOverlap};
 use kvtwin::tier::Tier;
@@ -304,7 +305,7 @@ mod tests {
         parent: Option<u64>,
         blocks: &[(u64, u64)],
     ) -> EngineEvent {
-        super::super::translate::stored_event(worker, event_id, parent, blocks, Tier::Device)
+        crate::wire::worker::stored_event(worker, event_id, parent, blocks, Tier::Device)
     }
 
     #[test]

@@ -8,11 +8,11 @@
 //! failure.
 //! Debian: `apt-get install nats-server`.
 
-use kvtwin_backends::nats::{
+use kvtwin_plane::nats::{
     ConnectConfig, ConsumeMode, NatsError, NatsMessage, NatsMode, NatsPublisher, NatsServer,
     NatsSubscriber, PublisherConfig, SubscriberConfig,
 };
-use kvtwin_backends::wire::{DecodeLimits, RouterEvent};
+use kvtwin_plane::wire::{DecodeLimits, RouterEvent};
 use std::time::{Duration, Instant};
 
 /// How long a test waits for any one message, or for a reconnect.

@@ -11,8 +11,8 @@
 //! state's lock while waiting on the network.
 
 use super::http::{lock, SharedState};
-use super::translate::EngineEvent;
 use crate::nats::{ConsumeMode, NatsError, NatsSubscriber, SubscriberConfig};
+use crate::wire::EngineEvent;
 use crate::wire::{DecodeLimits, Envelope, RouterEvent};
 use std::future::Future;
 

@@ -5,9 +5,9 @@ mod support;
 
 use kvtwin::ids::{LocalBlockHash, WorkerId};
 use kvtwin::tier::Tier;
-use kvtwin_backends::service::http::{self, SharedState};
-use kvtwin_backends::service::state::RouterState;
-use kvtwin_backends::service::translate::{EngineEvent, EngineEventData};
+use kvtwin_plane::service::http::{self, SharedState};
+use kvtwin_plane::service::state::RouterState;
+use kvtwin_plane::wire::{EngineEvent, EngineEventData};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use support::{http as request, json};

@@ -14,13 +14,15 @@
 //! [`DecodeLimits`]) or unbounded recursion (msgpack values are skipped iteratively).
 //! Decoding a batch allocates the output vectors only, never per block.
 //! Never: own a socket, a thread or a clock (`crate::zmq` and the NATS side carry the
-//! bytes), or apply an event to a router (`crate::service` does).
+//! bytes), apply an event to a router (`crate::service` does), or import any other module
+//! of the plane: it is the plane's bottom layer (wire ← zmq, nats ← service).
 
 pub mod convert;
 pub mod dynamo;
 pub mod engine;
 pub mod frames;
 mod msgpack;
+pub mod worker;
 
 #[cfg(test)]
 mod proptests;
@@ -30,9 +32,10 @@ pub use engine::{
     BlockRemoved, BlockStored, EncodeOptions, EngineBatch, EngineDecoder, EngineFormat, KvEvent,
     SkippedEvent, UnknownEvents,
 };
-pub use frames::{LiveMessage, ReplayReply, ReplayRequest};
-
-use crate::zmq::FrameError;
+pub use frames::{
+    FrameError, LiveMessage, RawBatch, ReplayLayout, ReplayReply, ReplayRequest, END_OF_REPLAY,
+};
+pub use worker::{EngineEvent, EngineEventData};
 
 /// Bounds on what one message may make the decoder allocate. Exceeding any is
 /// [`WireError::Oversized`]: the message is refused whole, never truncated.

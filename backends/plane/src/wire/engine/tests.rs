@@ -2,10 +2,10 @@
 //! version re-declared and encoded with msgspec 0.22), and its refusals.
 
 use super::*;
+use crate::wire::frames::ReplayLayout;
 use crate::wire::msgpack::{
     write_array_len, write_bin, write_f64, write_map_len, write_str, write_uint,
 };
-use crate::zmq::ReplayLayout;
 
 fn hex(text: &str) -> Vec<u8> {
     (0..text.len())
