@@ -4,6 +4,7 @@
 //! [`service`] (the router service and the relay).
 //! Never: depend on the simulator or on real hardware.
 
+pub mod bench;
 pub mod nats;
 pub mod service;
 pub mod wire;

@@ -7,13 +7,10 @@
 //! [`nats_source`] (Dynamo `RouterEvent`s from NATS, core or replayed from JetStream) and
 //! [`relay`] (one engine's ZMQ events onto NATS), [`publish`] (a kvtwin worker's events
 //! as vLLM batches over ZMQ), [`synthetic`] (a seeded engine event
-//! stream for tests and benches), [`bench`](mod@bench) (`kvtwin bench relay`: engines →
-//! relays → NATS → router on loopback, block events per second and added latency).
+//! stream for tests and benches).
 //! Never: decode wire formats (`crate::wire` does) or own sockets beyond what a source
 //! needs; the index itself is `kvtwin::router`'s.
 
-#[cfg(feature = "testing")]
-pub mod bench;
 pub mod http;
 pub mod metrics;
 pub mod nats_source;
