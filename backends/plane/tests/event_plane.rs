@@ -53,7 +53,7 @@ fn reference(engines: &[(&Engine, std::ops::Range<usize>)]) -> RouterState {
         let mut numbering = EventNumbering::default();
         for batch in &engine.batches[range.clone()] {
             let mut events = Vec::new();
-            batch.engine_events(engine.worker, &mut events).unwrap();
+            batch.worker_events(engine.worker, &mut events).unwrap();
             numbering.number(&mut events);
             state.apply_batch(&events);
         }
@@ -190,7 +190,7 @@ fn a_router_fed_over_zmq_equals_an_in_process_replay_despite_lost_and_malformed_
     for engine in &engines {
         for batch in engine.batches.iter().step_by(17) {
             for event in &batch.events {
-                if let kvtwin_plane::wire::KvEvent::BlockStored(stored) = event {
+                if let kvtwin_plane::wire::EngineEvent::BlockStored(stored) = event {
                     let query = got.hash_tokens(&stored.token_ids);
                     assert_eq!(got.route(&query), expected.route(&query));
                 }

@@ -7,7 +7,7 @@ use kvtwin::ids::{LocalBlockHash, WorkerId};
 use kvtwin::tier::Tier;
 use kvtwin_plane::service::http::{self, SharedState};
 use kvtwin_plane::service::state::RouterState;
-use kvtwin_plane::wire::{EngineEvent, EngineEventData};
+use kvtwin_plane::wire::{WorkerEvent, WorkerEventData};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use support::{http as request, json};
@@ -43,13 +43,13 @@ fn stored(
     tokens: &[u32],
     tier: Tier,
     state: &RouterState,
-) -> EngineEvent {
+) -> WorkerEvent {
     let hashes = state.hash_tokens(tokens);
-    EngineEvent {
+    WorkerEvent {
         worker: WorkerId::new(worker),
         dp_rank,
         event_id: 0,
-        data: EngineEventData::Stored {
+        data: WorkerEventData::Stored {
             parent: None,
             blocks: hashes
                 .iter()

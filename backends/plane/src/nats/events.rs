@@ -3,7 +3,7 @@
 //! `crate::wire`.
 //!
 //! Owns: [`NatsPublisher::publish_event`], [`NatsPublisher::publish_events`],
-//! [`NatsSubscriber::next_event`] and [`DecodedEvent`].
+//! [`NatsSubscriber::next_event`] and [`RouterEventMessage`].
 //! Never: define an encoding (`crate::wire` does), or end a subscription because one
 //! payload does not decode: the error comes out with its message, for the caller to count
 //! by [`WireError::reason`] and skip.
@@ -11,9 +11,10 @@
 use super::{NatsError, NatsMessage, NatsPublisher, NatsSubscriber};
 use crate::wire::{DecodeLimits, RouterEvent, WireError};
 
-/// A message and what its payload decoded to.
+/// A NATS message that should carry a Dynamo `RouterEvent`, and what its payload decoded
+/// to.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DecodedEvent {
+pub struct RouterEventMessage {
     /// The message as received (sequence, subject, the raw payload).
     pub message: NatsMessage,
     /// The event, or why the payload is not one.
@@ -43,9 +44,12 @@ impl NatsPublisher {
 impl NatsSubscriber {
     /// The next message ([`next`](Self::next) semantics, cancel safe too) with its payload
     /// decoded as a JSON `RouterEvent` within `limits`.
-    pub async fn next_event(&mut self, limits: &DecodeLimits) -> Result<DecodedEvent, NatsError> {
+    pub async fn next_event(
+        &mut self,
+        limits: &DecodeLimits,
+    ) -> Result<RouterEventMessage, NatsError> {
         let message = self.next().await?;
         let event = RouterEvent::from_json(&message.payload, limits);
-        Ok(DecodedEvent { message, event })
+        Ok(RouterEventMessage { message, event })
     }
 }

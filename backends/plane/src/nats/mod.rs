@@ -8,7 +8,7 @@
 //! `NatsServer`, a `nats-server` child process for tests and benches.
 //! Payloads are opaque bytes: a codec (`crate::wire`) turns them into events, so the
 //! transport never depends on Dynamo's or an engine's encoding; `events.rs` adds the
-//! typed shortcut for Dynamo's JSON `RouterEvent` ([`DecodedEvent`]).
+//! typed shortcut for Dynamo's JSON `RouterEvent` ([`RouterEventMessage`]).
 //! Invariants: a JetStream subscriber hands messages out in stream order, each at most
 //! once per subscriber run; a durable consumer's acknowledgements only ever cover messages
 //! already handed out, so a run started after [`NatsSubscriber::close`] resumes exactly
@@ -29,7 +29,7 @@ mod publisher;
 mod server;
 mod subscriber;
 
-pub use events::DecodedEvent;
+pub use events::RouterEventMessage;
 pub use publisher::{NatsPublisher, PublisherConfig, PublisherStats};
 #[cfg(feature = "testing")]
 pub use server::{NatsServer, NATS_SERVER_ENV};

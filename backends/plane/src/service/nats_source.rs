@@ -12,7 +12,7 @@
 
 use super::http::{lock, SharedState};
 use crate::nats::{ConsumeMode, NatsError, NatsSubscriber, SubscriberConfig};
-use crate::wire::EngineEvent;
+use crate::wire::WorkerEvent;
 use crate::wire::{DecodeLimits, Envelope, RouterEvent};
 use std::future::Future;
 
@@ -40,16 +40,16 @@ pub struct NatsSourceStats {
 pub fn decode_message(
     payload: &[u8],
     limits: &DecodeLimits,
-) -> Result<Vec<EngineEvent>, &'static str> {
+) -> Result<Vec<WorkerEvent>, &'static str> {
     if payload.first() == Some(&b'{') {
         let event = RouterEvent::from_json(payload, limits).map_err(|error| error.reason())?;
-        Ok(vec![event.to_engine_event()])
+        Ok(vec![event.to_worker_event()])
     } else {
         let envelope = Envelope::decode(payload, limits).map_err(|error| error.reason())?;
         Ok(envelope
             .events
             .iter()
-            .map(RouterEvent::to_engine_event)
+            .map(RouterEvent::to_worker_event)
             .collect())
     }
 }

@@ -10,7 +10,7 @@
 //! Never: invent tokens. A stored block whose tokens the lookup does not know fails
 //! the batch with [`PublishError::MissingTokens`], before anything is sent.
 
-use crate::wire::{BlockRemoved, BlockStored, EncodeOptions, EngineBatch, KvEvent};
+use crate::wire::{BlockRemoved, BlockStored, EncodeOptions, EngineBatch, EngineEvent};
 use crate::zmq::{PublisherConfig, ZmqError, ZmqPublisher};
 use kvtwin::events::{KvCacheEvent, KvCacheEventData};
 use kvtwin::ids::SequenceHash;
@@ -66,7 +66,7 @@ impl WorkerPublisher {
         mut tokens: impl FnMut(SequenceHash, &mut Vec<u32>) -> bool,
     ) -> Result<Vec<u64>, PublishError> {
         // Build every batch first: a missing token fails before anything is sent.
-        let mut batches: Vec<(u32, Vec<KvEvent>)> = Vec::new();
+        let mut batches: Vec<(u32, Vec<EngineEvent>)> = Vec::new();
         for event in events {
             let wire = self.wire_event(event, &mut tokens)?;
             match batches.last_mut() {
@@ -86,7 +86,7 @@ impl WorkerPublisher {
         &self,
         event: &KvCacheEvent,
         tokens: &mut impl FnMut(SequenceHash, &mut Vec<u32>) -> bool,
-    ) -> Result<KvEvent, PublishError> {
+    ) -> Result<EngineEvent, PublishError> {
         Ok(match &event.data {
             KvCacheEventData::Stored {
                 parent_hash,
@@ -101,7 +101,7 @@ impl WorkerPublisher {
                         return Err(PublishError::MissingTokens(block.block_hash));
                     }
                 }
-                KvEvent::BlockStored(BlockStored {
+                EngineEvent::BlockStored(BlockStored {
                     block_hashes: blocks.iter().map(|b| b.block_hash.get()).collect(),
                     parent_block_hash: parent_hash.map(SequenceHash::get),
                     token_ids,
@@ -111,13 +111,13 @@ impl WorkerPublisher {
                 })
             }
             KvCacheEventData::Removed { block_hashes, tier } => {
-                KvEvent::BlockRemoved(BlockRemoved {
+                EngineEvent::BlockRemoved(BlockRemoved {
                     block_hashes: block_hashes.iter().map(|h| h.get()).collect(),
                     medium: Some(*tier),
                     group_idx: None,
                 })
             }
-            KvCacheEventData::Cleared => KvEvent::AllBlocksCleared,
+            KvCacheEventData::Cleared => EngineEvent::AllBlocksCleared,
         })
     }
 }

@@ -3,14 +3,14 @@
 //!
 //! Owns: [`ZmqSource`] (the thread: subscriber items in, decoded events applied under the
 //! state's lock, restarts and losses turned into state changes and counters),
-//! [`BatchDecoder`] (how a payload becomes engine events: the vLLM / SGLang msgpack
+//! [`BatchDecoder`] (how a payload becomes worker events: the vLLM / SGLang msgpack
 //! decoder in `crate::wire`, or anything a test supplies) and [`EventNumbering`] (per
 //! rank event ids for streams whose events carry none).
 //! Never: decode msgpack itself, or block the state's lock on the network: a batch is
 //! received and decoded first, then applied under the lock in one go.
 
 use super::http::{lock, SharedState};
-use crate::wire::{EngineDecoder, EngineEvent, KvEvent, RawBatch};
+use crate::wire::{EngineDecoder, EngineEvent, RawBatch, WorkerEvent};
 use crate::zmq::{SubscriberConfig, SubscriberItem, SubscriberStats, ZmqError, ZmqSubscriber};
 use kvtwin::ids::WorkerId;
 use std::collections::BTreeMap;
@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// Turns one batch's payload into engine events of `worker`.
+/// Turns one batch's payload into worker events of `worker`.
 pub trait BatchDecoder: Send + 'static {
     /// The events of `batch`, in order, or the stable reason the batch is refused. Events
     /// left out of an accepted batch (an unknown type or medium) are reported by pushing
@@ -29,24 +29,24 @@ pub trait BatchDecoder: Send + 'static {
         worker: WorkerId,
         batch: &RawBatch,
         skipped: &mut Vec<&'static str>,
-    ) -> Result<Vec<EngineEvent>, &'static str>;
+    ) -> Result<Vec<WorkerEvent>, &'static str>;
 }
 
 impl<F> BatchDecoder for F
 where
-    F: FnMut(WorkerId, &RawBatch) -> Result<Vec<EngineEvent>, &'static str> + Send + 'static,
+    F: FnMut(WorkerId, &RawBatch) -> Result<Vec<WorkerEvent>, &'static str> + Send + 'static,
 {
     fn decode(
         &mut self,
         worker: WorkerId,
         batch: &RawBatch,
         _skipped: &mut Vec<&'static str>,
-    ) -> Result<Vec<EngineEvent>, &'static str> {
+    ) -> Result<Vec<WorkerEvent>, &'static str> {
         self(worker, batch)
     }
 }
 
-/// vLLM / SGLang batches into engine events: the one decoding path of every ZMQ source
+/// vLLM / SGLang batches into worker events: the one decoding path of every ZMQ source
 /// (`EngineDecoder` as a `BatchDecoder` is this with no block size). With a
 /// `block_size` (a router hashing queries in blocks of that many tokens), a batch storing
 /// blocks of another size is refused (`block_size_mismatch`), since its token hashes
@@ -65,14 +65,14 @@ impl BatchDecoder for VllmDecoder {
         worker: WorkerId,
         batch: &RawBatch,
         skipped: &mut Vec<&'static str>,
-    ) -> Result<Vec<EngineEvent>, &'static str> {
+    ) -> Result<Vec<WorkerEvent>, &'static str> {
         let decoded = self
             .engine
             .decode_payload(batch.seq, &batch.payload)
             .map_err(|error| error.reason())?;
         let mismatch = self.block_size.is_some_and(|block_size| {
             decoded.events.iter().any(|event| {
-                matches!(event, KvEvent::BlockStored(stored) if stored.block_size != block_size)
+                matches!(event, EngineEvent::BlockStored(stored) if stored.block_size != block_size)
             })
         });
         if mismatch {
@@ -81,7 +81,7 @@ impl BatchDecoder for VllmDecoder {
         skipped.extend(decoded.skipped.iter().map(|event| event.error.reason()));
         let mut events = Vec::with_capacity(decoded.events.len());
         decoded
-            .engine_events(worker, &mut events)
+            .worker_events(worker, &mut events)
             .map_err(|error| error.reason())?;
         Ok(events)
     }
@@ -95,7 +95,7 @@ impl BatchDecoder for EngineDecoder {
         worker: WorkerId,
         batch: &RawBatch,
         skipped: &mut Vec<&'static str>,
-    ) -> Result<Vec<EngineEvent>, &'static str> {
+    ) -> Result<Vec<WorkerEvent>, &'static str> {
         VllmDecoder {
             engine: *self,
             block_size: None,
@@ -113,7 +113,7 @@ pub struct EventNumbering {
 
 impl EventNumbering {
     /// Numbers `events` in order, continuing each rank's count.
-    pub fn number(&mut self, events: &mut [EngineEvent]) {
+    pub fn number(&mut self, events: &mut [WorkerEvent]) {
         for event in events {
             let next = self.next.entry(event.dp_rank).or_default();
             event.event_id = *next;
@@ -241,7 +241,7 @@ mod tests {
             block_size,
             ..BlockStored::default()
         };
-        let batch = EngineBatch::new(0, 0.0, vec![KvEvent::BlockStored(stored)], Some(0));
+        let batch = EngineBatch::new(0, 0.0, vec![EngineEvent::BlockStored(stored)], Some(0));
         RawBatch {
             topic: Vec::new(),
             seq: 0,
@@ -292,11 +292,11 @@ mod tests {
 
     #[test]
     fn events_are_numbered_per_rank_and_restart_from_zero() {
-        let event = |dp_rank| EngineEvent {
+        let event = |dp_rank| WorkerEvent {
             worker: WorkerId::new(1),
             dp_rank,
             event_id: 99,
-            data: crate::wire::EngineEventData::Cleared,
+            data: crate::wire::WorkerEventData::Cleared,
         };
         let mut numbering = EventNumbering::default();
         let mut events = vec![event(0), event(1), event(0)];

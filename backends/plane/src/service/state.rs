@@ -11,7 +11,7 @@
 
 use super::metrics::{Gauge, Metrics};
 use super::translate::EngineHashes;
-use crate::wire::EngineEvent;
+use crate::wire::WorkerEvent;
 use kvtwin::ids::{LocalBlockHash, WorkerId};
 use kvtwin::router::indexer::{ApplyEventError, KvIndexer, WorkerKey, WorkerOverlap};
 use kvtwin::tier::Tier;
@@ -22,7 +22,7 @@ use std::time::Instant;
 /// Called with each event the state applied whole, right after it is applied (under the
 /// state's lock, on the source's thread): how a benchmark learns when an event published
 /// at one end reached the index at the other. Keep it short; it runs on the apply path.
-pub type ApplyObserver = Box<dyn FnMut(&EngineEvent) + Send>;
+pub type ApplyObserver = Box<dyn FnMut(&WorkerEvent) + Send>;
 
 /// One worker rank as the router sees it.
 #[derive(Debug, Default)]
@@ -138,7 +138,7 @@ impl RouterState {
     /// is dropped whole; one the index takes only in part (a refused stored block and the
     /// rest of its chain) keeps what was taken. Each is counted by reason; the batch goes
     /// on either way. Returns how many were applied whole.
-    pub fn apply_batch(&mut self, events: &[EngineEvent]) -> usize {
+    pub fn apply_batch(&mut self, events: &[WorkerEvent]) -> usize {
         let start = Instant::now();
         let mut applied = 0;
         for event in events {
@@ -152,7 +152,7 @@ impl RouterState {
     }
 
     /// Applies one event; `Err` with the reason it was (partly) refused, also counted.
-    pub fn apply(&mut self, event: &EngineEvent) -> Result<(), &'static str> {
+    pub fn apply(&mut self, event: &WorkerEvent) -> Result<(), &'static str> {
         let key = WorkerKey {
             worker: event.worker,
             dp_rank: event.dp_rank,
@@ -304,7 +304,7 @@ mod tests {
         event_id: u64,
         parent: Option<u64>,
         blocks: &[(u64, u64)],
-    ) -> EngineEvent {
+    ) -> WorkerEvent {
         crate::wire::worker::stored_event(worker, event_id, parent, blocks, Tier::Device)
     }
 
@@ -357,7 +357,7 @@ mod tests {
     #[test]
     fn a_restarted_rank_is_cleared_and_the_other_ranks_kept() {
         let mut state = RouterState::new(4);
-        let ranked = |dp_rank, engine| EngineEvent {
+        let ranked = |dp_rank, engine| WorkerEvent {
             dp_rank,
             ..stored(1, 0, None, &[(engine, 10)])
         };
@@ -388,7 +388,7 @@ mod tests {
         let mut state = RouterState::new(4);
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let record = seen.clone();
-        let previous = state.set_apply_observer(Some(Box::new(move |event: &EngineEvent| {
+        let previous = state.set_apply_observer(Some(Box::new(move |event: &WorkerEvent| {
             record.lock().unwrap().push(event.event_id);
         })));
         assert!(previous.is_none());

@@ -10,7 +10,7 @@
 //! Never: read a clock or an unseeded random source (the `ts` of a batch is its sequence
 //! number in milliseconds), or encode (callers pick the wire format).
 
-use crate::wire::{BlockRemoved, BlockStored, EngineBatch, KvEvent};
+use crate::wire::{BlockRemoved, BlockStored, EngineBatch, EngineEvent};
 use kvtwin::tier::Tier;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -124,7 +124,7 @@ impl SyntheticEngine {
         EngineBatch::new(seq, seq as f64 / 1000.0, events, self.config.dp_rank)
     }
 
-    fn request(&mut self, events: &mut Vec<KvEvent>) {
+    fn request(&mut self, events: &mut Vec<EngineEvent>) {
         let block = self.config.block_size.max(1) as usize;
         let prompt = self.rng.gen_range(0..self.prompts.len());
         let own = self.rng.gen_range(1..=self.config.own_blocks.max(1));
@@ -168,13 +168,13 @@ impl SyntheticEngine {
             previous = Some(*hash);
         }
         self.requests.push_back(stored.block_hashes.clone());
-        events.push(KvEvent::BlockStored(stored));
+        events.push(EngineEvent::BlockStored(stored));
         self.evict(events);
     }
 
     /// Evicts the oldest requests' blocks, leaf first, until the cache fits; a block
     /// something still hangs off stays.
-    fn evict(&mut self, events: &mut Vec<KvEvent>) {
+    fn evict(&mut self, events: &mut Vec<EngineEvent>) {
         while self.cached.len() > self.config.capacity_blocks && self.requests.len() > 1 {
             let Some(blocks) = self.requests.pop_front() else {
                 break;
@@ -195,7 +195,7 @@ impl SyntheticEngine {
                 removed.push(*hash);
             }
             if !removed.is_empty() {
-                events.push(KvEvent::BlockRemoved(BlockRemoved {
+                events.push(EngineEvent::BlockRemoved(BlockRemoved {
                     block_hashes: removed,
                     medium: Some(self.config.tier),
                     group_idx: None,
@@ -231,13 +231,15 @@ mod tests {
             assert_eq!(batch, b.next_batch());
             for event in &batch.events {
                 match event {
-                    KvEvent::BlockStored(stored) => {
+                    EngineEvent::BlockStored(stored) => {
                         stored_blocks += stored.block_hashes.len();
                         with_parent += usize::from(stored.parent_block_hash.is_some());
                         assert_eq!(stored.token_ids.len(), stored.block_hashes.len() * 16);
                     }
-                    KvEvent::BlockRemoved(removed) => removed_blocks += removed.block_hashes.len(),
-                    KvEvent::AllBlocksCleared => {}
+                    EngineEvent::BlockRemoved(removed) => {
+                        removed_blocks += removed.block_hashes.len()
+                    }
+                    EngineEvent::AllBlocksCleared => {}
                 }
             }
             assert!(a.cached_blocks() <= 256 + 12, "{}", a.cached_blocks());

@@ -1,4 +1,5 @@
-//! Engine block hashes to kvtwin's chained sequence hashes, per worker.
+//! Engine block hashes to kvtwin's chained sequence hashes, per worker: a `WorkerEvent`
+//! becomes the `KvCacheEvent` the indexer applies.
 //!
 //! Owns: [`EngineHashes`] (one worker
 //! rank's map from engine hash to kvtwin `SequenceHash` and the tiers holding it, with
@@ -13,7 +14,7 @@
 //! Never: apply events to the indexer (the router state does), or guess a parent it does
 //! not know (the event is refused, as Dynamo's indexer refuses it).
 
-use crate::wire::{EngineEvent, EngineEventData};
+use crate::wire::{WorkerEvent, WorkerEventData};
 use kvtwin::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
 use kvtwin::ids::SequenceHash;
 use kvtwin::tokens::chain_sequence_hash;
@@ -75,9 +76,9 @@ impl EngineHashes {
     }
 
     /// Translates `event` into kvtwin's hashes and updates the map.
-    pub fn translate(&mut self, event: &EngineEvent) -> Result<KvCacheEvent, TranslateError> {
+    pub fn translate(&mut self, event: &WorkerEvent) -> Result<KvCacheEvent, TranslateError> {
         let data = match &event.data {
-            EngineEventData::Stored {
+            WorkerEventData::Stored {
                 parent,
                 blocks,
                 tier,
@@ -124,7 +125,7 @@ impl EngineHashes {
                     tier: *tier,
                 }
             }
-            EngineEventData::Removed { hashes, tier } => {
+            WorkerEventData::Removed { hashes, tier } => {
                 let bit = 1u8 << tier.index();
                 let mut removed = Vec::with_capacity(hashes.len());
                 for engine in hashes {
@@ -145,7 +146,7 @@ impl EngineHashes {
                     tier: *tier,
                 }
             }
-            EngineEventData::Cleared => {
+            WorkerEventData::Cleared => {
                 self.blocks.clear();
                 self.counts = [0; 4];
                 KvCacheEventData::Cleared
@@ -166,16 +167,16 @@ mod tests {
     use kvtwin::ids::{LocalBlockHash, WorkerId};
     use kvtwin::tier::Tier;
 
-    fn stored(parent: Option<u64>, blocks: &[(u64, u64)], tier: Tier) -> EngineEvent {
+    fn stored(parent: Option<u64>, blocks: &[(u64, u64)], tier: Tier) -> WorkerEvent {
         stored_event(1, 0, parent, blocks, tier)
     }
 
-    fn removed(hashes: &[u64], tier: Tier) -> EngineEvent {
-        EngineEvent {
+    fn removed(hashes: &[u64], tier: Tier) -> WorkerEvent {
+        WorkerEvent {
             worker: WorkerId::new(1),
             dp_rank: 0,
             event_id: 1,
-            data: EngineEventData::Removed {
+            data: WorkerEventData::Removed {
                 hashes: hashes.to_vec(),
                 tier,
             },
@@ -243,8 +244,8 @@ mod tests {
         // Block 1 is still on host; block 2 is gone altogether.
         assert!(hashes.sequence_hash(1).is_some());
         assert_eq!(hashes.sequence_hash(2), None);
-        let cleared = EngineEvent {
-            data: EngineEventData::Cleared,
+        let cleared = WorkerEvent {
+            data: WorkerEventData::Cleared,
             ..removed(&[], Tier::Host)
         };
         hashes.translate(&cleared).unwrap();

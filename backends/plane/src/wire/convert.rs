@@ -1,11 +1,11 @@
 //! From one wire form to another: what a relay and a router do with decoded events.
 //!
-//! Owns: engine batch → the router service's [`EngineEvent`]s
-//! ([`EngineBatch::engine_events`]) and → Dynamo [`RouterEvent`]s
-//! ([`EngineBatch::router_events`], the ZMQ → NATS relay), `RouterEvent` → `EngineEvent`
+//! Owns: engine batch → the router service's [`WorkerEvent`]s
+//! ([`EngineBatch::worker_events`]) and → Dynamo [`RouterEvent`]s
+//! ([`EngineBatch::router_events`], the ZMQ → NATS relay), `RouterEvent` → `WorkerEvent`
 //! (a router fed from NATS) and → the indexer's own input ([`RouterEvent::indexer_input`],
 //! for publishers whose block hashes are kvtwin's chained ones), and
-//! [`EngineDecoder::decode_raw`] (a transported batch straight to engine events).
+//! [`EngineDecoder::decode_raw`] (a transported batch straight to worker events).
 //!
 //! The tokens hash of each stored block is computed here from the event's token ids
 //! (xxh3, seed 1337, or the LoRA seed when the event names an adapter: DESIGN.md), one
@@ -14,9 +14,9 @@
 //! number events on its own (callers hand in the next event id), or apply anything.
 
 use super::dynamo::RouterEvent;
-use super::engine::{BlockStored, EngineBatch, EngineDecoder, KvEvent};
+use super::engine::{BlockStored, EngineBatch, EngineDecoder, EngineEvent};
 use super::frames::RawBatch;
-use super::worker::{EngineEvent, EngineEventData};
+use super::worker::{WorkerEvent, WorkerEventData};
 use super::{DropCounters, WireError};
 use kvtwin::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
 use kvtwin::ids::{LocalBlockHash, SequenceHash, WorkerId};
@@ -55,17 +55,17 @@ impl EngineBatch {
     /// Appends this batch's events of `worker`, as the router service applies them, to
     /// `out`: event ids 0 (the source numbers them per rank), rank 0 when the batch has
     /// none. All or nothing: on an error `out` is left as it was.
-    pub fn engine_events(
+    pub fn worker_events(
         &self,
         worker: WorkerId,
-        out: &mut Vec<EngineEvent>,
+        out: &mut Vec<WorkerEvent>,
     ) -> Result<(), WireError> {
         let start = out.len();
         out.reserve(self.events.len());
         for event in &self.events {
             let data = match event {
-                KvEvent::BlockStored(stored) => match stored_blocks(stored) {
-                    Ok(blocks) => EngineEventData::Stored {
+                EngineEvent::BlockStored(stored) => match stored_blocks(stored) {
+                    Ok(blocks) => WorkerEventData::Stored {
                         parent: stored.parent_block_hash,
                         blocks: blocks.collect(),
                         tier: stored.tier(),
@@ -75,13 +75,13 @@ impl EngineBatch {
                         return Err(error);
                     }
                 },
-                KvEvent::BlockRemoved(removed) => EngineEventData::Removed {
+                EngineEvent::BlockRemoved(removed) => WorkerEventData::Removed {
                     hashes: removed.block_hashes.clone(),
                     tier: removed.tier(),
                 },
-                KvEvent::AllBlocksCleared => EngineEventData::Cleared,
+                EngineEvent::AllBlocksCleared => WorkerEventData::Cleared,
             };
-            out.push(EngineEvent {
+            out.push(WorkerEvent {
                 worker,
                 dp_rank: self.dp_rank.unwrap_or(0),
                 event_id: 0,
@@ -106,7 +106,7 @@ impl EngineBatch {
         out.reserve(self.events.len());
         for event in &self.events {
             let data = match event {
-                KvEvent::BlockStored(stored) => match stored_blocks(stored) {
+                EngineEvent::BlockStored(stored) => match stored_blocks(stored) {
                     Ok(blocks) => KvCacheEventData::Stored {
                         parent_hash: stored.parent_block_hash.map(SequenceHash::new),
                         blocks: blocks
@@ -122,7 +122,7 @@ impl EngineBatch {
                         return Err(error);
                     }
                 },
-                KvEvent::BlockRemoved(removed) => KvCacheEventData::Removed {
+                EngineEvent::BlockRemoved(removed) => KvCacheEventData::Removed {
                     block_hashes: removed
                         .block_hashes
                         .iter()
@@ -130,7 +130,7 @@ impl EngineBatch {
                         .collect(),
                     tier: removed.tier(),
                 },
-                KvEvent::AllBlocksCleared => KvCacheEventData::Cleared,
+                EngineEvent::AllBlocksCleared => KvCacheEventData::Cleared,
             };
             out.push(RouterEvent {
                 worker_id: worker,
@@ -151,13 +151,13 @@ impl RouterEvent {
     /// The event as the router service applies it: block ids as opaque engine hashes,
     /// translated per worker into kvtwin's chained hashes by `EngineHashes`. Right for
     /// any publisher, the relay of a vLLM engine included.
-    pub fn to_engine_event(&self) -> EngineEvent {
+    pub fn to_worker_event(&self) -> WorkerEvent {
         let data = match &self.event.data {
             KvCacheEventData::Stored {
                 parent_hash,
                 blocks,
                 tier,
-            } => EngineEventData::Stored {
+            } => WorkerEventData::Stored {
                 parent: parent_hash.map(SequenceHash::get),
                 blocks: blocks
                     .iter()
@@ -165,13 +165,13 @@ impl RouterEvent {
                     .collect(),
                 tier: *tier,
             },
-            KvCacheEventData::Removed { block_hashes, tier } => EngineEventData::Removed {
+            KvCacheEventData::Removed { block_hashes, tier } => WorkerEventData::Removed {
                 hashes: block_hashes.iter().map(|hash| hash.get()).collect(),
                 tier: *tier,
             },
-            KvCacheEventData::Cleared => EngineEventData::Cleared,
+            KvCacheEventData::Cleared => WorkerEventData::Cleared,
         };
-        EngineEvent {
+        WorkerEvent {
             worker: self.worker_id,
             dp_rank: self.event.dp_rank,
             event_id: self.event.event_id,
@@ -183,15 +183,15 @@ impl RouterEvent {
     /// are kvtwin's chained sequence hashes (a kvtwin worker; Dynamo's own KVBM). The
     /// indexer verifies the chain, so an engine's opaque hashes fed this way are refused
     /// as `ChainMismatch`, never indexed wrongly: those go through
-    /// [`RouterEvent::to_engine_event`].
+    /// [`RouterEvent::to_worker_event`].
     pub fn indexer_input(&self) -> (WorkerId, &KvCacheEvent) {
         (self.worker_id, &self.event)
     }
 }
 
-impl From<&RouterEvent> for EngineEvent {
+impl From<&RouterEvent> for WorkerEvent {
     fn from(event: &RouterEvent) -> Self {
-        event.to_engine_event()
+        event.to_worker_event()
     }
 }
 
@@ -203,13 +203,13 @@ impl EngineDecoder {
         worker: WorkerId,
         batch: &RawBatch,
         skipped: &mut DropCounters,
-    ) -> Result<Vec<EngineEvent>, WireError> {
+    ) -> Result<Vec<WorkerEvent>, WireError> {
         let decoded = self.decode_payload(batch.seq, &batch.payload)?;
         for event in &decoded.skipped {
             skipped.record(&event.error);
         }
         let mut events = Vec::with_capacity(decoded.events.len());
-        decoded.engine_events(worker, &mut events)?;
+        decoded.worker_events(worker, &mut events)?;
         Ok(events)
     }
 }
@@ -226,14 +226,14 @@ mod tests {
             4,
             1.5,
             vec![
-                KvEvent::BlockStored(BlockStored {
+                EngineEvent::BlockStored(BlockStored {
                     block_hashes: vec![0xa1, 0xa2],
                     parent_block_hash: None,
                     token_ids: (1..=8).collect(),
                     block_size: 4,
                     ..BlockStored::default()
                 }),
-                KvEvent::BlockStored(BlockStored {
+                EngineEvent::BlockStored(BlockStored {
                     block_hashes: vec![0xa3],
                     parent_block_hash: Some(0xa2),
                     token_ids: (9..=12).collect(),
@@ -241,21 +241,21 @@ mod tests {
                     medium: Some(Tier::Host),
                     ..BlockStored::default()
                 }),
-                KvEvent::BlockRemoved(BlockRemoved {
+                EngineEvent::BlockRemoved(BlockRemoved {
                     block_hashes: vec![0xa1],
                     ..BlockRemoved::default()
                 }),
-                KvEvent::AllBlocksCleared,
+                EngineEvent::AllBlocksCleared,
             ],
             Some(2),
         )
     }
 
     #[test]
-    fn engine_events_carry_the_tokens_hash_of_each_block() {
+    fn worker_events_carry_the_tokens_hash_of_each_block() {
         let mut events = Vec::new();
         batch()
-            .engine_events(WorkerId::new(9), &mut events)
+            .worker_events(WorkerId::new(9), &mut events)
             .unwrap();
         assert_eq!(events.len(), 4);
         // DESIGN.md's vector: [1..=12] in blocks of 4.
@@ -263,7 +263,7 @@ mod tests {
         assert_eq!(locals[0].get(), 14_643_705_804_678_351_452);
         assert_eq!(
             events[0].data,
-            EngineEventData::Stored {
+            WorkerEventData::Stored {
                 parent: None,
                 blocks: vec![(0xa1, locals[0]), (0xa2, locals[1])],
                 tier: Tier::Device
@@ -271,7 +271,7 @@ mod tests {
         );
         assert!(matches!(
             &events[1].data,
-            EngineEventData::Stored { parent: Some(0xa2), blocks, tier: Tier::Host }
+            WorkerEventData::Stored { parent: Some(0xa2), blocks, tier: Tier::Host }
                 if blocks == &[(0xa3, locals[2])]
         ));
         assert!(events
@@ -295,12 +295,12 @@ mod tests {
     #[test]
     fn token_counts_that_do_not_fill_the_blocks_refuse_the_batch_whole() {
         let mut bad = batch();
-        if let KvEvent::BlockStored(stored) = &mut bad.events[1] {
+        if let EngineEvent::BlockStored(stored) = &mut bad.events[1] {
             stored.token_ids.pop();
         }
         let mut events = vec![];
         let error = bad
-            .engine_events(WorkerId::new(1), &mut events)
+            .worker_events(WorkerId::new(1), &mut events)
             .unwrap_err();
         assert_eq!(error.reason(), "token_count_mismatch");
         assert!(events.is_empty());
@@ -321,7 +321,7 @@ mod tests {
     }
 
     #[test]
-    fn relayed_router_events_come_back_as_the_same_engine_events() {
+    fn relayed_router_events_come_back_as_the_same_worker_events() {
         let batch = batch();
         let mut routed = Vec::new();
         let mut next = 10;
@@ -334,11 +334,11 @@ mod tests {
             [10, 11, 12, 13]
         );
         let mut direct = Vec::new();
-        batch.engine_events(WorkerId::new(9), &mut direct).unwrap();
+        batch.worker_events(WorkerId::new(9), &mut direct).unwrap();
         for (router, mut engine) in routed.iter().zip(direct) {
             engine.event_id = router.event.event_id;
-            assert_eq!(router.to_engine_event(), engine);
-            assert_eq!(EngineEvent::from(router), engine);
+            assert_eq!(router.to_worker_event(), engine);
+            assert_eq!(WorkerEvent::from(router), engine);
         }
     }
 

@@ -1,6 +1,6 @@
 //! vLLM / SGLang KV event batches: the msgpack payload of one ZMQ message (WIRE.md).
 //!
-//! Owns: the typed batch ([`EngineBatch`] of [`KvEvent`]s: [`BlockStored`],
+//! Owns: the typed batch ([`EngineBatch`] of [`EngineEvent`]s: [`BlockStored`],
 //! [`BlockRemoved`], `AllBlocksCleared`), its decoder ([`EngineDecoder`]: both event
 //! encodings, positional arrays of vLLM 0.9–0.23 and maps of vLLM ≥ 0.24 and SGLang, the
 //! two-element batch of vLLM 0.9, signed, unsigned and 32-byte block hashes), its encoder
@@ -70,9 +70,11 @@ impl BlockRemoved {
     }
 }
 
-/// One engine KV event.
+/// One event of an engine's batch as decoded off the wire: what vLLM / SGLang wrote,
+/// in the engine's own block hashes and with the raw token ids (the first stage of the
+/// event chain in the crate documentation).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum KvEvent {
+pub enum EngineEvent {
     /// Blocks stored.
     BlockStored(BlockStored),
     /// Blocks removed.
@@ -98,7 +100,7 @@ pub struct EngineBatch {
     /// The engine's timestamp, seconds since the Unix epoch.
     pub ts: f64,
     /// The events, in order (skipped ones left out).
-    pub events: Vec<KvEvent>,
+    pub events: Vec<EngineEvent>,
     /// The data-parallel rank (none: vLLM 0.9's two-element batch, or nil).
     pub dp_rank: Option<u32>,
     /// Events the decoder left out; always empty on a batch to encode.
@@ -107,7 +109,7 @@ pub struct EngineBatch {
 
 impl EngineBatch {
     /// A batch of `events` with nothing skipped.
-    pub fn new(seq: u64, ts: f64, events: Vec<KvEvent>, dp_rank: Option<u32>) -> Self {
+    pub fn new(seq: u64, ts: f64, events: Vec<EngineEvent>, dp_rank: Option<u32>) -> Self {
         Self {
             seq,
             ts,
@@ -122,9 +124,9 @@ impl EngineBatch {
         self.events
             .iter()
             .map(|event| match event {
-                KvEvent::BlockStored(stored) => stored.block_hashes.len(),
-                KvEvent::BlockRemoved(removed) => removed.block_hashes.len(),
-                KvEvent::AllBlocksCleared => 0,
+                EngineEvent::BlockStored(stored) => stored.block_hashes.len(),
+                EngineEvent::BlockRemoved(removed) => removed.block_hashes.len(),
+                EngineEvent::AllBlocksCleared => 0,
             })
             .sum()
     }
@@ -375,7 +377,7 @@ fn read_field(
     Ok(())
 }
 
-fn build(tag: Tag, fields: Fields) -> Result<KvEvent, WireError> {
+fn build(tag: Tag, fields: Fields) -> Result<EngineEvent, WireError> {
     let block_hashes = || {
         fields.block_hashes.ok_or(WireError::MissingField {
             field: "block_hashes",
@@ -386,7 +388,7 @@ fn build(tag: Tag, fields: Fields) -> Result<KvEvent, WireError> {
             let block_size = fields.block_size.ok_or(WireError::MissingField {
                 field: "block_size",
             })?;
-            KvEvent::BlockStored(BlockStored {
+            EngineEvent::BlockStored(BlockStored {
                 parent_block_hash: fields.parent,
                 token_ids: fields.token_ids.unwrap_or_default(),
                 block_size,
@@ -397,16 +399,16 @@ fn build(tag: Tag, fields: Fields) -> Result<KvEvent, WireError> {
                 block_hashes: block_hashes()?,
             })
         }
-        Tag::Removed => KvEvent::BlockRemoved(BlockRemoved {
+        Tag::Removed => EngineEvent::BlockRemoved(BlockRemoved {
             medium: fields.medium,
             group_idx: fields.group_idx,
             block_hashes: block_hashes()?,
         }),
-        Tag::Cleared => KvEvent::AllBlocksCleared,
+        Tag::Cleared => EngineEvent::AllBlocksCleared,
     })
 }
 
-fn decode_event(reader: &mut Reader<'_>, budget: &mut Budget) -> Result<KvEvent, WireError> {
+fn decode_event(reader: &mut Reader<'_>, budget: &mut Budget) -> Result<EngineEvent, WireError> {
     let mut fields = Fields::default();
     if reader.at_array() {
         // vLLM 0.9–0.23: ["BlockStored", field1, field2, ...].
@@ -741,12 +743,12 @@ fn write_medium(out: &mut Vec<u8>, medium: Option<Tier>) {
 
 fn write_array_event(
     out: &mut Vec<u8>,
-    event: &KvEvent,
+    event: &EngineEvent,
     fields: ArrayFields,
     hashes: HashEncoding,
 ) {
     match event {
-        KvEvent::BlockStored(stored) => {
+        EngineEvent::BlockStored(stored) => {
             // Positions after the tag: 5 through lora_id, 6 through medium, 9 through
             // group_idx (lora_name 7, extra_keys 8, always nil here).
             let len = match fields {
@@ -770,7 +772,7 @@ fn write_array_event(
                 write_opt_uint(out, stored.group_idx.map(u64::from));
             }
         }
-        KvEvent::BlockRemoved(removed) => {
+        EngineEvent::BlockRemoved(removed) => {
             let len = match fields {
                 ArrayFields::ThroughLoraId => 1,
                 ArrayFields::ThroughMedium => 2,
@@ -786,17 +788,22 @@ fn write_array_event(
                 write_opt_uint(out, removed.group_idx.map(u64::from));
             }
         }
-        KvEvent::AllBlocksCleared => {
+        EngineEvent::AllBlocksCleared => {
             msgpack::write_array_len(out, 1);
             msgpack::write_str(out, CLEARED);
         }
     }
 }
 
-fn write_map_event(out: &mut Vec<u8>, event: &KvEvent, header: MapHeader, hashes: HashEncoding) {
+fn write_map_event(
+    out: &mut Vec<u8>,
+    event: &EngineEvent,
+    header: MapHeader,
+    hashes: HashEncoding,
+) {
     let wide = header == MapHeader::Map16;
     match event {
-        KvEvent::BlockStored(stored) => {
+        EngineEvent::BlockStored(stored) => {
             let optional =
                 usize::from(stored.lora_name.is_some()) + usize::from(stored.group_idx.is_some());
             msgpack::write_map_len(out, 7 + optional, wide);
@@ -823,7 +830,7 @@ fn write_map_event(out: &mut Vec<u8>, event: &KvEvent, header: MapHeader, hashes
                 msgpack::write_uint(out, u64::from(group));
             }
         }
-        KvEvent::BlockRemoved(removed) => {
+        EngineEvent::BlockRemoved(removed) => {
             msgpack::write_map_len(out, 3 + usize::from(removed.group_idx.is_some()), wide);
             msgpack::write_str(out, "type");
             msgpack::write_str(out, REMOVED);
@@ -836,7 +843,7 @@ fn write_map_event(out: &mut Vec<u8>, event: &KvEvent, header: MapHeader, hashes
                 msgpack::write_uint(out, u64::from(group));
             }
         }
-        KvEvent::AllBlocksCleared => {
+        EngineEvent::AllBlocksCleared => {
             msgpack::write_map_len(out, 1, wide);
             msgpack::write_str(out, "type");
             msgpack::write_str(out, CLEARED);
@@ -894,18 +901,18 @@ impl EngineBatch {
             .events
             .iter()
             .map(|event| match event {
-                KvEvent::BlockStored(stored) => KvEvent::BlockStored(BlockStored {
+                EngineEvent::BlockStored(stored) => EngineEvent::BlockStored(BlockStored {
                     medium: stored.medium.filter(|_| keep_medium),
                     lora_name: stored.lora_name.clone().filter(|_| keep_optional),
                     group_idx: stored.group_idx.filter(|_| keep_optional),
                     ..stored.clone()
                 }),
-                KvEvent::BlockRemoved(removed) => KvEvent::BlockRemoved(BlockRemoved {
+                EngineEvent::BlockRemoved(removed) => EngineEvent::BlockRemoved(BlockRemoved {
                     medium: removed.medium.filter(|_| keep_medium),
                     group_idx: removed.group_idx.filter(|_| keep_optional),
                     block_hashes: removed.block_hashes.clone(),
                 }),
-                KvEvent::AllBlocksCleared => KvEvent::AllBlocksCleared,
+                EngineEvent::AllBlocksCleared => EngineEvent::AllBlocksCleared,
             })
             .collect();
         EngineBatch {

@@ -3,9 +3,11 @@
 //!
 //! Owns: [`engine`] (vLLM / SGLang KV event batches: msgpack payloads in the map and the
 //! array encodings of every engine version WIRE.md lists, and their encoder),
-//! [`frames`] (the ZMQ message frames of the live stream and of the replay protocol),
+//! [`frames`] (the ZMQ message frames of the live stream and of the replay protocol, and
+//! the raw batch a transport carries), [`worker`] (`WorkerEvent`: a worker's event in its
+//! engine's hashes, what the router service takes),
 //! [`dynamo`] (Dynamo's `RouterEvent` as JSON and the Dynamo 1.6 msgpack envelope),
-//! [`convert`] (engine batches to the router's `EngineEvent`s and to `RouterEvent`s, what
+//! [`convert`] (engine batches to the router's `WorkerEvent`s and to `RouterEvent`s, what
 //! a relay does, and `RouterEvent`s back to router input), [`WireError`] with a stable
 //! reason per variant, [`DropCounters`] (drops by reason) and [`DecodeLimits`].
 //!
@@ -29,13 +31,13 @@ mod proptests;
 
 pub use dynamo::{Envelope, RouterEvent};
 pub use engine::{
-    BlockRemoved, BlockStored, EncodeOptions, EngineBatch, EngineDecoder, EngineFormat, KvEvent,
-    SkippedEvent, UnknownEvents,
+    BlockRemoved, BlockStored, EncodeOptions, EngineBatch, EngineDecoder, EngineEvent,
+    EngineFormat, SkippedEvent, UnknownEvents,
 };
 pub use frames::{
     FrameError, LiveMessage, RawBatch, ReplayLayout, ReplayReply, ReplayRequest, END_OF_REPLAY,
 };
-pub use worker::{EngineEvent, EngineEventData};
+pub use worker::{WorkerEvent, WorkerEventData};
 
 /// Bounds on what one message may make the decoder allocate. Exceeding any is
 /// [`WireError::Oversized`]: the message is refused whole, never truncated.

@@ -5,7 +5,7 @@
 use super::dynamo::{Envelope, RouterEvent};
 use super::engine::{
     ArrayFields, BatchShape, BlockRemoved, BlockStored, EncodeOptions, EngineBatch, EngineDecoder,
-    EngineFormat, EventEncoding, HashEncoding, KvEvent, MapHeader,
+    EngineEvent, EngineFormat, EventEncoding, HashEncoding, MapHeader,
 };
 use super::frames::{LiveMessage, ReplayReply, ReplayRequest};
 use super::{DecodeLimits, DropCounters, WireError};
@@ -45,22 +45,22 @@ fn stored() -> impl Strategy<Value = BlockStored> {
         )
 }
 
-fn event() -> impl Strategy<Value = KvEvent> {
+fn event() -> impl Strategy<Value = EngineEvent> {
     prop_oneof![
-        4 => stored().prop_map(KvEvent::BlockStored),
+        4 => stored().prop_map(EngineEvent::BlockStored),
         3 => (
             prop::collection::vec(any::<u64>(), 0..6),
             prop::option::of(tier()),
             any::<Option<u32>>()
         )
             .prop_map(|(block_hashes, medium, group_idx)| {
-                KvEvent::BlockRemoved(BlockRemoved {
+                EngineEvent::BlockRemoved(BlockRemoved {
                     block_hashes,
                     medium,
                     group_idx,
                 })
             }),
-        1 => Just(KvEvent::AllBlocksCleared),
+        1 => Just(EngineEvent::AllBlocksCleared),
     ]
 }
 
@@ -319,18 +319,18 @@ proptest! {
             medium,
             ..BlockStored::default()
         };
-        let batch = EngineBatch::new(0, 0.0, vec![KvEvent::BlockStored(stored)], Some(1));
+        let batch = EngineBatch::new(0, 0.0, vec![EngineEvent::BlockStored(stored)], Some(1));
         let (mut routed, mut direct, mut next) = (Vec::new(), Vec::new(), first_id);
         batch.router_events(WorkerId::new(5), &mut next, &mut routed).map_err(|e| TestCaseError::fail(format!("{e}")))?;
-        batch.engine_events(WorkerId::new(5), &mut direct).map_err(|e| TestCaseError::fail(format!("{e}")))?;
+        batch.worker_events(WorkerId::new(5), &mut direct).map_err(|e| TestCaseError::fail(format!("{e}")))?;
         prop_assert_eq!(next, first_id.wrapping_add(1));
         let mut expected = direct[0].clone();
         expected.event_id = first_id;
-        prop_assert_eq!(&routed[0].to_engine_event(), &expected);
-        // And through the wire: JSON, then the engine event.
+        prop_assert_eq!(&routed[0].to_worker_event(), &expected);
+        // And through the wire: JSON, then the worker event.
         let json = routed[0].to_json();
         let back = RouterEvent::from_json(&json, &DecodeLimits::default())
-            .map(|event| event.to_engine_event());
+            .map(|event| event.to_worker_event());
         prop_assert_eq!(back, Ok::<_, WireError>(expected));
     }
 }

@@ -1,9 +1,12 @@
-//! An engine's events as the router service takes them: one worker rank's KV event with
-//! each stored block's tokens hash computed, still in the engine's own block hashes.
+//! A worker's KV events as the router service takes them: one worker rank's event with
+//! each stored block's tokens hash computed, still in its engine's own block hashes (the
+//! stage between an engine batch and a `KvCacheEvent`; see the crate documentation).
 //!
-//! Owns: [`EngineEvent`] and [`EngineEventData`]. Produced from an engine batch
-//! (`EngineBatch::engine_events`) or from a Dynamo `RouterEvent`
-//! (`RouterEvent::to_engine_event`), both in `super::convert`.
+//! Owns: [`WorkerEvent`] and [`WorkerEventData`]. Produced from an engine batch
+//! (`EngineBatch::worker_events`, the engine's `EngineEvent`s attributed to a worker) or
+//! from a Dynamo `RouterEvent` (`RouterEvent::to_worker_event`: the same content, typed so
+//! that an engine's opaque hashes are never mistaken for kvtwin's `SequenceHash`es), both
+//! in `super::convert`.
 //! Never: hold kvtwin's chained hashes (`service::translate` turns these events into
 //! `KvCacheEvent`s, per worker) or number events (the source does).
 
@@ -12,7 +15,7 @@ use kvtwin::tier::Tier;
 
 /// What happened, in the engine's hashes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EngineEventData {
+pub enum WorkerEventData {
     /// Blocks stored in `tier`, parent first.
     Stored {
         /// The engine hash of the block before the first (none: the sequence's start).
@@ -33,9 +36,9 @@ pub enum EngineEventData {
     Cleared,
 }
 
-/// One KV event of one worker rank, in the engine's hashes.
+/// One KV event of one worker rank, in its engine's hashes, tokens hashes computed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EngineEvent {
+pub struct WorkerEvent {
     /// The worker.
     pub worker: WorkerId,
     /// Its data-parallel rank.
@@ -43,7 +46,7 @@ pub struct EngineEvent {
     /// Per-rank event number (a gap means lost events).
     pub event_id: u64,
     /// What happened.
-    pub data: EngineEventData,
+    pub data: WorkerEventData,
 }
 
 /// A `Stored` of worker `worker` (rank 0) whose blocks are (engine hash, tokens hash)
@@ -55,12 +58,12 @@ pub(crate) fn stored_event(
     parent: Option<u64>,
     blocks: &[(u64, u64)],
     tier: Tier,
-) -> EngineEvent {
-    EngineEvent {
+) -> WorkerEvent {
+    WorkerEvent {
         worker: WorkerId::new(worker),
         dp_rank: 0,
         event_id,
-        data: EngineEventData::Stored {
+        data: WorkerEventData::Stored {
             parent,
             blocks: blocks
                 .iter()

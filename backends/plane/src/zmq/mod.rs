@@ -72,7 +72,7 @@ pub fn decode_live(mut frames: Vec<Vec<u8>>) -> Result<RawBatch, FrameError> {
 
 /// Decodes a replay reply as a DEALER receives it: `[b"", topic, seq, payload]`, or
 /// `[b"", seq, payload]` from vLLM 0.25 and older. The end marker is a reply whose
-/// sequence is [`END_OF_REPLAY`] (its payload is empty).
+/// sequence is `wire::END_OF_REPLAY` (its payload is empty).
 pub fn decode_replay(mut frames: Vec<Vec<u8>>) -> Result<RawBatch, FrameError> {
     if !(3..=4).contains(&frames.len()) {
         return Err(FrameError::FrameCount {

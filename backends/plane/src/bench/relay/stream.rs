@@ -12,8 +12,8 @@ use crate::service::relay::NatsFormat;
 use crate::service::state::{ApplyObserver, RouterState};
 use crate::service::synthetic::{SyntheticConfig, SyntheticEngine};
 use crate::wire::{
-    DecodeLimits, EngineBatch, EngineDecoder, EngineEvent, Envelope, KvEvent, RouterEvent,
-    UnknownEvents,
+    DecodeLimits, EngineBatch, EngineDecoder, EngineEvent, Envelope, RouterEvent, UnknownEvents,
+    WorkerEvent,
 };
 use kvtwin::ids::WorkerId;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,7 +50,7 @@ impl Stream {
         batches.push(EngineBatch::new(
             0,
             0.0,
-            vec![KvEvent::AllBlocksCleared],
+            vec![EngineEvent::AllBlocksCleared],
             config.synthetic.dp_rank,
         ));
         let mut stream = Self {
@@ -104,7 +104,7 @@ pub(super) struct Track {
 /// when a batch completes, not per event.
 pub(super) fn observer(tracks: Arc<Vec<Track>>, epoch: Instant) -> ApplyObserver {
     let mut next = vec![0u64; tracks.len()];
-    Box::new(move |event: &EngineEvent| {
+    Box::new(move |event: &WorkerEvent| {
         let Some(index) = (event.worker.get() as usize).checked_sub(1) else {
             return;
         };
@@ -207,7 +207,7 @@ pub(super) fn stage_costs(config: &RelayBenchConfig, stream: &Stream) -> StageCo
     costs.push(("nats_encode", per_block(start.elapsed())));
 
     let start = Instant::now();
-    let decoded: Vec<Vec<EngineEvent>> = messages
+    let decoded: Vec<Vec<WorkerEvent>> = messages
         .iter()
         .filter_map(|message| decode_message(message, &limits).ok())
         .collect();

@@ -26,16 +26,16 @@ fn decode(bytes: &[u8]) -> Result<EngineBatch, WireError> {
     EngineDecoder::default().decode_payload(11, bytes)
 }
 
-fn stored(event: &KvEvent) -> &BlockStored {
+fn stored(event: &EngineEvent) -> &BlockStored {
     match event {
-        KvEvent::BlockStored(stored) => stored,
+        EngineEvent::BlockStored(stored) => stored,
         other => panic!("not stored: {other:?}"),
     }
 }
 
-fn removed(event: &KvEvent) -> &BlockRemoved {
+fn removed(event: &EngineEvent) -> &BlockRemoved {
     match event {
-        KvEvent::BlockRemoved(removed) => removed,
+        EngineEvent::BlockRemoved(removed) => removed,
         other => panic!("not removed: {other:?}"),
     }
 }
@@ -67,7 +67,7 @@ fn vllm_0_9_pairs_and_short_arrays_with_signed_hashes() {
     );
     assert_eq!(first.tier(), Tier::Device);
     assert_eq!(removed(&batch.events[1]).block_hashes, [(-5i64) as u64]);
-    assert_eq!(batch.events[2], KvEvent::AllBlocksCleared);
+    assert_eq!(batch.events[2], EngineEvent::AllBlocksCleared);
     assert!(batch.skipped.is_empty());
 }
 
@@ -376,9 +376,9 @@ fn live_and_replay_messages_decode_through_their_frames() {
 fn a_large_batch_decodes_into_exactly_sized_vectors() {
     // Sanity, not timing: 4,096 events of 8 blocks of 16 tokens. Each event's vectors
     // are allocated once at their final size, so nothing grows per block.
-    let events: Vec<KvEvent> = (0..4096u64)
+    let events: Vec<EngineEvent> = (0..4096u64)
         .map(|i| {
-            KvEvent::BlockStored(BlockStored {
+            EngineEvent::BlockStored(BlockStored {
                 block_hashes: (0..8).map(|b| i * 8 + b).collect(),
                 parent_block_hash: i.checked_sub(1).map(|p| p * 8 + 7),
                 token_ids: (0..128).map(|t| (i as u32) * 128 + t).collect(),
