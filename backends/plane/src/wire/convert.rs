@@ -335,10 +335,10 @@ mod tests {
         );
         let mut direct = Vec::new();
         batch.worker_events(WorkerId::new(9), &mut direct).unwrap();
-        for (router, mut engine) in routed.iter().zip(direct) {
-            engine.event_id = router.event.event_id;
-            assert_eq!(router.to_worker_event(), engine);
-            assert_eq!(WorkerEvent::from(router), engine);
+        for (router, mut worker_event) in routed.iter().zip(direct) {
+            worker_event.event_id = router.event.event_id;
+            assert_eq!(router.to_worker_event(), worker_event);
+            assert_eq!(WorkerEvent::from(router), worker_event);
         }
     }
 
