@@ -890,12 +890,13 @@ mod tests {
     fn the_link_rate_comes_from_blocks_past_the_caches() {
         // Small copies run from cache at 10 GB/s, large ones stream at 5 GB/s; 30 µs of
         // latency each. The rate is the streaming one, the latency what the small ones
-        // take beyond their bytes at it (so a little less than 30 µs).
+        // take beyond their bytes at it (so less than 30 µs): the nearest-rank median of
+        // the two, the lower one (the 256 KiB copy's).
         let mut points = line(30e-6, 10e9, &[65536.0, 262144.0]);
         points.extend(line(30e-6, 5e9, &[4194304.0, 16777216.0, 67108864.0]));
         let (latency, rate) = fit_link(&points).unwrap();
         assert!((rate - 5e9).abs() < 1.0, "{rate}");
-        let expected = 30e-6 + 163840.0 / 10e9 - 163840.0 / 5e9;
+        let expected = 30e-6 + 262144.0 / 10e9 - 262144.0 / 5e9;
         assert!((latency - expected).abs() < 1e-9, "{latency} vs {expected}");
         // One streaming size: bytes over seconds.
         let (_, rate) = fit_link(&[(65536.0, 50e-6), (4194304.0, 1e-3)]).unwrap();

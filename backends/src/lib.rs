@@ -10,25 +10,17 @@
 //! tier (pinned host tier, block copies batched on streams and completed by CUDA events)
 //! and the block-copy benchmark. [`calibrate`]: microbenchmarks through `HostHardware`'s
 //! transfer path and the simulator's `HardwareProfile` fitted to them; [`validate`]: a
-//! validation script on `HostHardware` and on the simulator, compared. [`zmq`]: engine KV
-//! event streams over ZMQ (subscriber with gap replay and restart detection, publisher
-//! with a replay ROUTER), payloads as opaque bytes. [`nats`]: the event plane over NATS (core
-//! or JetStream publisher, core / durable / replay subscriber, opaque payloads) and a
-//! `nats-server` harness for tests. [`wire`]: the untrusted wire formats of the event
-//! plane (vLLM / SGLang msgpack batches, their ZMQ and replay frames, Dynamo `RouterEvent`
-//! JSON and its msgpack envelope), decoders that never panic, and their encoders.
-//! Never: be needed by `cargo test` without its features, or put I/O, threads or clocks
-//! into the core (they stay on this side of the `Hardware` trait).
+//! validation script on `HostHardware` and on the simulator, compared.
+//! Never: be needed by `cargo test` without its features, put I/O, threads or clocks
+//! into the core (they stay on this side of the `Hardware` trait), or carry the event
+//! plane (wire codecs, ZMQ, NATS, the router service: `kvtwin-plane`), so no tokio,
+//! axum, ZMQ or NATS is built for it.
 
 pub mod calibrate;
 pub mod content;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod host;
-pub mod nats;
 #[cfg(feature = "nixl")]
 pub mod nixl;
-pub mod service;
 pub mod validate;
-pub mod wire;
-pub mod zmq;

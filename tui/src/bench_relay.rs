@@ -1,4 +1,4 @@
-//! `kvtwin bench relay`: the command line around `kvtwin_backends::service::bench`.
+//! `kvtwin bench relay`: the command line around `kvtwin_plane::bench::relay`.
 //!
 //! Owns: the flags and where the report goes (one JSON line on stdout, the table on
 //! stderr). Without `nats-server` it fails with a message saying how to get one.
@@ -6,11 +6,11 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use kvtwin_backends::nats::NatsError;
-use kvtwin_backends::service::bench::{
+use kvtwin_plane::bench::relay::{
     run_relay_bench, Pace, RelayBenchConfig, RelayBenchError, Transport,
 };
-use kvtwin_backends::service::relay::NatsFormat;
+use kvtwin_plane::nats::NatsError;
+use kvtwin_plane::service::relay::NatsFormat;
 use std::time::Duration;
 
 #[derive(Args, Debug)]

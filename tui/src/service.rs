@@ -4,22 +4,22 @@
 //! ([`ZmqSourceArg`]), the tokio runtime, and the wiring of library parts: a
 //! `RouterState` fed by `ZmqSource`s or a `NatsSource` and served by `service::http`, or
 //! one `run_relay`. Both run until Ctrl-C (or SIGTERM) and log to stderr.
-//! Never: decode, translate or apply an event itself (`kvtwin_backends::service` does).
+//! Never: decode, translate or apply an event itself (`kvtwin_plane::service` does).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kvtwin::ids::WorkerId;
-use kvtwin_backends::nats::{
+use kvtwin_plane::nats::{
     ConsumeMode, NatsMode, PublisherConfig as NatsPublisherConfig,
     SubscriberConfig as NatsSubscriberConfig,
 };
-use kvtwin_backends::service::http::{serve, SharedState};
-use kvtwin_backends::service::nats_source::{NatsSource, NatsSourceConfig};
-use kvtwin_backends::service::relay::{run_relay, NatsFormat, RelayConfig};
-use kvtwin_backends::service::source::{VllmDecoder, ZmqSource};
-use kvtwin_backends::service::state::RouterState;
-use kvtwin_backends::wire::{DecodeLimits, EngineDecoder, UnknownEvents};
-use kvtwin_backends::zmq::SubscriberConfig;
+use kvtwin_plane::service::http::{serve, SharedState};
+use kvtwin_plane::service::nats_source::{NatsSource, NatsSourceConfig};
+use kvtwin_plane::service::relay::{run_relay, NatsFormat, RelayConfig};
+use kvtwin_plane::service::source::{VllmDecoder, ZmqSource};
+use kvtwin_plane::service::state::RouterState;
+use kvtwin_plane::wire::{DecodeLimits, EngineDecoder, UnknownEvents};
+use kvtwin_plane::zmq::SubscriberConfig;
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

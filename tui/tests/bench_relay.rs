@@ -5,7 +5,7 @@
 //! Skips with the reason when there is no nats-server, unless `KVTWIN_REQUIRE_NATS=1` or
 //! `CI=true`.
 
-use kvtwin_backends::nats::NatsServer;
+use kvtwin_plane::nats::NatsServer;
 use serde_json::Value;
 use std::process::Command;
 

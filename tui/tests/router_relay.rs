@@ -5,10 +5,10 @@
 //! The NATS test skips with the reason when there is no nats-server, unless
 //! `KVTWIN_REQUIRE_NATS=1` or `CI=true`.
 
-use kvtwin_backends::nats::NatsServer;
-use kvtwin_backends::service::synthetic::{SyntheticConfig, SyntheticEngine};
-use kvtwin_backends::wire::{EngineBatch, EngineFormat, KvEvent};
-use kvtwin_backends::zmq::{PublisherConfig, ZmqPublisher};
+use kvtwin_plane::nats::NatsServer;
+use kvtwin_plane::service::synthetic::{SyntheticConfig, SyntheticEngine};
+use kvtwin_plane::wire::{EngineBatch, EngineEvent, EngineFormat};
+use kvtwin_plane::zmq::{PublisherConfig, ZmqPublisher};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -155,7 +155,7 @@ fn newest_prefix(batches: &[EngineBatch]) -> Vec<u32> {
     let mut blocks: HashMap<u64, (Option<u64>, &[u32])> = HashMap::new();
     let mut newest = None;
     for event in batches.iter().flat_map(|batch| &batch.events) {
-        if let KvEvent::BlockStored(stored) = event {
+        if let EngineEvent::BlockStored(stored) = event {
             let mut parent = stored.parent_block_hash;
             let chunks = stored.token_ids.chunks_exact(stored.block_size as usize);
             for (hash, tokens) in stored.block_hashes.iter().zip(chunks) {

@@ -1,0 +1,12 @@
+//! Benches of the event plane that the command line runs (`kvtwin bench relay|router`):
+//! the measurement itself, with a typed report; the command line only parses flags and
+//! prints.
+//!
+//! Owns: `relay` (feature `testing`: engines → relays → NATS → router on loopback, it
+//! starts its own `nats-server`) and [`router`] (a `kv-router-workload` file replayed
+//! through kvtwin's indexer, inline or sharded over threads).
+//! Never: be used as a correctness test (the plane's tests are), or print.
+
+#[cfg(feature = "testing")]
+pub mod relay;
+pub mod router;

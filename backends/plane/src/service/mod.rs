@@ -1,0 +1,22 @@
+//! The routing service and the relay: kvtwin's router fed by engine events off the wire.
+//!
+//! Owns: [`translate`] (engine block hashes to kvtwin's chained hashes, per worker),
+//! [`state::RouterState`] (the indexer, per-worker views, route answers), [`metrics`]
+//! (counters and the Prometheus text), [`http`] (the HTTP/JSON API), [`source`] (engine
+//! event sources: a ZMQ subscriber thread per engine applying decoded batches),
+//! [`nats_source`] (Dynamo `RouterEvent`s from NATS, core or replayed from JetStream) and
+//! [`relay`] (one engine's ZMQ events onto NATS), [`publish`] (a kvtwin worker's events
+//! as vLLM batches over ZMQ), [`synthetic`] (a seeded engine event
+//! stream for tests and benches).
+//! Never: decode wire formats (`crate::wire` does) or own sockets beyond what a source
+//! needs; the index itself is `kvtwin::router`'s.
+
+pub mod http;
+pub mod metrics;
+pub mod nats_source;
+pub mod publish;
+pub mod relay;
+pub mod source;
+pub mod state;
+pub mod synthetic;
+pub mod translate;

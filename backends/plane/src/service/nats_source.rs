@@ -1,0 +1,173 @@
+//! Router events from NATS into the router state: what `kvtwin router --nats` runs.
+//!
+//! Owns: [`NatsSourceConfig`], [`run_nats_source`] and [`NatsSource`] (the same in two
+//! steps: subscribe, then apply). Each message is a Dynamo
+//! `RouterEvent` as JSON or a Dynamo 1.6 msgpack envelope of several (told apart by the
+//! first byte: JSON objects start with `{`, msgpack maps never do); its events are
+//! translated and applied under the state's lock in one go. With JetStream
+//! ([`ConsumeMode::Replay`]) a router that starts (or restarts) rebuilds its whole state
+//! from the stream before following it live.
+//! Never: stop on a bad message (it is counted by reason and skipped), or hold the
+//! state's lock while waiting on the network.
+
+use super::http::{lock, SharedState};
+use crate::nats::{ConsumeMode, NatsError, NatsSubscriber, SubscriberConfig};
+use crate::wire::WorkerEvent;
+use crate::wire::{DecodeLimits, Envelope, RouterEvent};
+use std::future::Future;
+
+/// How to consume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NatsSourceConfig {
+    /// The subscription (core, or JetStream replay to rebuild after a restart).
+    pub subscriber: SubscriberConfig,
+    /// Bounds on one message.
+    pub limits: DecodeLimits,
+}
+
+/// What a NATS source did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatsSourceStats {
+    /// Messages received.
+    pub messages: u64,
+    /// Events decoded (and handed to the state).
+    pub events: u64,
+    /// Messages refused.
+    pub refused: u64,
+}
+
+/// The events of one message, or the reason it is refused.
+pub fn decode_message(
+    payload: &[u8],
+    limits: &DecodeLimits,
+) -> Result<Vec<WorkerEvent>, &'static str> {
+    if payload.first() == Some(&b'{') {
+        let event = RouterEvent::from_json(payload, limits).map_err(|error| error.reason())?;
+        Ok(vec![event.to_worker_event()])
+    } else {
+        let envelope = Envelope::decode(payload, limits).map_err(|error| error.reason())?;
+        Ok(envelope
+            .events
+            .iter()
+            .map(RouterEvent::to_worker_event)
+            .collect())
+    }
+}
+
+/// Subscribes and applies events to `state` until `shutdown` resolves (or the
+/// subscription ends); what it did.
+pub async fn run_nats_source(
+    config: NatsSourceConfig,
+    state: SharedState,
+    shutdown: impl Future<Output = ()>,
+) -> Result<NatsSourceStats, NatsError> {
+    NatsSource::connect(config)
+        .await?
+        .run(state, shutdown)
+        .await
+}
+
+/// A source connected and subscribed but not yet applying: [`run_nats_source`] in two
+/// steps, for a caller that must know the subscription is in place before anything is
+/// published (core NATS delivers only what is published after the server has it).
+#[derive(Debug)]
+pub struct NatsSource {
+    subscriber: NatsSubscriber,
+    limits: DecodeLimits,
+    durable: bool,
+}
+
+impl NatsSource {
+    /// Connects and subscribes.
+    pub async fn connect(config: NatsSourceConfig) -> Result<Self, NatsError> {
+        let durable = matches!(config.subscriber.mode, ConsumeMode::Durable { .. });
+        let subscriber = NatsSubscriber::connect(config.subscriber).await?;
+        Ok(Self {
+            subscriber,
+            limits: config.limits,
+            durable,
+        })
+    }
+
+    /// Waits (bounded by the request timeout) until the server has the subscription:
+    /// from then on, everything published reaches this source.
+    pub fn flush(&self) -> impl Future<Output = Result<(), NatsError>> + Send + 'static {
+        self.subscriber.flush()
+    }
+
+    /// Applies events to `state` until `shutdown` resolves (or the subscription ends);
+    /// what it did.
+    pub async fn run(
+        mut self,
+        state: SharedState,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<NatsSourceStats, NatsError> {
+        let mut stats = NatsSourceStats::default();
+        tokio::pin!(shutdown);
+        loop {
+            let message = tokio::select! {
+                message = self.subscriber.next() => message,
+                () = &mut shutdown => break,
+            };
+            let message = match message {
+                Ok(message) => message,
+                Err(NatsError::Closed) => break,
+                // A transient failure (a pull interrupted by a server restart): the
+                // subscriber picks up again on the next call.
+                Err(_) => continue,
+            };
+            stats.messages += 1;
+            let decoded = decode_message(&message.payload, &self.limits);
+            let mut router = lock(&state);
+            match decoded {
+                Ok(events) => {
+                    stats.events += events.len() as u64;
+                    router.apply_batch(&events);
+                }
+                Err(reason) => {
+                    stats.refused += 1;
+                    router.drop_one(reason);
+                }
+            }
+        }
+        if self.durable {
+            let _ = self.subscriber.close().await;
+        }
+        Ok(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn json_and_envelopes_are_told_apart_and_garbage_is_a_reason() {
+        let limits = DecodeLimits::default();
+        let json = br#"{"worker_id":3,"storage_tier":"host_pinned","event":{"event_id":1,"dp_rank":0,"data":{"removed":{"block_hashes":[5]}}}}"#;
+        let events = decode_message(json, &limits).unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].worker.get(), 3);
+        let envelope = Envelope {
+            publisher_id: 1,
+            sequence: 0,
+            published_at_ms: 0,
+            topic: Envelope::TOPIC.to_string(),
+            events: vec![RouterEvent::from_json(json, &limits).unwrap(); 3],
+        };
+        assert_eq!(
+            decode_message(&envelope.to_bytes(), &limits).unwrap().len(),
+            3
+        );
+        assert!(decode_message(b"{nope", &limits).is_err());
+        assert!(decode_message(b"", &limits).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn any_message_decodes_or_gives_a_reason(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode_message(&bytes, &DecodeLimits::default());
+        }
+    }
+}

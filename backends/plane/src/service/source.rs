@@ -1,0 +1,313 @@
+//! Engine event sources: a ZMQ subscriber per engine feeding the router state (or a
+//! relay) on a thread of its own.
+//!
+//! Owns: [`ZmqSource`] (the thread: subscriber items in, decoded events applied under the
+//! state's lock, restarts and losses turned into state changes and counters),
+//! [`BatchDecoder`] (how a payload becomes worker events: the vLLM / SGLang msgpack
+//! decoder in `crate::wire`, or anything a test supplies) and [`EventNumbering`] (per
+//! rank event ids for streams whose events carry none).
+//! Never: decode msgpack itself, or block the state's lock on the network: a batch is
+//! received and decoded first, then applied under the lock in one go.
+
+use super::http::{lock, SharedState};
+use crate::wire::{EngineDecoder, EngineEvent, RawBatch, WorkerEvent};
+use crate::zmq::{SubscriberConfig, SubscriberItem, SubscriberStats, ZmqError, ZmqSubscriber};
+use kvtwin::ids::WorkerId;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Turns one batch's payload into worker events of `worker`.
+pub trait BatchDecoder: Send + 'static {
+    /// The events of `batch`, in order, or the stable reason the batch is refused. Events
+    /// left out of an accepted batch (an unknown type or medium) are reported by pushing
+    /// their reasons onto `skipped`.
+    fn decode(
+        &mut self,
+        worker: WorkerId,
+        batch: &RawBatch,
+        skipped: &mut Vec<&'static str>,
+    ) -> Result<Vec<WorkerEvent>, &'static str>;
+}
+
+impl<F> BatchDecoder for F
+where
+    F: FnMut(WorkerId, &RawBatch) -> Result<Vec<WorkerEvent>, &'static str> + Send + 'static,
+{
+    fn decode(
+        &mut self,
+        worker: WorkerId,
+        batch: &RawBatch,
+        _skipped: &mut Vec<&'static str>,
+    ) -> Result<Vec<WorkerEvent>, &'static str> {
+        self(worker, batch)
+    }
+}
+
+/// vLLM / SGLang batches into worker events: the one decoding path of every ZMQ source
+/// (`EngineDecoder` as a `BatchDecoder` is this with no block size). With a
+/// `block_size` (a router hashing queries in blocks of that many tokens), a batch storing
+/// blocks of another size is refused (`block_size_mismatch`), since its token hashes
+/// could never match a query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VllmDecoder {
+    /// The payload decoder (limits, unknown-event policy).
+    pub engine: EngineDecoder,
+    /// The router's block size, if batches must match it.
+    pub block_size: Option<u32>,
+}
+
+impl BatchDecoder for VllmDecoder {
+    fn decode(
+        &mut self,
+        worker: WorkerId,
+        batch: &RawBatch,
+        skipped: &mut Vec<&'static str>,
+    ) -> Result<Vec<WorkerEvent>, &'static str> {
+        let decoded = self
+            .engine
+            .decode_payload(batch.seq, &batch.payload)
+            .map_err(|error| error.reason())?;
+        let mismatch = self.block_size.is_some_and(|block_size| {
+            decoded.events.iter().any(|event| {
+                matches!(event, EngineEvent::BlockStored(stored) if stored.block_size != block_size)
+            })
+        });
+        if mismatch {
+            return Err("block_size_mismatch");
+        }
+        skipped.extend(decoded.skipped.iter().map(|event| event.error.reason()));
+        let mut events = Vec::with_capacity(decoded.events.len());
+        decoded
+            .worker_events(worker, &mut events)
+            .map_err(|error| error.reason())?;
+        Ok(events)
+    }
+}
+
+/// vLLM / SGLang batches for `ZmqSource`, whatever their block size: a
+/// [`VllmDecoder`] without one (a router checks it by giving one).
+impl BatchDecoder for EngineDecoder {
+    fn decode(
+        &mut self,
+        worker: WorkerId,
+        batch: &RawBatch,
+        skipped: &mut Vec<&'static str>,
+    ) -> Result<Vec<WorkerEvent>, &'static str> {
+        VllmDecoder {
+            engine: *self,
+            block_size: None,
+        }
+        .decode(worker, batch, skipped)
+    }
+}
+
+/// Event ids per data-parallel rank, for streams (vLLM's) whose events are not numbered:
+/// 0, 1, 2, ... per rank, from the last restart.
+#[derive(Clone, Debug, Default)]
+pub struct EventNumbering {
+    next: BTreeMap<u32, u64>,
+}
+
+impl EventNumbering {
+    /// Numbers `events` in order, continuing each rank's count.
+    pub fn number(&mut self, events: &mut [WorkerEvent]) {
+        for event in events {
+            let next = self.next.entry(event.dp_rank).or_default();
+            event.event_id = *next;
+            *next += 1;
+        }
+    }
+
+    /// The ranks numbered since the last reset.
+    pub fn ranks(&self) -> Vec<u32> {
+        self.next.keys().copied().collect()
+    }
+
+    /// Starts every rank again from 0 (the engine restarted).
+    pub fn reset(&mut self) {
+        self.next.clear();
+    }
+}
+
+/// A thread feeding one engine's events into the router state.
+#[derive(Debug)]
+pub struct ZmqSource {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<SubscriberStats>>,
+}
+
+impl ZmqSource {
+    /// How long the thread waits on the socket before looking at the stop flag.
+    const POLL: Duration = Duration::from_millis(50);
+
+    /// Subscribes to `config` for `worker` and starts applying its events to `state`.
+    pub fn start(
+        worker: WorkerId,
+        config: SubscriberConfig,
+        mut decoder: impl BatchDecoder,
+        state: SharedState,
+    ) -> Result<Self, ZmqError> {
+        let mut subscriber = ZmqSubscriber::new(config)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("kvtwin-zmq-{worker}"))
+            .spawn(move || {
+                let mut numbering = EventNumbering::default();
+                let mut seen = SubscriberStats::default();
+                while !stopping.load(Ordering::Relaxed) {
+                    let item = match subscriber.next(Self::POLL) {
+                        Ok(Some(item)) => item,
+                        Ok(None) => continue,
+                        // A socket error other than a timeout: the context is gone.
+                        Err(_) => break,
+                    };
+                    // Decode outside the lock.
+                    let mut skipped = Vec::new();
+                    let decoded = match &item {
+                        SubscriberItem::Batch(batch) => {
+                            Some(decoder.decode(worker, batch, &mut skipped))
+                        }
+                        _ => None,
+                    };
+                    let stats = subscriber.stats();
+                    let mut router = lock(&state);
+                    let metrics = router.metrics_mut();
+                    metrics.gaps += stats.gaps - seen.gaps;
+                    metrics.replayed += stats.replayed - seen.replayed;
+                    seen = stats;
+                    for reason in skipped {
+                        router.drop_one(reason);
+                    }
+                    match (item, decoded) {
+                        (SubscriberItem::Batch(_), Some(Ok(mut events))) => {
+                            numbering.number(&mut events);
+                            router.apply_batch(&events);
+                        }
+                        (SubscriberItem::Batch(_), Some(Err(reason))) => router.drop_one(reason),
+                        (SubscriberItem::Restarted { .. }, _) => {
+                            // Only the ranks this engine's stream carried.
+                            router.restart_ranks(worker, &numbering.ranks());
+                            numbering.reset();
+                        }
+                        (SubscriberItem::Lost { first, last }, _) => {
+                            router.metrics_mut().lost_batches += last - first + 1;
+                        }
+                        (SubscriberItem::Malformed(error), _) => router.drop_one(error.reason()),
+                        _ => {}
+                    }
+                }
+                subscriber.stats()
+            })
+            .map_err(ZmqError::Spawn)?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the thread; the subscriber's final counts.
+    pub fn stop(mut self) -> SubscriberStats {
+        self.halt()
+    }
+
+    fn halt(&mut self) -> SubscriberStats {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .and_then(|thread| thread.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for ZmqSource {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{BlockStored, EngineBatch, EngineFormat};
+
+    fn batch(block_size: u32) -> RawBatch {
+        let stored = BlockStored {
+            block_hashes: vec![1, 2],
+            token_ids: (0..2 * block_size).collect(),
+            block_size,
+            ..BlockStored::default()
+        };
+        let batch = EngineBatch::new(0, 0.0, vec![EngineEvent::BlockStored(stored)], Some(0));
+        RawBatch {
+            topic: Vec::new(),
+            seq: 0,
+            payload: batch.to_payload(&EngineFormat::Vllm0_33.options()),
+            replayed: false,
+        }
+    }
+
+    #[test]
+    fn a_router_refuses_blocks_of_another_size() {
+        let mut decoder = VllmDecoder {
+            engine: EngineDecoder::default(),
+            block_size: Some(16),
+        };
+        let mut skipped = Vec::new();
+        let worker = WorkerId::new(1);
+        assert_eq!(
+            decoder
+                .decode(worker, &batch(16), &mut skipped)
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(
+            decoder.decode(worker, &batch(32), &mut skipped),
+            Err("block_size_mismatch")
+        );
+        assert!(skipped.is_empty());
+    }
+
+    #[test]
+    fn the_engine_decoder_takes_any_block_size_and_reports_reasons() {
+        let mut decoder = EngineDecoder::default();
+        let raw = batch(32);
+        let events = decoder
+            .decode(WorkerId::new(3), &raw, &mut Vec::new())
+            .unwrap();
+        assert_eq!(events.len(), 1);
+        let broken = RawBatch {
+            payload: vec![0x93, 0xc1],
+            ..raw
+        };
+        assert_eq!(
+            decoder.decode(WorkerId::new(3), &broken, &mut Vec::new()),
+            Err("malformed_msgpack")
+        );
+    }
+
+    #[test]
+    fn events_are_numbered_per_rank_and_restart_from_zero() {
+        let event = |dp_rank| WorkerEvent {
+            worker: WorkerId::new(1),
+            dp_rank,
+            event_id: 99,
+            data: crate::wire::WorkerEventData::Cleared,
+        };
+        let mut numbering = EventNumbering::default();
+        let mut events = vec![event(0), event(1), event(0)];
+        numbering.number(&mut events);
+        assert_eq!(
+            events.iter().map(|e| e.event_id).collect::<Vec<_>>(),
+            [0, 0, 1]
+        );
+        numbering.reset();
+        let mut again = vec![event(0)];
+        numbering.number(&mut again);
+        assert_eq!(again[0].event_id, 0);
+    }
+}

@@ -1,0 +1,255 @@
+//! Engine block hashes to kvtwin's chained sequence hashes, per worker: a `WorkerEvent`
+//! becomes the `KvCacheEvent` the indexer applies.
+//!
+//! Owns: [`EngineHashes`] (one worker
+//! rank's map from engine hash to kvtwin `SequenceHash` and the tiers holding it, with
+//! per-tier counts) and [`TranslateError`].
+//!
+//! Why: an engine's block hash is an opaque id (vLLM seeds it per process, so two workers
+//! hash the same tokens differently), while kvtwin's indexer keys blocks by the chain of
+//! token hashes, identical on every worker and verified as events arrive. A `Stored`
+//! event is therefore rebuilt from its token hashes: the parent's kvtwin hash is looked up
+//! by its engine hash, each block's is chained from it, and the engine hash is remembered
+//! so later events naming it (as a parent, or removed) can be translated.
+//! Never: apply events to the indexer (the router state does), or guess a parent it does
+//! not know (the event is refused, as Dynamo's indexer refuses it).
+
+use crate::wire::{WorkerEvent, WorkerEventData};
+use kvtwin::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
+use kvtwin::ids::SequenceHash;
+use kvtwin::tokens::chain_sequence_hash;
+use rustc_hash::FxHashMap;
+
+/// An event that cannot be translated; nothing of it was applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TranslateError {
+    /// A `Stored` whose parent this worker never stored (or has removed from every
+    /// tier): its blocks cannot be placed.
+    #[error("stored under engine block {0:#x}, which the worker does not hold")]
+    UnknownParent(u64),
+}
+
+impl TranslateError {
+    /// A stable label for counters and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            TranslateError::UnknownParent(_) => "unknown_parent",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    sequence: SequenceHash,
+    /// Bit `Tier::index` set for each tier holding the block.
+    tiers: u8,
+}
+
+/// One worker rank's engine hashes; see the module documentation.
+#[derive(Clone, Debug, Default)]
+pub struct EngineHashes {
+    blocks: FxHashMap<u64, Entry>,
+    counts: [u64; 4],
+    unknown_removals: u64,
+}
+
+impl EngineHashes {
+    /// No blocks.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Blocks held in each tier, by `Tier::index`.
+    pub fn counts(&self) -> [u64; 4] {
+        self.counts
+    }
+
+    /// Removals of blocks the worker did not hold in that tier (skipped).
+    pub fn unknown_removals(&self) -> u64 {
+        self.unknown_removals
+    }
+
+    /// The kvtwin hash of engine block `engine`, if held in some tier.
+    pub fn sequence_hash(&self, engine: u64) -> Option<SequenceHash> {
+        self.blocks.get(&engine).map(|entry| entry.sequence)
+    }
+
+    /// Translates `event` into kvtwin's hashes and updates the map.
+    pub fn translate(&mut self, event: &WorkerEvent) -> Result<KvCacheEvent, TranslateError> {
+        let data = match &event.data {
+            WorkerEventData::Stored {
+                parent,
+                blocks,
+                tier,
+            } => {
+                let parent_hash = match parent {
+                    None => None,
+                    Some(engine) => Some(
+                        self.sequence_hash(*engine)
+                            .ok_or(TranslateError::UnknownParent(*engine))?,
+                    ),
+                };
+                let bit = 1u8 << tier.index();
+                let mut previous = parent_hash;
+                let mut stored = Vec::with_capacity(blocks.len());
+                for &(engine, tokens_hash) in blocks {
+                    let sequence = chain_sequence_hash(previous, tokens_hash);
+                    let entry = self
+                        .blocks
+                        .entry(engine)
+                        .or_insert(Entry { sequence, tiers: 0 });
+                    if entry.sequence != sequence {
+                        // The engine reused a hash for other tokens: the newest wins,
+                        // and the tiers that held the old block no longer do.
+                        for (index, count) in self.counts.iter_mut().enumerate() {
+                            if entry.tiers & (1 << index) != 0 {
+                                *count -= 1;
+                            }
+                        }
+                        *entry = Entry { sequence, tiers: 0 };
+                    }
+                    if entry.tiers & bit == 0 {
+                        entry.tiers |= bit;
+                        self.counts[tier.index()] += 1;
+                    }
+                    stored.push(StoredBlock {
+                        block_hash: sequence,
+                        tokens_hash,
+                    });
+                    previous = Some(sequence);
+                }
+                KvCacheEventData::Stored {
+                    parent_hash,
+                    blocks: stored,
+                    tier: *tier,
+                }
+            }
+            WorkerEventData::Removed { hashes, tier } => {
+                let bit = 1u8 << tier.index();
+                let mut removed = Vec::with_capacity(hashes.len());
+                for engine in hashes {
+                    match self.blocks.get_mut(engine) {
+                        Some(entry) if entry.tiers & bit != 0 => {
+                            entry.tiers &= !bit;
+                            self.counts[tier.index()] -= 1;
+                            removed.push(entry.sequence);
+                            if entry.tiers == 0 {
+                                self.blocks.remove(engine);
+                            }
+                        }
+                        _ => self.unknown_removals += 1,
+                    }
+                }
+                KvCacheEventData::Removed {
+                    block_hashes: removed,
+                    tier: *tier,
+                }
+            }
+            WorkerEventData::Cleared => {
+                self.blocks.clear();
+                self.counts = [0; 4];
+                KvCacheEventData::Cleared
+            }
+        };
+        Ok(KvCacheEvent {
+            event_id: event.event_id,
+            dp_rank: event.dp_rank,
+            data,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::worker::stored_event;
+    use kvtwin::ids::{LocalBlockHash, WorkerId};
+    use kvtwin::tier::Tier;
+
+    fn stored(parent: Option<u64>, blocks: &[(u64, u64)], tier: Tier) -> WorkerEvent {
+        stored_event(1, 0, parent, blocks, tier)
+    }
+
+    fn removed(hashes: &[u64], tier: Tier) -> WorkerEvent {
+        WorkerEvent {
+            worker: WorkerId::new(1),
+            dp_rank: 0,
+            event_id: 1,
+            data: WorkerEventData::Removed {
+                hashes: hashes.to_vec(),
+                tier,
+            },
+        }
+    }
+
+    #[test]
+    fn two_workers_with_different_engine_hashes_for_the_same_tokens_agree_in_kvtwin() {
+        let (mut a, mut b) = (EngineHashes::new(), EngineHashes::new());
+        let ea = a
+            .translate(&stored(None, &[(0xa1, 10), (0xa2, 20)], Tier::Device))
+            .unwrap();
+        let eb = b
+            .translate(&stored(None, &[(0xb1, 10)], Tier::Device))
+            .unwrap();
+        let eb2 = b
+            .translate(&stored(Some(0xb1), &[(0xb2, 20)], Tier::Device))
+            .unwrap();
+        let hashes = |event: &KvCacheEvent| match &event.data {
+            KvCacheEventData::Stored { blocks, .. } => {
+                blocks.iter().map(|b| b.block_hash).collect::<Vec<_>>()
+            }
+            _ => Vec::new(),
+        };
+        let expected_first = chain_sequence_hash(None, LocalBlockHash::new(10));
+        let expected_second = chain_sequence_hash(Some(expected_first), LocalBlockHash::new(20));
+        assert_eq!(hashes(&ea), [expected_first, expected_second]);
+        assert_eq!(hashes(&eb), [expected_first]);
+        assert_eq!(hashes(&eb2), [expected_second]);
+        assert!(matches!(
+            eb2.data,
+            KvCacheEventData::Stored { parent_hash: Some(p), .. } if p == expected_first
+        ));
+    }
+
+    #[test]
+    fn an_unknown_parent_refuses_the_event_and_changes_nothing() {
+        let mut hashes = EngineHashes::new();
+        assert_eq!(
+            hashes.translate(&stored(Some(0x99), &[(0x1, 1)], Tier::Host)),
+            Err(TranslateError::UnknownParent(0x99))
+        );
+        assert_eq!(hashes.counts(), [0; 4]);
+        assert_eq!(hashes.sequence_hash(0x1), None);
+    }
+
+    #[test]
+    fn tiers_are_counted_and_a_block_is_forgotten_when_no_tier_holds_it() {
+        let mut hashes = EngineHashes::new();
+        hashes
+            .translate(&stored(None, &[(1, 1), (2, 2)], Tier::Device))
+            .unwrap();
+        hashes
+            .translate(&stored(None, &[(1, 1)], Tier::Host))
+            .unwrap();
+        assert_eq!(hashes.counts(), [2, 1, 0, 0]);
+        let event = hashes
+            .translate(&removed(&[1, 2, 7], Tier::Device))
+            .unwrap();
+        assert!(
+            matches!(&event.data, KvCacheEventData::Removed { block_hashes, .. } if block_hashes.len() == 2)
+        );
+        assert_eq!(hashes.counts(), [0, 1, 0, 0]);
+        assert_eq!(hashes.unknown_removals(), 1);
+        // Block 1 is still on host; block 2 is gone altogether.
+        assert!(hashes.sequence_hash(1).is_some());
+        assert_eq!(hashes.sequence_hash(2), None);
+        let cleared = WorkerEvent {
+            data: WorkerEventData::Cleared,
+            ..removed(&[], Tier::Host)
+        };
+        hashes.translate(&cleared).unwrap();
+        assert_eq!(hashes.counts(), [0; 4]);
+        assert_eq!(hashes.sequence_hash(1), None);
+    }
+}
