@@ -6,7 +6,7 @@
 //! in [`links`], forward-pass times in [`compute`], the network between the nodes in
 //! [`fabric`]), workloads
 //! ([`workload`]: synthetic conversations and Mooncake traces), scenarios ([`scenario`],
-//! RON), the cluster's run loop and its report ([`run`]), and trace replay through one pool for cache sizing ([`cache`]); validation scripts
+//! RON, read by [`ron_file`] like every RON input), the cluster's run loop and its report ([`run`]), and trace replay through one pool for cache sizing ([`cache`]); validation scripts
 //! run on any two hardwares through one `Manager`, and their comparison ([`validation`]).
 //!
 //! Invariant: a scenario and a seed fully determine a run: no wall clock, no unseeded
@@ -20,6 +20,7 @@ pub mod engine;
 pub mod fabric;
 pub mod hardware;
 pub mod links;
+pub mod ron_file;
 pub mod run;
 pub mod scenario;
 pub mod validation;
