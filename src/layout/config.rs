@@ -132,7 +132,7 @@ pub enum LayoutError {
     /// A region smaller than the layout needs.
     #[error("region {region} holds {len} bytes, the layout needs {needed}")]
     RegionTooSmall {
-        /// Index of the region (its layer for [`LayerSeparate`]).
+        /// Index of the region (its layer for [`LayerSeparate`](super::LayerSeparate)).
         region: usize,
         /// Bytes needed.
         needed: u64,

@@ -7,37 +7,8 @@
 //! it states equal to the ones the config implies; decoding never panics and allocates
 //! only once the input is known to hold the regions it claims.
 //!
-//! Never: compute addresses itself (the layouts do) or do I/O.
-//!
-//! # Descriptor format, version 1
-//!
-//! All integers little-endian, no padding between fields, nothing after the last one.
-//!
-//! | offset | size | field |
-//! |---|---|---|
-//! | 0 | 4 | magic `b"KVLY"` |
-//! | 4 | 2 | version, `u16` = 1 |
-//! | 6 | 1 | kind: 0 fully contiguous, 1 layer separate |
-//! | 7 | 1 | dtype: 0 F32, 1 F16, 2 BF16, 3 FP8 E4M3, 4 I8 |
-//! | 8 | 1 | memory type: 0 device, 1 pinned, 2 system, 3 disk |
-//! | 9 | 1 | reserved, 0 |
-//! | 10 | 4 | device id, `u32` |
-//! | 14 | 4 | num_layers, `u32` |
-//! | 18 | 4 | page_size (tokens per block), `u32` |
-//! | 22 | 4 | inner_dim (elements per token per layer), `u32` |
-//! | 26 | 4 | alignment in bytes, `u32` |
-//! | 30 | 8 | num_blocks, `u64` |
-//! | 38 | 8 | block stride in bytes, `u64` |
-//!
-//! Then, for kind 0 (70 bytes in all): layer stride in bytes (`u64`, offset 46), the
-//! region's base address (`u64`, 54) and length (`u64`, 62). For kind 1 (`46 + 16 ×
-//! num_layers` bytes): `num_layers` regions in layer order, each a base address `u64` then
-//! a length `u64`. The region count is implied by the kind and `num_layers`, never sent
-//! separately, so a decoder can check the input holds that many before allocating.
-//!
-//! The strides are redundant with the config on purpose: a peer that computes them
-//! differently (another alignment rule, another version of this code) is rejected instead
-//! of reading the wrong bytes.
+//! Never: compute addresses itself (the layouts do) or do I/O. The binary format is
+//! documented on [`LayoutDescriptor`], where users of the public API see it.
 
 use super::config::{widen, DType, LayoutConfig, LayoutError, MemoryType};
 use super::{Address, AnyLayout, BlockLayout, FullyContiguous, LayerSeparate, Region};
@@ -73,6 +44,36 @@ impl LayoutKind {
 /// The fields are public so a descriptor can be inspected or built by hand; nothing
 /// trusts one until [`LayoutDescriptor::into_layout`] (or [`LayoutDescriptor::deserialize`],
 /// which calls it) has checked it against the config.
+///
+/// # Binary format, version 1
+///
+/// All integers little-endian, no padding between fields, nothing after the last one.
+///
+/// | offset | size | field |
+/// |---|---|---|
+/// | 0 | 4 | magic `b"KVLY"` |
+/// | 4 | 2 | version, `u16` = 1 |
+/// | 6 | 1 | kind: 0 fully contiguous, 1 layer separate |
+/// | 7 | 1 | dtype: 0 F32, 1 F16, 2 BF16, 3 FP8 E4M3, 4 I8 |
+/// | 8 | 1 | memory type: 0 device, 1 pinned, 2 system, 3 disk |
+/// | 9 | 1 | reserved, 0 |
+/// | 10 | 4 | device id, `u32` |
+/// | 14 | 4 | num_layers, `u32` |
+/// | 18 | 4 | page_size (tokens per block), `u32` |
+/// | 22 | 4 | inner_dim (elements per token per layer), `u32` |
+/// | 26 | 4 | alignment in bytes, `u32` |
+/// | 30 | 8 | num_blocks, `u64` |
+/// | 38 | 8 | block stride in bytes, `u64` |
+///
+/// Then, for kind 0 (70 bytes in all): layer stride in bytes (`u64`, offset 46), the
+/// region's base address (`u64`, 54) and length (`u64`, 62). For kind 1 (`46 + 16 ×
+/// num_layers` bytes): `num_layers` regions in layer order, each a base address `u64` then
+/// a length `u64`. The region count is implied by the kind and `num_layers`, never sent
+/// separately, so a decoder can check the input holds that many before allocating.
+///
+/// The strides are redundant with the config on purpose: a peer that computes them
+/// differently (another alignment rule, another version of this code) is rejected instead
+/// of reading the wrong bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LayoutDescriptor {
     /// The layout kind.
@@ -192,7 +193,7 @@ impl Reader<'_> {
 }
 
 impl LayoutDescriptor {
-    /// The descriptor's bytes in format v1 (see the module docs). Descriptors from
+    /// The descriptor's bytes in format v1 (see [`LayoutDescriptor`]). Descriptors from
     /// [`BlockLayout::descriptor`] or [`LayoutDescriptor::deserialize`] round-trip exactly;
     /// a hand-built one that [`LayoutDescriptor::into_layout`] would reject is encoded as
     /// far as the format has room for its fields, and need not round-trip.

@@ -11,8 +11,8 @@
 //! - `fully_contiguous`: [`FullyContiguous`] (all blocks in one region, the layers of a
 //!   block side by side);
 //! - `layer_separate`: [`LayerSeparate`] (one region per layer);
-//! - `descriptor`: [`LayoutDescriptor`], its binary form (format documented there),
-//!   [`LayoutKind`] and [`LayoutDecodeError`].
+//! - `descriptor`: [`LayoutDescriptor`] and its binary form (the format is documented on
+//!   the type), [`LayoutKind`] and [`LayoutDecodeError`].
 //!
 //! Invariants, established by the constructors and re-checked on every decode:
 //! - a layout's config is valid and every byte size derived from it fits in a `u64`;

@@ -6,7 +6,7 @@
 //! [`CudaError`], never a panic), [`CudaError`], the device-memory arena and the pinned
 //! host region (module `memory`), the per-worker copy stream (module `stream`) and the
 //! block-copy benchmark (module [`bench`]). The host backend reaches the GPU only through
-//! its own `host::device` traits, which `memory` and `stream` implement ([`open_gpu`] is
+//! its own `host::device` traits, which `memory` and `stream` implement (`open_gpu` is
 //! the one entry point it calls), so the dependency runs one way: `cuda` → `host`.
 //!
 //! cudarc is used at its `result` layer (thin, checked wrappers over the driver API)
