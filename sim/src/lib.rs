@@ -2,12 +2,14 @@
 //!
 //! The same `Manager`, pools and events as the real backend run here on a
 //! [`hardware::SimHardware`] that completes transfers when their modelled time comes.
-//! Owns: the event queue ([`engine`]), the hardware model ([`hardware`], its shared links
+//! Owns: the event queue ([`queue`]), the hardware model ([`hardware`], its shared links
 //! in [`links`], forward-pass times in [`compute`], the network between the nodes in
-//! [`fabric`]), workloads
-//! ([`workload`]: synthetic conversations and Mooncake traces), scenarios ([`scenario`],
-//! RON), the cluster's run loop and its report ([`run`]), and trace replay through one pool for cache sizing ([`cache`]); validation scripts
-//! run on any two hardwares through one `Manager`, and their comparison ([`validation`]).
+//! [`fabric`]), workloads ([`workload`]: synthetic conversations and Mooncake traces),
+//! scenarios ([`scenario`], RON, read by [`ron_file`] like every RON input), the
+//! steppable cluster and its report ([`cluster`]), the checkers that judge a cluster
+//! from outside ([`checkers`]), trace replay through one pool for cache sizing
+//! ([`cache`]); validation scripts run on any two hardwares through one `Manager`, and
+//! their comparison ([`validation`]).
 //!
 //! Invariant: a scenario and a seed fully determine a run: no wall clock, no unseeded
 //! randomness, ordered maps wherever iteration order is observable. Latencies it prints
@@ -18,10 +20,11 @@ pub mod cache;
 pub mod checkers;
 pub mod cluster;
 pub mod compute;
-pub mod engine;
 pub mod fabric;
 pub mod hardware;
 pub mod links;
+pub mod queue;
+pub mod ron_file;
 pub mod scenario;
 pub mod validation;
 pub mod workload;

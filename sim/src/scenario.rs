@@ -1,11 +1,13 @@
 //! Scenarios: everything a run needs, in one RON file.
 //!
 //! Owns: [`Scenario`] and its parts, strict parsing (`deny_unknown_fields`: a misspelt
-//! field is an error, not a default) and [`ScenarioError`], which names the file, the
-//! line and column, and what was wrong there.
+//! field is an error, not a default; read and parsed by [`crate::ron_file`]) and
+//! [`ScenarioError`], which names the file, the line and column, and what was wrong
+//! there.
 //! Never: run anything.
 
 use crate::hardware::{HardwareProfile, Link};
+use crate::ron_file::{self, RonFileError};
 use crate::workload::{ConversationSpec, ReasoningSpec, Request};
 use kvtwin::ids::WorkerId;
 use kvtwin::manager::{ManagerConfig, ManagerConfigError, OnboardPolicy, TierConfig};
@@ -332,26 +334,10 @@ pub struct Scenario {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ScenarioError {
-    /// The file could not be read.
-    #[error("{path}: {source}", path = path.display())]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The RON is malformed or does not fit the scenario's shape.
-    #[error("{path}:{line}:{column}: {source}", path = path.display())]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// 1-based line.
-        line: usize,
-        /// 1-based column.
-        column: usize,
-        /// What was wrong (names the field for unknown or missing fields).
-        source: ron::error::Error,
-    },
+    /// The file could not be read, or its RON is malformed or does not fit the
+    /// scenario's shape (the error names the file, and the line and column).
+    #[error(transparent)]
+    File(#[from] RonFileError),
     /// The hardware profile names a compute profile that is not built in.
     #[error("{path}: hardware.compute: {source}", path = path.display())]
     UnknownCompute {
@@ -399,21 +385,12 @@ pub enum ScenarioError {
 impl Scenario {
     /// Reads and validates the scenario at `path`.
     pub fn load(path: &Path) -> Result<Self, ScenarioError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::parse(&text, path)
+        Self::parse(&ron_file::read(path)?, path)
     }
 
     /// Parses and validates scenario text; `path` is for error messages.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ScenarioError> {
-        let scenario: Scenario = ron::from_str(text).map_err(|error| ScenarioError::Parse {
-            path: path.to_owned(),
-            line: error.position.line,
-            column: error.position.col,
-            source: error.code,
-        })?;
+        let scenario: Scenario = ron_file::parse(text, path)?;
         scenario.validate(path)?;
         Ok(scenario)
     }

@@ -24,6 +24,7 @@
 //! arm) or know about real hardware (that arm lives in `kvtwin-backends`).
 
 use crate::hardware::{HardwareProfile, SimHardware};
+use crate::ron_file::{self, RonFileError};
 use kvtwin::block::BlockIdentity;
 use kvtwin::hardware::{Clock, Completion, Hardware, SubmitError, TransferRequest};
 use kvtwin::ids::{LocalBlockHash, RequestId, SequenceHash, Timestamp, TransferId, WorkerId};
@@ -108,26 +109,10 @@ pub struct ValidationScenario {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ValidationError {
-    /// The file could not be read.
-    #[error("{path}: {source}", path = path.display())]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The RON is malformed or does not fit the type.
-    #[error("{path}:{line}:{column}: {source}", path = path.display())]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// 1-based line.
-        line: usize,
-        /// 1-based column.
-        column: usize,
-        /// What was wrong (names the field for unknown or missing fields).
-        source: ron::error::Error,
-    },
+    /// The file could not be read, or its RON is malformed or does not fit the type
+    /// (the error names the file, and the line and column).
+    #[error(transparent)]
+    File(#[from] RonFileError),
     /// The script is not runnable.
     #[error("{path}: {field}: {reason}", path = path.display())]
     Invalid {
@@ -175,25 +160,9 @@ pub enum ValidationError {
     },
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(text: &str, path: &Path) -> Result<T, ValidationError> {
-    ron::from_str(text).map_err(|error| ValidationError::Parse {
-        path: path.to_owned(),
-        line: error.position.line,
-        column: error.position.col,
-        source: error.code,
-    })
-}
-
-fn read(path: &Path) -> Result<String, ValidationError> {
-    std::fs::read_to_string(path).map_err(|source| ValidationError::Io {
-        path: path.to_owned(),
-        source,
-    })
-}
-
 /// Reads a hardware profile (a `HardwareProfile` in RON, as `kvtwin calibrate` writes).
 pub fn load_profile(path: &Path) -> Result<HardwareProfile, ValidationError> {
-    parse(&read(path)?, path)
+    Ok(ron_file::load(path)?)
 }
 
 /// Whether `path` names a validation script by the convention of `scenarios/`:
@@ -207,12 +176,12 @@ pub fn is_validation_file(path: &Path) -> bool {
 impl ValidationScenario {
     /// Reads and checks the script at `path`.
     pub fn load(path: &Path) -> Result<Self, ValidationError> {
-        Self::parse(&read(path)?, path)
+        Self::parse(&ron_file::read(path)?, path)
     }
 
     /// Parses and checks script text; `path` is for error messages.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ValidationError> {
-        let script: Self = parse(text, path)?;
+        let script: Self = ron_file::parse(text, path)?;
         script.check(path)?;
         Ok(script)
     }

@@ -2,11 +2,14 @@
 
 use super::*;
 use crate::block::BlockIdentity;
-use crate::events::RegistryReplica;
+use crate::events::{KvCacheEventData, RegistryReplica};
+use crate::hardware::SubmitError;
 use crate::ids::{LocalBlockHash, WorkerId};
-use crate::pool::EvictionPolicyKind;
+use crate::phase::Phase;
+use crate::pool::{AllocError, EvictionPolicyKind, ImmutableBlock};
 use crate::testing::{TestHardware, TransferTiming};
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 const MS: Duration = Duration::from_millis(1);
 

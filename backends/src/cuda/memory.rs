@@ -4,20 +4,50 @@
 //! block `i` at `i × block_bytes`, each block behind its own read-write lock as
 //! `MemoryArena`'s are) and [`PinnedRegion`] / [`PinnedBlock`] (one page-locked host
 //! allocation, handed out as disjoint block slices that a `MemoryArena` locks like heap
-//! blocks). One allocation per tier, not one per block: the driver's allocations are
+//! blocks), and their implementations of the host backend's `device` traits
+//! ([`Gpu`] for a [`CudaDevice`], [`DeviceMemory`] for a [`DeviceArena`]), through which
+//! `host` uses them without naming them. One allocation per tier, not one per block: the driver's allocations are
 //! slow and few, and DMA from page-locked memory is what lets H2D/D2H copies run at the
 //! link's speed.
 //! Never: copy bytes (module `stream` does), or free memory a copy may still read: the
 //! worker waits on its copy's event before it releases a block's lock, and an arena is
 //! dropped only after the workers are joined.
 
+use super::stream::CopyStream;
 use super::{driver, region_bytes, CudaDevice, CudaError};
+use crate::host::device::{CopyEngine, DeviceMemory, Gpu, HostBlock, LockedBlock};
+use crate::host::HostError;
 use cudarc::driver::{result, sys};
 use kvtwin::hardware::TransferError;
 use kvtwin::ids::BlockId;
 use kvtwin::tier::Tier;
 use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock};
+
+impl Gpu for Arc<CudaDevice> {
+    fn device_memory(
+        &self,
+        capacity: usize,
+        block_bytes: usize,
+    ) -> Result<Box<dyn DeviceMemory>, HostError> {
+        Ok(Box::new(DeviceArena::new(self, capacity, block_bytes)?))
+    }
+
+    fn pinned_blocks(
+        &self,
+        capacity: usize,
+        block_bytes: usize,
+    ) -> Result<Vec<Box<dyn HostBlock>>, HostError> {
+        let region = PinnedRegion::new(self, capacity, block_bytes)?;
+        // An empty tier still allocates one byte, which holds no block.
+        Ok(region
+            .blocks(block_bytes)
+            .into_iter()
+            .take(capacity)
+            .map(|block| Box::new(block) as Box<dyn HostBlock>)
+            .collect())
+    }
+}
 
 /// The device tier's blocks in GPU memory.
 #[derive(Debug)]
@@ -51,21 +81,6 @@ impl DeviceArena {
         Ok(arena)
     }
 
-    /// Blocks in the arena.
-    pub(crate) fn capacity(&self) -> usize {
-        self.locks.len()
-    }
-
-    /// Bytes of one block.
-    pub(crate) fn block_bytes(&self) -> usize {
-        self.block_bytes
-    }
-
-    /// The GPU it lives on.
-    pub(crate) fn device(&self) -> &Arc<CudaDevice> {
-        &self.device
-    }
-
     fn lock(&self, block: BlockId) -> Result<&RwLock<()>, TransferError> {
         self.locks
             .get(block.index())
@@ -73,45 +88,13 @@ impl DeviceArena {
     }
 
     /// Shared access to a block: its device address while the guard lives.
-    pub(crate) fn read(&self, block: BlockId) -> Result<DeviceBlock<ReadGuard<'_>>, TransferError> {
-        let guard = crate::host::read(self.lock(block)?);
-        Ok(DeviceBlock {
-            address: self.address(block),
-            _guard: guard,
-        })
+    pub(crate) fn read(&self, block: BlockId) -> Result<LockedBlock<'_>, TransferError> {
+        Ok(LockedBlock::read(self.lock(block)?, self.address(block)))
     }
 
     /// Exclusive access to a block: its device address while the guard lives.
-    pub(crate) fn write(
-        &self,
-        block: BlockId,
-    ) -> Result<DeviceBlock<WriteGuard<'_>>, TransferError> {
-        let guard = crate::host::write(self.lock(block)?);
-        Ok(DeviceBlock {
-            address: self.address(block),
-            _guard: guard,
-        })
-    }
-
-    /// Copies block `block` into `out` (one block) synchronously, on the calling thread.
-    pub(crate) fn load(&self, block: BlockId, out: &mut [u8]) -> Result<(), TransferError> {
-        let failed = TransferError::Failed { tier: Tier::Device };
-        let source = self.read(block)?;
-        self.device.bind().map_err(|_| failed.clone())?;
-        // SAFETY: the block is read-locked and `out` is one block long (`Stores` slices
-        // it so); the copy is synchronous.
-        unsafe { result::memcpy_dtoh_sync(&mut out[..self.block_bytes], source.address) }
-            .map_err(|_| failed)
-    }
-
-    /// Copies `data` (one block) into block `block` synchronously, on the calling thread.
-    pub(crate) fn store(&self, block: BlockId, data: &[u8]) -> Result<(), TransferError> {
-        let failed = TransferError::Failed { tier: Tier::Device };
-        let target = self.write(block)?;
-        self.device.bind().map_err(|_| failed.clone())?;
-        // SAFETY: the block is write-locked and `data` one block long; synchronous.
-        unsafe { result::memcpy_htod_sync(target.address, &data[..self.block_bytes]) }
-            .map_err(|_| failed)
+    pub(crate) fn write(&self, block: BlockId) -> Result<LockedBlock<'_>, TransferError> {
+        Ok(LockedBlock::write(self.lock(block)?, self.address(block)))
     }
 
     fn address(&self, block: BlockId) -> sys::CUdeviceptr {
@@ -131,16 +114,47 @@ impl Drop for DeviceArena {
     }
 }
 
-/// A read lock on a device block.
-pub(crate) type ReadGuard<'a> = RwLockReadGuard<'a, ()>;
-/// A write lock on a device block.
-pub(crate) type WriteGuard<'a> = RwLockWriteGuard<'a, ()>;
+impl DeviceMemory for DeviceArena {
+    fn capacity(&self) -> usize {
+        self.locks.len()
+    }
 
-/// A device block's address, valid while its lock is held.
-#[derive(Debug)]
-pub(crate) struct DeviceBlock<G> {
-    pub(crate) address: sys::CUdeviceptr,
-    _guard: G,
+    fn block_bytes(&self) -> usize {
+        self.block_bytes
+    }
+
+    fn read(&self, block: BlockId) -> Result<LockedBlock<'_>, TransferError> {
+        DeviceArena::read(self, block)
+    }
+
+    fn write(&self, block: BlockId) -> Result<LockedBlock<'_>, TransferError> {
+        DeviceArena::write(self, block)
+    }
+
+    fn load(&self, block: BlockId, out: &mut [u8]) -> Result<(), TransferError> {
+        let failed = TransferError::Failed { tier: Tier::Device };
+        let source = self.read(block)?;
+        self.device.bind().map_err(|_| failed.clone())?;
+        // SAFETY: the block is read-locked and `out` is one block long (`Stores` slices
+        // it so); the copy is synchronous.
+        unsafe { result::memcpy_dtoh_sync(&mut out[..self.block_bytes], source.address) }
+            .map_err(|_| failed)
+    }
+
+    fn store(&self, block: BlockId, data: &[u8]) -> Result<(), TransferError> {
+        let failed = TransferError::Failed { tier: Tier::Device };
+        let target = self.write(block)?;
+        self.device.bind().map_err(|_| failed.clone())?;
+        // SAFETY: the block is write-locked and `data` one block long; synchronous.
+        unsafe { result::memcpy_htod_sync(target.address, &data[..self.block_bytes]) }
+            .map_err(|_| failed)
+    }
+
+    fn copy_engine(&self) -> Result<Box<dyn CopyEngine>, TransferError> {
+        let stream = CopyStream::new(&self.device)
+            .map_err(|_| TransferError::Failed { tier: Tier::Device })?;
+        Ok(Box::new(stream))
+    }
 }
 
 /// One page-locked host allocation.

@@ -5,7 +5,9 @@
 //! driver library is present and the GPU exists, so a machine without either gets a
 //! [`CudaError`], never a panic), [`CudaError`], the device-memory arena and the pinned
 //! host region (module `memory`), the per-worker copy stream (module `stream`) and the
-//! block-copy benchmark (module [`bench`]).
+//! block-copy benchmark (module [`bench`]). The host backend reaches the GPU only through
+//! its own `host::device` traits, which `memory` and `stream` implement (`open_gpu` is
+//! the one entry point it calls), so the dependency runs one way: `cuda` → `host`.
 //!
 //! cudarc is used at its `result` layer (thin, checked wrappers over the driver API)
 //! rather than its safe layer: the arenas address blocks at raw offsets inside one
@@ -163,6 +165,12 @@ impl Drop for CudaDevice {
         // context to the process's end; there is nothing better to do in a destructor.
         let _ = unsafe { result::primary_ctx::release(self.device) };
     }
+}
+
+/// Opens GPU `ordinal` as the host backend's [`Gpu`](crate::host::device::Gpu): where
+/// `HostHardware` gets its device tier and pinned host tier, without naming a CUDA type.
+pub(crate) fn open_gpu(ordinal: u32) -> Result<Box<dyn crate::host::device::Gpu>, CudaError> {
+    Ok(Box::new(CudaDevice::open(ordinal)?))
 }
 
 /// The bytes of `count` blocks of `block_bytes`, or an error naming `what`.

@@ -6,13 +6,17 @@
 //! sleeps on that event (blocking sync, not a spin: two cores are shared with the
 //! workers that do disk I/O). Enqueueing a whole transfer before waiting is what lets
 //! many small copies keep the link busy; waiting on one event per transfer is what the
-//! manager's completion path needs.
+//! manager's completion path needs. [`CopyStream`] is the host backend's `CopyEngine`:
+//! `host` hands it a transfer's copies without naming it.
 //! Never: return while a copy it enqueued may still touch host memory: [`CopyStream::batch`]
 //! waits for the event even when enqueueing failed half way.
 
 use super::{driver, CudaDevice, CudaError};
+use crate::host::device::{BlockCopy, CopyEngine};
 use cudarc::driver::result::{self, stream::StreamKind};
 use cudarc::driver::sys;
+use kvtwin::hardware::TransferError;
+use kvtwin::tier::Tier;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -103,6 +107,28 @@ impl Drop for CopyStream {
                 let _ = result::stream::destroy(self.stream);
             }
         }
+    }
+}
+
+impl CopyEngine for CopyStream {
+    unsafe fn run(&mut self, copies: Vec<BlockCopy<'_>>) -> Result<(), TransferError> {
+        self.batch(|batch| {
+            for copy in copies {
+                // SAFETY: the caller's promise (see `CopyEngine::run`) is the one each
+                // enqueue asks for: the device memory is live and locked for the batch.
+                unsafe {
+                    match copy {
+                        BlockCopy::HostToDevice { dst, src } => batch.host_to_device(dst, src)?,
+                        BlockCopy::DeviceToHost { dst, src } => batch.device_to_host(dst, src)?,
+                        BlockCopy::DeviceToDevice { dst, src, len } => {
+                            batch.device_to_device(dst, src, len)?
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
+        .map_err(|_| TransferError::Failed { tier: Tier::Device })
     }
 }
 

@@ -11,10 +11,9 @@
 //! the worker's buffer (the `Gpu` arms of `Stores::load` / `Stores::store`).
 //! Never: enqueue a copy whose host bytes are not locked until the batch's event fires.
 
+use super::device::{BlockCopy, CopyEngine, DeviceMemory};
 use super::memory::MemoryArena;
 use super::store::{Scratch, Stores, TierStore};
-use crate::cuda::memory::DeviceArena;
-use crate::cuda::stream::CopyStream;
 use kvtwin::hardware::{TransferError, TransferRequest};
 use kvtwin::ids::BlockId;
 use kvtwin::tier::Tier;
@@ -31,12 +30,12 @@ impl Stores {
         let (src, dst) = (request.src_tier, request.dst_tier);
         let result = match (self.get(src)?, self.get(dst)?) {
             (TierStore::Gpu(gpu), TierStore::Memory(memory)) => {
-                self.gpu_memory(gpu, memory, request, true, scratch)
+                self.gpu_memory(&**gpu, memory, request, true, scratch)
             }
             (TierStore::Memory(memory), TierStore::Gpu(gpu)) => {
-                self.gpu_memory(gpu, memory, request, false, scratch)
+                self.gpu_memory(&**gpu, memory, request, false, scratch)
             }
-            (TierStore::Gpu(gpu), TierStore::Gpu(_)) => self.gpu_gpu(gpu, request, scratch),
+            (TierStore::Gpu(gpu), TierStore::Gpu(_)) => self.gpu_gpu(&**gpu, request, scratch),
             _ => return None,
         };
         if result.is_ok() {
@@ -51,7 +50,7 @@ impl Stores {
     /// GPU to memory (`download`) or memory to GPU.
     fn gpu_memory(
         &self,
-        gpu: &DeviceArena,
+        gpu: &dyn DeviceMemory,
         memory: &MemoryArena,
         request: &TransferRequest,
         download: bool,
@@ -68,43 +67,46 @@ impl Stores {
         }
         let stream = stream(scratch, gpu)?;
         // The device tier's index is below every memory tier's: lock it first.
-        let addresses = if download {
-            lock_in_order(gpu_blocks, |_, block| {
-                gpu.read(block).map(|b| (b.address, Guard::Read(b)))
-            })?
-        } else {
-            lock_in_order(gpu_blocks, |_, block| {
-                gpu.write(block).map(|b| (b.address, Guard::Write(b)))
-            })?
-        };
-        let outcome = if download {
+        let locked = lock_in_order(gpu_blocks, |_, block| {
+            if download {
+                gpu.read(block)
+            } else {
+                gpu.write(block)
+            }
+        })?;
+        if download {
             let mut targets = lock_in_order(memory_blocks, |_, block| memory.write(block))?;
-            stream.batch(|batch| {
-                for ((address, _), target) in addresses.iter().zip(targets.iter_mut()) {
-                    // SAFETY: the device block is read-locked and the host block
-                    // write-locked until `batch` has waited for this copy.
-                    unsafe { batch.device_to_host(&mut target[..], *address)? };
-                }
-                Ok(())
-            })
+            let copies = locked
+                .iter()
+                .zip(targets.iter_mut())
+                .map(|(source, target)| BlockCopy::DeviceToHost {
+                    dst: &mut target[..],
+                    src: source.address,
+                })
+                .collect();
+            // SAFETY: the device blocks are read-locked and the host blocks write-locked
+            // until `run` has waited for these copies.
+            unsafe { stream.run(copies) }
         } else {
             let sources = lock_in_order(memory_blocks, |_, block| memory.read(block))?;
-            stream.batch(|batch| {
-                for ((address, _), source) in addresses.iter().zip(sources.iter()) {
-                    // SAFETY: the device block is write-locked and the host block
-                    // read-locked until `batch` has waited for this copy.
-                    unsafe { batch.host_to_device(*address, &source[..])? };
-                }
-                Ok(())
-            })
-        };
-        outcome.map_err(|_| failed)
+            let copies = locked
+                .iter()
+                .zip(sources.iter())
+                .map(|(target, source)| BlockCopy::HostToDevice {
+                    dst: target.address,
+                    src: &source[..],
+                })
+                .collect();
+            // SAFETY: the device blocks are write-locked and the host blocks read-locked
+            // until `run` has waited for these copies.
+            unsafe { stream.run(copies) }
+        }
     }
 
     /// GPU block to GPU block.
     fn gpu_gpu(
         &self,
-        gpu: &DeviceArena,
+        gpu: &dyn DeviceMemory,
         request: &TransferRequest,
         scratch: &mut Scratch,
     ) -> Result<(), TransferError> {
@@ -122,44 +124,37 @@ impl Stores {
         // One tier: one order over sources and targets together.
         let locked = lock_in_order(&all, |position, block| {
             if position < sources {
-                gpu.read(block).map(|b| (b.address, Guard::Read(b)))
+                gpu.read(block)
             } else {
-                gpu.write(block).map(|b| (b.address, Guard::Write(b)))
+                gpu.write(block)
             }
         })?;
         let (from, to) = locked.split_at(sources);
         let len = gpu.block_bytes();
         let stream = stream(scratch, gpu)?;
-        stream
-            .batch(|batch| {
-                for ((src, _), (dst, _)) in from.iter().zip(to) {
-                    // SAFETY: sources read-locked, targets write-locked, distinct, until
-                    // `batch` has waited for the copies.
-                    unsafe { batch.device_to_device(*dst, *src, len)? };
-                }
-                Ok(())
+        let copies = from
+            .iter()
+            .zip(to)
+            .map(|(src, dst)| BlockCopy::DeviceToDevice {
+                dst: dst.address,
+                src: src.address,
+                len,
             })
-            .map_err(|_| failed)
+            .collect();
+        // SAFETY: sources read-locked, targets write-locked, distinct, until `run` has
+        // waited for the copies.
+        unsafe { stream.run(copies) }
     }
 }
 
-/// A held device-block lock of either kind.
-#[allow(dead_code)] // Held for its drop only.
-enum Guard<'a> {
-    Read(crate::cuda::memory::DeviceBlock<crate::cuda::memory::ReadGuard<'a>>),
-    Write(crate::cuda::memory::DeviceBlock<crate::cuda::memory::WriteGuard<'a>>),
-}
-
-/// The worker's stream on `gpu`, made on first use (on the worker's own thread, where
-/// the context must be current).
+/// The worker's copy engine on `gpu`, made on first use (on the worker's own thread,
+/// where the context must be current).
 fn stream<'s>(
     scratch: &'s mut Scratch,
-    gpu: &DeviceArena,
-) -> Result<&'s mut CopyStream, TransferError> {
+    gpu: &dyn DeviceMemory,
+) -> Result<&'s mut Box<dyn CopyEngine>, TransferError> {
     if scratch.stream.is_none() {
-        let made = CopyStream::new(gpu.device())
-            .map_err(|_| TransferError::Failed { tier: Tier::Device })?;
-        scratch.stream = Some(made);
+        scratch.stream = Some(gpu.copy_engine()?);
     }
     scratch
         .stream

@@ -6,9 +6,10 @@
 //! (one big arena split among threads would need raw pointers). The manager never has a
 //! block read and written at once (a transfer's sources are pinned, its targets are
 //! exclusively held), so the locks are uncontended in practice; they make a misuse a wait,
-//! never a data race. With feature `cuda` and a GPU, the host tier's blocks are slices of
-//! one page-locked region ([`BlockBytes::Pinned`]) so that copies to and from the GPU
-//! run by DMA at the link's speed; everything else treats them as plain bytes.
+//! never a data race. With feature `cuda` and a GPU, the host tier's blocks are the
+//! page-locked blocks of a `device::Gpu` ([`BlockBytes::Pinned`]) so that copies to and
+//! from the GPU run by DMA at the link's speed; everything else treats them as plain
+//! bytes.
 //! Never: allocate after construction, or abort on a failed allocation (it is an error).
 
 use super::{read, write, HostError};
@@ -26,7 +27,7 @@ pub(crate) enum BlockBytes {
     Heap(Box<[u8]>),
     /// A slice of a page-locked region.
     #[cfg(feature = "cuda")]
-    Pinned(crate::cuda::memory::PinnedBlock),
+    Pinned(Box<dyn super::device::HostBlock>),
 }
 
 impl Deref for BlockBytes {
@@ -92,19 +93,17 @@ impl MemoryArena {
         })
     }
 
-    /// `capacity` zeroed blocks of `block_bytes` in one page-locked region on `device`.
+    /// `capacity` zeroed, page-locked blocks of `block_bytes` from `gpu`.
     #[cfg(feature = "cuda")]
     pub(crate) fn pinned(
         tier: Tier,
         capacity: usize,
         block_bytes: usize,
-        device: &std::sync::Arc<crate::cuda::CudaDevice>,
-    ) -> Result<Self, crate::cuda::CudaError> {
-        let region = crate::cuda::memory::PinnedRegion::new(device, capacity, block_bytes)?;
-        let blocks = region
-            .blocks(block_bytes)
+        gpu: &dyn super::device::Gpu,
+    ) -> Result<Self, HostError> {
+        let blocks = gpu
+            .pinned_blocks(capacity, block_bytes)?
             .into_iter()
-            .take(capacity)
             .map(|block| RwLock::new(BlockBytes::Pinned(block)))
             .collect();
         Ok(Self { tier, blocks })

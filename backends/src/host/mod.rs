@@ -27,6 +27,8 @@
 //! Never: panic on a configuration or a request (both are checked and answered with
 //! errors), or block the caller of `submit` / `poll_completion` on I/O.
 
+#[cfg(feature = "cuda")]
+pub(crate) mod device;
 mod disk;
 #[cfg(feature = "cuda")]
 mod gpu;
@@ -374,11 +376,11 @@ impl HostHardware {
             RemoteTier::Absent => 0,
         };
         let fabric = Arc::new(InProcessFabric::new(capacity_bytes));
+        // Where `host` reaches into `cuda` (with `HostError::Cuda`, the error it may
+        // return): it picks the implementation of the `device` traits; everything after
+        // names only those traits.
         #[cfg(feature = "cuda")]
-        let gpu = config
-            .cuda_device
-            .map(crate::cuda::CudaDevice::open)
-            .transpose()?;
+        let gpu = config.cuda_device.map(crate::cuda::open_gpu).transpose()?;
         #[cfg(not(feature = "cuda"))]
         if config.cuda_device.is_some() {
             return Err(HostError::CudaNotBuilt);
@@ -399,11 +401,9 @@ impl HostHardware {
                 #[cfg(feature = "cuda")]
                 Tier::Device if gpu.is_some() => {
                     let gpu = gpu.as_ref().ok_or(HostError::CudaNotBuilt)?;
-                    Some(TierStore::Gpu(crate::cuda::memory::DeviceArena::new(
-                        gpu,
-                        capacity_blocks,
-                        block_bytes,
-                    )?))
+                    Some(TierStore::Gpu(
+                        gpu.device_memory(capacity_blocks, block_bytes)?,
+                    ))
                 }
                 #[cfg(feature = "cuda")]
                 Tier::Host if gpu.is_some() => {
@@ -412,7 +412,7 @@ impl HostHardware {
                         tier,
                         capacity_blocks,
                         block_bytes,
-                        gpu,
+                        &**gpu,
                     )?))
                 }
                 Tier::Device | Tier::Host => Some(TierStore::Memory(MemoryArena::new(

@@ -32,7 +32,7 @@ pub(crate) enum TierStore {
     Remote(RemoteStore),
     /// GPU memory (the device tier, feature `cuda`).
     #[cfg(feature = "cuda")]
-    Gpu(crate::cuda::memory::DeviceArena),
+    Gpu(Box<dyn super::device::DeviceMemory>),
 }
 
 /// What each worker thread keeps between transfers.
@@ -41,7 +41,7 @@ pub(crate) struct Scratch {
     pub(crate) staging: AlignedBuf,
     /// The worker's CUDA stream, made on its first GPU transfer.
     #[cfg(feature = "cuda")]
-    pub(crate) stream: Option<crate::cuda::stream::CopyStream>,
+    pub(crate) stream: Option<Box<dyn super::device::CopyEngine>>,
 }
 
 impl Scratch {

@@ -62,7 +62,7 @@ pub use snapshot::{
 };
 
 use crate::compute::UnknownProfile;
-use crate::engine::EventQueue;
+use crate::queue::EventQueue;
 use crate::scenario::{Fault, Routing, Scenario};
 use crate::workload::Request;
 use disagg::Disagg;

@@ -277,8 +277,10 @@ pub struct Report {
     pub passes: u64,
     /// Requests taken off the device to make room (recompute preemption).
     pub preemptions: u64,
-    /// Events the engine processed (arrivals, passes, transfer deadlines, deliveries):
-    /// the simulator's own work, for `kvtwin bench sim`.
+    /// Things the simulator's event queue woke the cluster for (arrivals, passes,
+    /// transfer deadlines, deliveries): the simulator's own work, for `kvtwin bench sim`.
+    /// (The name predates kvtwin's rule that "engine" means vLLM or SGLang; it stays, as
+    /// users compare reports by their fields.)
     pub engine_events: u64,
 }
 

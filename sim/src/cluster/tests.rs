@@ -268,7 +268,7 @@ fn outcome(report: &Report) -> String {
 }
 
 #[test]
-fn planned_decode_steps_change_nothing_but_the_engine_event_count() {
+fn planned_decode_steps_change_nothing_but_the_count_of_queue_wakeups() {
     let mut cases: Vec<(Scenario, Vec<Request>)> = Vec::new();
     for (workers, routing, gap_us) in [
         (1, Routing::Kv, 20),
