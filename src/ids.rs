@@ -1,7 +1,7 @@
 //! Identifiers, hashes and time: every id in kvtwin is a `Copy` newtype defined here, once.
 //!
-//! Owns: `BlockId`, `WorkerId`, `TransferId`, `RequestId`, `LocalBlockHash`,
-//! `SequenceHash`, `Timestamp`. The fields are private so that an id of one kind can never
+//! Owns: `BlockId`, `WorkerId`, `WorkerWithDpRank`, `TransferId`, `RequestId`,
+//! `LocalBlockHash`, `SequenceHash`, `Timestamp`. The fields are private so that an id of one kind can never
 //! be passed where another is expected; constructors and accessors are explicit.
 //! Never: compute hashes (see `tokens`), read a clock, or allocate.
 
@@ -54,6 +54,16 @@ id_newtype!(
     /// One worker (engine instance) of a cluster, as the router knows it.
     WorkerId(u64)
 );
+/// One data-parallel rank of a worker: what the router indexes and routes to (Dynamo's
+/// `WorkerWithDpRank`). A worker without data parallelism is its rank 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WorkerWithDpRank {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Its data-parallel rank.
+    pub dp_rank: u32,
+}
+
 id_newtype!(
     /// One transfer submitted to a `Hardware`; unique per manager.
     TransferId(u64)

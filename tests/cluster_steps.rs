@@ -146,7 +146,7 @@ fn workers_added_take_traffic_and_workers_removed_leave_the_router_in_line() {
         assert!(cluster
             .router()
             .indexer()
-            .blocks_of(kvtwin::router::indexer::WorkerKey {
+            .blocks_of(kvtwin::ids::WorkerWithDpRank {
                 worker: WorkerId::new(gone as u64),
                 dp_rank: 0,
             })

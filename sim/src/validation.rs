@@ -26,11 +26,12 @@
 use crate::hardware::{HardwareProfile, SimHardware};
 use crate::ron_file::{self, RonFileError};
 use kvtwin::block::BlockIdentity;
+use kvtwin::events::KvCacheEvent;
 use kvtwin::hardware::{Clock, Completion, Hardware, SubmitError, TransferRequest};
 use kvtwin::ids::{LocalBlockHash, RequestId, SequenceHash, Timestamp, TransferId, WorkerId};
 use kvtwin::manager::{
-    Manager, ManagerConfig, ManagerConfigError, ManagerOutput, OffloadPolicy, OnboardError,
-    OnboardPolicy, TierConfig,
+    settle, Driver, Manager, ManagerConfig, ManagerConfigError, ManagerOutput, OffloadPolicy,
+    OnboardError, OnboardPolicy, TierConfig,
 };
 use kvtwin::pool::{AllocError, EvictionPolicyKind};
 use kvtwin::stats::nearest_rank;
@@ -534,31 +535,20 @@ fn run_phase<A: Arm>(
         _ => Tier::Disk,
     };
     loop {
-        let m = arm.manager();
-        let now = m.hardware().clock().now();
-        m.handle_completions(now);
-        while let Some(output) = m.poll_output() {
-            match output {
-                ManagerOutput::OnboardComplete {
-                    blocks,
-                    failed_blocks,
-                    ..
-                } => {
-                    m.device().release(blocks);
-                    if failed_blocks > 0 {
-                        return Err(ValidationError::Failed {
-                            phase,
-                            blocks: failed_blocks,
-                        });
-                    }
-                }
-                ManagerOutput::OffloadFailed { blocks, .. } => {
-                    return Err(ValidationError::Failed { phase, blocks });
-                }
-                ManagerOutput::Offloaded { .. } => {}
-            }
+        let now = arm.manager().hardware().clock().now();
+        let mut phase_driver = PhaseDriver {
+            manager: arm.manager(),
+            failed_blocks: 0,
+        };
+        // The events are not needed: the script measures transfers.
+        let _ = settle(&mut phase_driver, now);
+        if phase_driver.failed_blocks > 0 {
+            return Err(ValidationError::Failed {
+                phase,
+                blocks: phase_driver.failed_blocks,
+            });
         }
-        let _ = m.take_events();
+        let m = arm.manager();
         while m.transfers_in_flight() < in_flight {
             let Some(op) = ops.pop_front() else { break };
             match op {
@@ -600,6 +590,39 @@ fn run_phase<A: Arm>(
             return Err(ValidationError::Stuck { phase, in_flight });
         }
     }
+}
+
+/// A phase's manager as the drain loop drives it: finished onboardings let their blocks
+/// go, and failures are kept for the phase to report.
+struct PhaseDriver<'m, H: Hardware> {
+    manager: &'m mut Manager<Timed<H>>,
+    /// Blocks that failed to transfer (onboardings that did not arrive, offloads lost).
+    failed_blocks: usize,
+}
+
+impl<H: Hardware> Driver for PhaseDriver<'_, H> {
+    type Hardware = Timed<H>;
+
+    fn manager(&mut self) -> &mut Manager<Timed<H>> {
+        self.manager
+    }
+
+    fn on_output(&mut self, output: ManagerOutput) {
+        match output {
+            ManagerOutput::OnboardComplete {
+                blocks,
+                failed_blocks,
+                ..
+            } => {
+                self.manager.device().release(blocks);
+                self.failed_blocks += failed_blocks;
+            }
+            ManagerOutput::OffloadFailed { blocks, .. } => self.failed_blocks += blocks,
+            ManagerOutput::Offloaded { .. } => {}
+        }
+    }
+
+    fn on_event(&mut self, _event: KvCacheEvent) {}
 }
 
 /// One compared figure.

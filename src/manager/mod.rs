@@ -21,6 +21,7 @@
 //! and resets tiers.
 
 mod config;
+mod drive;
 mod events;
 mod faults;
 mod offload;
@@ -29,6 +30,7 @@ mod plan;
 mod transfers;
 
 pub use config::{ManagerConfig, ManagerConfigError, OffloadPolicy, OnboardPolicy, TierConfig};
+pub use drive::{settle, Driver};
 pub use faults::{ClearError, TierFailure, TierFaultError};
 pub use onboard::OnboardError;
 pub use plan::{LookupPlan, ManagerOutput};
@@ -91,6 +93,8 @@ pub struct ManagerStats {
 /// 2. drains [`Manager::poll_output`] until it returns `None`;
 /// 3. drains [`Manager::take_events`] and publishes them in order;
 /// 4. sleeps until [`Manager::poll_timeout`] (or until its backend wakes it).
+///
+/// [`settle`] runs steps 1 to 3 and returns step 4's deadline for any [`Driver`].
 #[derive(Debug)]
 pub struct Manager<H: Hardware> {
     hardware: H,

@@ -18,7 +18,7 @@
 //! Never: panic on input, or let hash-map order leak into results (they are sorted).
 
 use crate::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
-use crate::ids::{LocalBlockHash, SequenceHash, WorkerId};
+use crate::ids::{LocalBlockHash, SequenceHash, WorkerId, WorkerWithDpRank};
 use crate::tier::Tier;
 use crate::tokens::chain_sequence_hash;
 use std::collections::BTreeMap;
@@ -26,21 +26,12 @@ use tree::{BlockTree, Holder, HolderSet, NodeBlock, NodeId, ROOT};
 
 mod tree;
 
-/// One worker as the indexer knows it: engine worker id and data-parallel rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct WorkerKey {
-    /// The worker.
-    pub worker: WorkerId,
-    /// Its data-parallel rank.
-    pub dp_rank: u32,
-}
-
 /// Dense index of a worker inside the indexer.
 type Slot = u32;
 
 #[derive(Debug, Default)]
 struct WorkerState {
-    key: Option<WorkerKey>,
+    key: Option<WorkerWithDpRank>,
     last_event_id: Option<u64>,
 }
 
@@ -103,7 +94,7 @@ impl IndexerStats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WorkerOverlap {
     /// The worker.
-    pub worker: WorkerKey,
+    pub worker: WorkerWithDpRank,
     /// Leading query blocks it holds, in any tier.
     pub blocks: u32,
     /// Of those, how many are held best (fastest) in each tier, by `Tier::index`.
@@ -119,7 +110,7 @@ pub struct OverlapScores {
 
 impl OverlapScores {
     /// The score of `worker` (0 if absent).
-    pub fn score(&self, worker: WorkerKey) -> u32 {
+    pub fn score(&self, worker: WorkerWithDpRank) -> u32 {
         self.workers
             .iter()
             .find(|w| w.worker == worker)
@@ -151,7 +142,7 @@ pub struct MatchScratch {
 pub struct KvIndexer {
     tree: BlockTree,
     slots: Vec<WorkerState>,
-    by_key: BTreeMap<WorkerKey, Slot>,
+    by_key: BTreeMap<WorkerWithDpRank, Slot>,
     free_slots: Vec<Slot>,
     stats: IndexerStats,
 }
@@ -226,10 +217,10 @@ impl KvIndexer {
     pub fn heap_bytes(&self) -> usize {
         self.tree.heap_bytes()
             + self.slots.capacity() * std::mem::size_of::<WorkerState>()
-            + self.by_key.len() * (std::mem::size_of::<(WorkerKey, Slot)>() + 8)
+            + self.by_key.len() * (std::mem::size_of::<(WorkerWithDpRank, Slot)>() + 8)
     }
 
-    fn slot_of(&mut self, key: WorkerKey) -> Result<Slot, ApplyEventError> {
+    fn slot_of(&mut self, key: WorkerWithDpRank) -> Result<Slot, ApplyEventError> {
         if let Some(&slot) = self.by_key.get(&key) {
             return Ok(slot);
         }
@@ -261,7 +252,7 @@ impl KvIndexer {
     /// An event id that does not follow the worker's previous one is counted as a gap;
     /// the event is still applied.
     pub fn apply(&mut self, worker: WorkerId, event: &KvCacheEvent) -> Result<(), ApplyEventError> {
-        let slot = self.slot_of(WorkerKey {
+        let slot = self.slot_of(WorkerWithDpRank {
             worker,
             dp_rank: event.dp_rank,
         })?;
@@ -462,7 +453,7 @@ impl KvIndexer {
 
     /// Every block `worker` holds, with the tiers it holds it in (bit `Tier::index`): the
     /// router's view of one worker, to compare with the worker's own pools. O(index).
-    pub fn blocks_of(&self, worker: WorkerKey) -> BTreeMap<SequenceHash, u8> {
+    pub fn blocks_of(&self, worker: WorkerWithDpRank) -> BTreeMap<SequenceHash, u8> {
         let mut out = BTreeMap::new();
         let Some(&slot) = self.by_key.get(&worker) else {
             return out;
@@ -477,11 +468,11 @@ impl KvIndexer {
 
     /// Forgets `worker` (every dp rank): its blocks and its event-id history.
     pub fn remove_worker(&mut self, worker: WorkerId) {
-        let range = WorkerKey { worker, dp_rank: 0 }..=WorkerKey {
+        let range = WorkerWithDpRank { worker, dp_rank: 0 }..=WorkerWithDpRank {
             worker,
             dp_rank: u32::MAX,
         };
-        let keys: Vec<WorkerKey> = self.by_key.range(range).map(|(key, _)| *key).collect();
+        let keys: Vec<WorkerWithDpRank> = self.by_key.range(range).map(|(key, _)| *key).collect();
         for key in keys {
             self.remove_rank(key);
         }
@@ -489,7 +480,7 @@ impl KvIndexer {
 
     /// Forgets one rank of a worker: its blocks and its event-id history (the engine
     /// serving that rank restarted; the worker's other ranks are untouched).
-    pub fn remove_rank(&mut self, key: WorkerKey) {
+    pub fn remove_rank(&mut self, key: WorkerWithDpRank) {
         if let Some(slot) = self.by_key.remove(&key) {
             self.tree.remove_slot(slot);
             self.slots[slot as usize] = WorkerState::default();
@@ -646,7 +637,7 @@ impl KvIndexer {
     /// `Stored` per run and tier, every parent before its children (children in tokens
     /// hash order), numbered from 0. A run the worker holds without holding its parent
     /// is left out: no query can reach it, so the rebuilt index gives the same answers.
-    pub fn dump(&self) -> Vec<(WorkerKey, KvCacheEvent)> {
+    pub fn dump(&self) -> Vec<(WorkerWithDpRank, KvCacheEvent)> {
         let mut out = Vec::new();
         for (key, slot) in &self.by_key {
             let mut event_id = 0;

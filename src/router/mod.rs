@@ -16,12 +16,12 @@ pub mod workload;
 #[cfg(test)]
 mod test_support {
     //! Helpers shared by the router's unit tests.
-    use super::indexer::WorkerKey;
+    use crate::ids::WorkerWithDpRank;
     use crate::ids::{LocalBlockHash, WorkerId};
 
     /// Worker `worker` at dp rank 0.
-    pub(crate) fn key(worker: u64) -> WorkerKey {
-        WorkerKey {
+    pub(crate) fn key(worker: u64) -> WorkerWithDpRank {
+        WorkerWithDpRank {
             worker: WorkerId::new(worker),
             dp_rank: 0,
         }
@@ -34,9 +34,10 @@ mod test_support {
 }
 
 use crate::events::KvCacheEvent;
+use crate::ids::WorkerWithDpRank;
 use crate::ids::{LocalBlockHash, Timestamp, WorkerId};
 use approx::PredictedCache;
-use indexer::{ApplyEventError, KvIndexer, MatchScratch, WorkerKey, WorkerOverlap};
+use indexer::{ApplyEventError, KvIndexer, MatchScratch, WorkerOverlap};
 use scheduler::{Decision, Scheduler, SchedulerConfig};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -60,7 +61,7 @@ pub enum WorkerMode {
 #[derive(Debug)]
 pub struct Router {
     indexer: KvIndexer,
-    predicted: BTreeMap<WorkerKey, PredictedCache>,
+    predicted: BTreeMap<WorkerWithDpRank, PredictedCache>,
     scheduler: Scheduler,
     scratch: MatchScratch,
 }
@@ -77,7 +78,7 @@ impl Router {
     }
 
     /// Makes `worker` routable, its cache learnt as `mode` says.
-    pub fn add_worker(&mut self, worker: WorkerKey, mode: WorkerMode) {
+    pub fn add_worker(&mut self, worker: WorkerWithDpRank, mode: WorkerMode) {
         self.scheduler.add_worker(worker);
         if let WorkerMode::Approximate {
             ttl,
@@ -98,7 +99,7 @@ impl Router {
 
     /// Routes nothing more to `worker` (a worker draining before it leaves), keeping
     /// its blocks in the index, still fed by its events, until [`Self::remove_worker`].
-    pub fn stop_routing(&mut self, worker: WorkerKey) {
+    pub fn stop_routing(&mut self, worker: WorkerWithDpRank) {
         self.predicted.remove(&worker);
         self.scheduler.remove_worker(worker);
     }
@@ -136,7 +137,7 @@ impl Router {
     }
 
     /// A request of `blocks` blocks finished on `worker`.
-    pub fn finish(&mut self, worker: WorkerKey, blocks: u64) {
+    pub fn finish(&mut self, worker: WorkerWithDpRank, blocks: u64) {
         self.scheduler.record_finish(worker, blocks);
     }
 

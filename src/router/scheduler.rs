@@ -22,7 +22,8 @@
 //! sequence of choices.
 //! Never: read a clock or an unseeded RNG; iterate workers in anything but key order.
 
-use super::indexer::{WorkerKey, WorkerOverlap};
+use super::indexer::WorkerOverlap;
+use crate::ids::WorkerWithDpRank;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -73,7 +74,7 @@ pub struct WorkerLoad {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Decision {
     /// The chosen worker.
-    pub worker: WorkerKey,
+    pub worker: WorkerWithDpRank,
     /// Its cost.
     pub cost: f64,
     /// Its overlap with the request, in blocks (any tier).
@@ -85,7 +86,7 @@ pub struct Decision {
 pub struct Scheduler {
     config: SchedulerConfig,
     rng: ChaCha8Rng,
-    loads: BTreeMap<WorkerKey, WorkerLoad>,
+    loads: BTreeMap<WorkerWithDpRank, WorkerLoad>,
 }
 
 impl Scheduler {
@@ -104,12 +105,12 @@ impl Scheduler {
     }
 
     /// Makes `worker` eligible (with no load).
-    pub fn add_worker(&mut self, worker: WorkerKey) {
+    pub fn add_worker(&mut self, worker: WorkerWithDpRank) {
         self.loads.entry(worker).or_default();
     }
 
     /// Makes `worker` ineligible.
-    pub fn remove_worker(&mut self, worker: WorkerKey) {
+    pub fn remove_worker(&mut self, worker: WorkerWithDpRank) {
         self.loads.remove(&worker);
     }
 
@@ -119,24 +120,24 @@ impl Scheduler {
     }
 
     /// Replaces what the scheduler knows of `worker`'s load (from metrics, say).
-    pub fn set_load(&mut self, worker: WorkerKey, load: WorkerLoad) {
+    pub fn set_load(&mut self, worker: WorkerWithDpRank, load: WorkerLoad) {
         self.loads.insert(worker, load);
     }
 
     /// The load of `worker`.
-    pub fn load(&self, worker: WorkerKey) -> Option<WorkerLoad> {
+    pub fn load(&self, worker: WorkerWithDpRank) -> Option<WorkerLoad> {
         self.loads.get(&worker).copied()
     }
 
     /// A request of `blocks` blocks started on `worker`.
-    pub fn record_start(&mut self, worker: WorkerKey, blocks: u64) {
+    pub fn record_start(&mut self, worker: WorkerWithDpRank, blocks: u64) {
         let load = self.loads.entry(worker).or_default();
         load.active_blocks += blocks;
         load.active_requests += 1;
     }
 
     /// A request of `blocks` blocks finished on `worker`.
-    pub fn record_finish(&mut self, worker: WorkerKey, blocks: u64) {
+    pub fn record_finish(&mut self, worker: WorkerWithDpRank, blocks: u64) {
         if let Some(load) = self.loads.get_mut(&worker) {
             load.active_blocks = load.active_blocks.saturating_sub(blocks);
             load.active_requests = load.active_requests.saturating_sub(1);

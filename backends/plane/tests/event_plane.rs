@@ -8,7 +8,7 @@
 //! `KVTWIN_REQUIRE_NATS=1` or `CI=true`.
 
 use kvtwin::ids::WorkerId;
-use kvtwin::router::indexer::WorkerKey;
+use kvtwin::ids::WorkerWithDpRank;
 use kvtwin_plane::nats::{
     ConsumeMode, NatsMode, NatsServer, PublisherConfig as NatsPublisherConfig,
     SubscriberConfig as NatsSubscriberConfig,
@@ -79,7 +79,7 @@ fn event_count(engine: &Engine, range: std::ops::Range<usize>) -> u64 {
 fn assert_same_state(got: &RouterState, expected: &RouterState) {
     assert_eq!(got.workers(), expected.workers(), "workers");
     for summary in expected.workers() {
-        let key: WorkerKey = summary.key;
+        let key: WorkerWithDpRank = summary.key;
         assert_eq!(
             got.indexer().blocks_of(key),
             expected.indexer().blocks_of(key),

@@ -8,11 +8,11 @@
 use kvtwin::block::BlockIdentity;
 use kvtwin::events::RegistryReplica;
 use kvtwin::hardware::{Clock, Hardware};
+use kvtwin::ids::WorkerWithDpRank;
 use kvtwin::ids::{SequenceHash, WorkerId};
 use kvtwin::layout::{DType, LayoutConfig};
 use kvtwin::manager::{Manager, ManagerConfig, OffloadPolicy, OnboardPolicy, TierConfig};
 use kvtwin::pool::EvictionPolicyKind;
-use kvtwin::router::indexer::WorkerKey;
 use kvtwin::testing::{TestHardware, TransferTiming};
 use kvtwin::tier::Tier;
 use kvtwin::tokens::{HashSeed, TokenBlockSequence};
@@ -135,7 +135,7 @@ fn the_router_reads_a_kvtwin_worker_as_it_reads_vllm() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let router = lock(&state);
-    let held = router.indexer().blocks_of(WorkerKey {
+    let held = router.indexer().blocks_of(WorkerWithDpRank {
         worker: WorkerId::new(WORKER),
         dp_rank: 0,
     });

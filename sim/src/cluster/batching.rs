@@ -12,7 +12,7 @@
 //! Never: route, or touch another worker (a handoff goes through `disagg`).
 
 use super::worker::{cacheable_blocks, Live, State};
-use super::{Cluster, Wakeup, WorkerIndex};
+use super::{Cluster, Wakeup};
 use crate::compute::{ComputeModel, Pass};
 use crate::scenario::Batching;
 use kvtwin::block::{BlockIdentity, Reset};
@@ -146,7 +146,7 @@ impl Cluster<'_> {
     /// Starts worker `w`'s next forward pass if none is running and there is work: every
     /// decoding sequence generates one token, and prefill chunks fill the rest of the
     /// token budget, oldest request first (chunked prefill), up to `max_seqs` sequences.
-    pub(super) fn start_pass(&mut self, w: WorkerIndex) {
+    pub(super) fn start_pass(&mut self, w: usize) {
         if self.workers[w].pass.is_some() {
             return;
         }
@@ -286,7 +286,7 @@ impl Cluster<'_> {
     /// For decode worker `w`, disaggregated: the earliest time something may send it a
     /// handoff or land one (see `PassInFlight`); `None` for other workers, or when
     /// nothing is pending anywhere.
-    pub(super) fn handoff_horizon(&self, w: WorkerIndex) -> Option<Timestamp> {
+    pub(super) fn handoff_horizon(&self, w: usize) -> Option<Timestamp> {
         let disagg = self.disagg.as_ref()?;
         if w < disagg.prefill_workers {
             return None;
@@ -310,7 +310,7 @@ impl Cluster<'_> {
     /// registers its blocks, and its first token counts from the end of the pass's
     /// prefill part), decoding sequences gain a token (a finished one releases its
     /// blocks).
-    pub(super) fn pass_done(&mut self, w: WorkerIndex) {
+    pub(super) fn pass_done(&mut self, w: usize) {
         let Some(pass) = self.workers[w].pass.take() else {
             return;
         };
@@ -480,7 +480,7 @@ impl Cluster<'_> {
     /// request when none is free). Returns whether it is done.
     pub(super) fn decoded(
         &mut self,
-        w: WorkerIndex,
+        w: usize,
         i: usize,
         mut held: BlockChain,
         mut extra: Vec<MutableBlock<Reset>>,
@@ -550,7 +550,7 @@ impl Cluster<'_> {
     /// request answers.
     pub(super) fn cache_filled_output_blocks(
         &mut self,
-        w: WorkerIndex,
+        w: usize,
         i: usize,
         held: &mut BlockChain,
         extra: &mut Vec<MutableBlock<Reset>>,
@@ -615,7 +615,7 @@ impl Cluster<'_> {
     /// At request `i`'s ExitThink point (its reasoning tokens all generated), tags its
     /// reasoning blocks `ThinkComplete`: never read again, the first the priority policy
     /// evicts and writes back (seed 004).
-    pub(super) fn end_thinking(&mut self, w: WorkerIndex, i: usize) {
+    pub(super) fn end_thinking(&mut self, w: usize, i: usize) {
         let Some(live) = self.requests.live.get_mut(&i) else {
             return;
         };
@@ -637,7 +637,7 @@ impl Cluster<'_> {
     /// Takes request `j` off worker `w`'s device (recompute preemption): its blocks go
     /// back and it waits at the head of the worker's queue to prefill its prompt and
     /// generated tokens again.
-    pub(super) fn preempt(&mut self, w: WorkerIndex, j: usize) {
+    pub(super) fn preempt(&mut self, w: usize, j: usize) {
         let worker = &mut self.workers[w];
         match worker.states.remove(&j) {
             Some(State::Decoding { held, extra, .. }) => {
@@ -660,7 +660,7 @@ impl Cluster<'_> {
         self.preempted(w, j);
     }
 
-    pub(super) fn preempted(&mut self, w: WorkerIndex, j: usize) {
+    pub(super) fn preempted(&mut self, w: usize, j: usize) {
         self.tally.preemptions += 1;
         self.workers[w].waiting.push_front(j);
     }

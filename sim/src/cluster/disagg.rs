@@ -21,7 +21,7 @@
 
 use super::report::{DisaggregationReport, LinkReport, Percentiles};
 use super::worker::{cacheable_blocks, State};
-use super::{Cluster, Epoch, LinkSnapshot, Wakeup, WorkerIndex};
+use super::{Cluster, Epoch, LinkSnapshot, Wakeup};
 use crate::fabric::{frame_bytes, frame_sizes, ClusterFabric, FabricLink};
 use crate::hardware::HardwareProfile;
 use crate::hardware::LinkUsage;
@@ -64,10 +64,10 @@ pub(super) struct Disagg {
 
 /// One request's KV handoff from a prefill worker to a decode worker.
 pub(super) struct Handoff {
-    pub(super) from: WorkerIndex,
+    pub(super) from: usize,
     /// The decode worker; `None` while none is up (the handoff waits in
     /// `Disagg::unassigned`).
-    pub(super) to: Option<WorkerIndex>,
+    pub(super) to: Option<usize>,
     /// Its frames' fabric ids, to abort those still in flight if an end crashes.
     pub(super) frames: Vec<u64>,
     /// When the prefill ended.
@@ -83,8 +83,8 @@ pub(super) struct Handoff {
 /// both ends when it was sent (a frame of a crashed worker's former self never counts).
 pub(super) struct FrameInFlight {
     pub(super) request: usize,
-    pub(super) from: (WorkerIndex, Epoch),
-    pub(super) to: (WorkerIndex, Epoch),
+    pub(super) from: (usize, Epoch),
+    pub(super) to: (usize, Epoch),
 }
 
 impl Disagg {
@@ -262,7 +262,7 @@ impl Cluster<'_> {
     /// ([`Cluster::assign_decode_worker`]).
     pub(super) fn hand_off(
         &mut self,
-        p: WorkerIndex,
+        p: usize,
         i: usize,
         held: BlockChain,
         own: Vec<MutableBlock<Reset>>,
@@ -331,7 +331,7 @@ impl Cluster<'_> {
     /// Decode worker `d` takes device blocks for request `i`'s prompt and the handoff's
     /// frames go out; without free blocks the handoff waits in `d`'s queue, first come
     /// first served, and is tried again when blocks come free there.
-    pub(super) fn receive(&mut self, d: WorkerIndex, i: usize) {
+    pub(super) fn receive(&mut self, d: usize, i: usize) {
         let blocks = self.handoff_blocks(i);
         self.set_clock(d);
         // Taking blocks may evict cached ones: `d` has events to publish.
@@ -434,8 +434,7 @@ impl Cluster<'_> {
             };
             // Sent by or to a crashed worker's former self: its handoff was aborted (and
             // the frame with it, so this is only a safeguard).
-            let current =
-                |(w, epoch): (WorkerIndex, Epoch)| workers[w].up && workers[w].epoch == epoch;
+            let current = |(w, epoch): (usize, Epoch)| workers[w].up && workers[w].epoch == epoch;
             if !(current(frame.from) && current(frame.to)) {
                 continue;
             }

@@ -11,7 +11,7 @@
 //! Never: decide routing or batching; a fault only changes what they see.
 
 use super::router_of;
-use super::{Cluster, Wakeup, WorkerIndex};
+use super::{Cluster, Wakeup};
 use crate::hardware::Link;
 use crate::hardware::SimHardware;
 use crate::scenario::{Fault, FaultKind};
@@ -137,7 +137,7 @@ impl Cluster<'_> {
     /// through the manager's failure path (an onboarding from disk ends with its blocks
     /// to compute, and the request goes on to prefill), then the manager forgets the
     /// disk tier, and its `Removed` events go out like any others.
-    pub(super) fn fail_disk(&mut self, w: WorkerIndex) {
+    pub(super) fn fail_disk(&mut self, w: usize) {
         let Some(worker) = self.workers.get_mut(w) else {
             return;
         };
@@ -162,7 +162,7 @@ impl Cluster<'_> {
     }
 
     /// Worker `w`'s SSD is back, empty, once no failure of it is under way.
-    pub(super) fn restore_disk(&mut self, w: WorkerIndex) {
+    pub(super) fn restore_disk(&mut self, w: usize) {
         let Some(worker) = self.workers.get_mut(w) else {
             return;
         };
@@ -183,7 +183,7 @@ impl Cluster<'_> {
     }
 
     /// Multiplies the speed of `link` on worker `worker`'s node (every node if `None`).
-    pub(super) fn slow_link(&mut self, worker: Option<WorkerIndex>, link: Link, factor: f64) {
+    pub(super) fn slow_link(&mut self, worker: Option<usize>, link: Link, factor: f64) {
         let index = Link::ALL.iter().position(|l| *l == link).unwrap_or(0);
         for w in 0..self.workers.len() {
             if worker.is_some_and(|only| only != w) || !self.workers[w].up {
@@ -211,7 +211,7 @@ impl Cluster<'_> {
     }
 
     /// Worker `w` crashes and comes back empty after `down_ms` ([`Self::stop_worker`]).
-    pub(super) fn crash(&mut self, w: WorkerIndex, down_ms: u64) {
+    pub(super) fn crash(&mut self, w: usize, down_ms: u64) {
         self.stop_worker(w, Some(down_ms));
     }
 
@@ -220,7 +220,7 @@ impl Cluster<'_> {
     /// (never, without). Disaggregated, the handoffs from or to it are aborted first
     /// ([`Cluster::abort_handoff`]), and its requests are prefilled again wherever the
     /// router sends them.
-    pub(super) fn stop_worker(&mut self, w: WorkerIndex, down_ms: Option<u64>) {
+    pub(super) fn stop_worker(&mut self, w: usize, down_ms: Option<u64>) {
         let Some(worker) = self.workers.get_mut(w) else {
             return;
         };
@@ -299,7 +299,7 @@ impl Cluster<'_> {
     }
 
     /// A crashed worker comes back empty; requests that found no worker go first.
-    pub(super) fn restart(&mut self, w: WorkerIndex) {
+    pub(super) fn restart(&mut self, w: usize) {
         let worker = &mut self.workers[w];
         if worker.up || worker.removed {
             return;

@@ -68,9 +68,9 @@ use crate::workload::Request;
 use disagg::Disagg;
 use faults::Faults;
 use kvtwin::events::KvCacheEvent;
+use kvtwin::ids::WorkerWithDpRank;
 use kvtwin::ids::{Timestamp, WorkerId};
 use kvtwin::manager::ManagerConfigError;
-use kvtwin::router::indexer::WorkerKey;
 use kvtwin::router::scheduler::SchedulerConfig;
 use kvtwin::router::{Router, WorkerMode};
 use kvtwin::tier::Tier;
@@ -82,9 +82,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 use worker::{Requests, Worker, WorkerShape};
 
-/// Index of a worker in the cluster (also its `WorkerId`).
-type WorkerIndex = usize;
-
+/// Workers are indexed by their `WorkerId` (worker `w` of the cluster is
+/// `WorkerId::new(w)`): a `w: usize` below is that index, the id as a position.
+///
 /// A worker's incarnation: it changes when the worker crashes, so that what its former
 /// self scheduled (passes, transfer deadlines, events in the plane) is recognised and
 /// dropped.
@@ -95,25 +95,25 @@ type Epoch = u32;
 enum Wakeup {
     Arrival(usize),
     /// A worker's transfer deadline.
-    Poll(WorkerIndex, Epoch),
+    Poll(usize, Epoch),
     /// The worker's forward pass in flight is done.
-    PassDone(WorkerIndex, Epoch),
+    PassDone(usize, Epoch),
     /// An event of the worker reaches the router.
     /// Boxed: the queue moves its entries as it sifts, and most are small.
-    Deliver(WorkerIndex, Epoch, Box<KvCacheEvent>),
+    Deliver(usize, Epoch, Box<KvCacheEvent>),
     /// Every worker tells the router its latest event id.
     Heartbeat,
     /// A worker's heartbeat reaches the router: the id of its latest event then.
-    HeartbeatArrives(WorkerIndex, Epoch, Option<u64>),
+    HeartbeatArrives(usize, Epoch, Option<u64>),
     /// Fault `i` of the timeline begins.
     FaultStarts(usize),
     /// Fault `i` of the timeline ends.
     FaultEnds(usize),
     /// A crashed worker is back, empty.
-    Restart(WorkerIndex),
+    Restart(usize),
     /// The router looks at whether it should ask worker `w` for a snapshot (after
     /// delivering an event, which may happen while the worker is publishing).
-    ResyncCheck(WorkerIndex, Epoch),
+    ResyncCheck(usize, Epoch),
     /// A deadline of the cluster's fabric (disaggregation): a handoff frame lands, or
     /// the rates change.
     Fabric,
@@ -150,9 +150,9 @@ pub struct Cluster<'a> {
     tally: Tally,
     /// Workers an event touched besides the one it returns (a handoff reaches a decode
     /// worker, or lets a prefill worker's blocks go): settled and given a pass after it.
-    also_touched: BTreeSet<WorkerIndex>,
+    also_touched: BTreeSet<usize>,
     /// Workers draining: no new requests; removed once idle.
-    draining: BTreeSet<WorkerIndex>,
+    draining: BTreeSet<usize>,
     scenario: String,
     seed: u64,
     /// Whether nothing is left to do.
@@ -572,7 +572,7 @@ impl<'a> Cluster<'a> {
         if self.draining.is_empty() {
             return;
         }
-        let idle: Vec<WorkerIndex> = self
+        let idle: Vec<usize> = self
             .draining
             .iter()
             .copied()
@@ -603,7 +603,7 @@ fn router_of(scheduler: SchedulerConfig, workers: usize) -> Router {
     let mut router = Router::new(scheduler);
     for w in 0..workers {
         router.add_worker(
-            WorkerKey {
+            WorkerWithDpRank {
                 worker: WorkerId::new(w as u64),
                 dp_rank: 0,
             },

@@ -8,7 +8,7 @@
 //! snapshot of its caches, with a back-off while snapshots fail to bring it in line.
 //! Never: touch a worker's requests or pools beyond asking its manager for a snapshot.
 
-use super::{Cluster, Wakeup, WorkerIndex};
+use super::{Cluster, Wakeup};
 use crate::scenario::EventPlaneSpec;
 use kvtwin::events::KvCacheEvent;
 use rand::Rng;
@@ -61,7 +61,7 @@ impl Cluster<'_> {
     /// Sends worker `w`'s event towards the router: lost with the plane's probability,
     /// applied now without delay, delivered later otherwise (in order: equal delays
     /// keep the queue's insertion order).
-    pub(super) fn publish(&mut self, w: WorkerIndex, event: KvCacheEvent) {
+    pub(super) fn publish(&mut self, w: usize, event: KvCacheEvent) {
         if self.lost() {
             self.plane.dropped += 1;
             return;
@@ -93,7 +93,7 @@ impl Cluster<'_> {
     }
 
     /// The router applies worker `w`'s event, noting ids that went missing before it.
-    pub(super) fn deliver(&mut self, w: WorkerIndex, event: &KvCacheEvent) {
+    pub(super) fn deliver(&mut self, w: usize, event: &KvCacheEvent) {
         self.plane.delivered += 1;
         let worker = &mut self.workers[w];
         if worker
@@ -149,7 +149,7 @@ impl Cluster<'_> {
         }
     }
 
-    pub(super) fn heartbeat_arrives(&mut self, w: WorkerIndex, latest: Option<u64>) {
+    pub(super) fn heartbeat_arrives(&mut self, w: usize, latest: Option<u64>) {
         let worker = &mut self.workers[w];
         if latest.is_some_and(|latest| worker.last_applied.is_none_or(|last| last < latest)) {
             worker.gap_seen = true;
@@ -162,7 +162,7 @@ impl Cluster<'_> {
 
     /// Asks worker `w` for a snapshot of its caches if the router has missed some of its
     /// events and is not already waiting for one.
-    pub(super) fn resync_if_behind(&mut self, w: WorkerIndex) {
+    pub(super) fn resync_if_behind(&mut self, w: usize) {
         let worker = &self.workers[w];
         if !(worker.up && worker.gap_seen) {
             return;
@@ -179,7 +179,7 @@ impl Cluster<'_> {
     /// before asking again: two plane delays plus a millisecond, doubled for every
     /// snapshot that did not bring it in line (a lossy plane loses parts of snapshots
     /// too), up to a minute.
-    pub(super) fn resync(&mut self, w: WorkerIndex) {
+    pub(super) fn resync(&mut self, w: usize) {
         let base = self.plane_delay() * 2 + Duration::from_millis(1);
         let worker = &mut self.workers[w];
         let quiet = base

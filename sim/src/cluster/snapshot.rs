@@ -11,9 +11,9 @@
 use super::{Cluster, Percentiles};
 use crate::hardware::SimHardware;
 use kvtwin::events::RegistryReplica;
+use kvtwin::ids::WorkerWithDpRank;
 use kvtwin::ids::{Timestamp, WorkerId};
 use kvtwin::manager::Manager;
-use kvtwin::router::indexer::WorkerKey;
 use kvtwin::router::Router;
 use kvtwin::tier::Tier;
 use std::time::Duration;
@@ -177,7 +177,7 @@ pub struct ClusterSnapshot {
 /// A worker as the checkers see it.
 pub struct WorkerView<'c> {
     /// Its id and rank, as the router knows it.
-    pub key: WorkerKey,
+    pub key: WorkerWithDpRank,
     /// Whether it is serving (the router should then know it; otherwise not).
     pub serving: bool,
     /// Its manager.

@@ -8,10 +8,10 @@ use crate::scenario::WorkloadSpec;
 use crate::scenario::{Disaggregation, FaultKind, Routing};
 use crate::workload::Request;
 use kvtwin::block::BlockIdentity;
+use kvtwin::ids::WorkerWithDpRank;
 use kvtwin::ids::{LocalBlockHash, RequestId, Timestamp, WorkerId};
 use kvtwin::manager::{OffloadPolicy, TierConfig};
 use kvtwin::pool::EvictionPolicyKind;
-use kvtwin::router::indexer::WorkerKey;
 use kvtwin::tier::Tier;
 use std::path::Path;
 
@@ -912,7 +912,7 @@ fn disaggregated_runs_are_deterministic_and_the_router_sees_both_pools() {
     scenario.cluster.event_plane.delay_us = 50;
     scenario.worker.tiers = tiers_with_write_back();
     let requests = shared_prefix_requests(40, 150, 6, 3, 30);
-    let decode_key = WorkerKey {
+    let decode_key = WorkerWithDpRank {
         worker: WorkerId::new(3),
         dp_rank: 0,
     };

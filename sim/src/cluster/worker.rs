@@ -12,20 +12,20 @@
 //! Never: decide what goes in a forward pass (`batching`), or deliver events (`plane`).
 
 use super::batching::PassInFlight;
-use super::{Cluster, Epoch, SimError, Wakeup, WorkerIndex};
+use super::{Cluster, Epoch, SimError, Wakeup};
 use crate::compute::ComputeModel;
 use crate::hardware::HardwareProfile;
 use crate::hardware::SimHardware;
 use crate::scenario::{Batching, Routing, Scenario};
 use crate::workload::Request;
 use kvtwin::block::{BlockIdentity, Reset};
-use kvtwin::events::{KvCacheEventData, RegistryReplica};
+use kvtwin::events::{KvCacheEvent, KvCacheEventData, RegistryReplica};
 use kvtwin::hardware::Hardware;
+use kvtwin::ids::WorkerWithDpRank;
 use kvtwin::ids::{LocalBlockHash, RequestId, SequenceHash, Timestamp, WorkerId};
 use kvtwin::manager::ManagerConfig;
-use kvtwin::manager::{Manager, ManagerOutput};
+use kvtwin::manager::{settle, Driver, Manager, ManagerOutput};
 use kvtwin::pool::{BlockChain, ImmutableBlock, MutableBlock};
-use kvtwin::router::indexer::WorkerKey;
 use kvtwin::tier::Tier;
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -67,7 +67,7 @@ pub(super) enum State {
 
 /// One worker: its manager on its own node, and the requests it runs.
 pub(super) struct Worker {
-    pub(super) key: WorkerKey,
+    pub(super) key: WorkerWithDpRank,
     pub(super) manager: Manager<SimHardware>,
     pub(super) states: BTreeMap<usize, State>,
     /// Requests waiting for device blocks, first come first served.
@@ -161,14 +161,10 @@ impl WorkerShape {
     }
 
     /// A fresh worker `index` (its id too) on a node of its own, its clock at `now`.
-    pub(super) fn new_worker(
-        &self,
-        index: WorkerIndex,
-        now: Timestamp,
-    ) -> Result<Worker, SimError> {
+    pub(super) fn new_worker(&self, index: usize, now: Timestamp) -> Result<Worker, SimError> {
         let mut config = self.worker_config.clone();
         config.worker_id = WorkerId::new(index as u64);
-        let key = WorkerKey {
+        let key = WorkerWithDpRank {
             worker: config.worker_id,
             dp_rank: config.dp_rank,
         };
@@ -264,7 +260,7 @@ impl Cluster<'_> {
         &self.requests.live[&i].request
     }
 
-    pub(super) fn set_clock(&self, w: WorkerIndex) {
+    pub(super) fn set_clock(&self, w: usize) {
         self.workers[w].manager.hardware().clock().set(self.now);
     }
 
@@ -297,7 +293,7 @@ impl Cluster<'_> {
 
     /// Routes request `i` and admits it on its worker; returns the worker, or `None` for
     /// a request no worker could ever serve.
-    pub(super) fn arrive(&mut self, i: usize) -> Option<WorkerIndex> {
+    pub(super) fn arrive(&mut self, i: usize) -> Option<usize> {
         let request = self.request(i);
         // Prompt and output together must fit the device, or no preemption can help.
         let blocks_needed =
@@ -341,7 +337,7 @@ impl Cluster<'_> {
 
     /// Looks request `i` up on worker `w` and starts onboarding or prefilling it; or, for
     /// a handoff waiting on decode worker `w`, tries again to take blocks for it.
-    pub(super) fn admit(&mut self, w: WorkerIndex, i: usize) {
+    pub(super) fn admit(&mut self, w: usize, i: usize) {
         if self
             .disagg
             .as_ref()
@@ -387,7 +383,7 @@ impl Cluster<'_> {
 
     pub(super) fn start_prefill(
         &mut self,
-        w: WorkerIndex,
+        w: usize,
         i: usize,
         held: BlockChain,
         device_hits: usize,
@@ -441,7 +437,7 @@ impl Cluster<'_> {
         }
     }
 
-    pub(super) fn finish(&mut self, w: WorkerIndex, i: usize, held: BlockChain) {
+    pub(super) fn finish(&mut self, w: usize, i: usize, held: BlockChain) {
         let routable = self.routable();
         let worker = &mut self.workers[w];
         worker.manager.device().release(held);
@@ -483,7 +479,7 @@ impl Cluster<'_> {
 
     /// First come, first served: retries worker `w`'s waiting requests until one still
     /// does not fit.
-    pub(super) fn retry_waiting(&mut self, w: WorkerIndex) {
+    pub(super) fn retry_waiting(&mut self, w: usize) {
         while let Some(next) = self.workers[w].waiting.pop_front() {
             let before = self.workers[w].waiting.len();
             self.admit(w, next);
@@ -518,58 +514,13 @@ impl Cluster<'_> {
     }
 
     /// Lets worker `w`'s manager act on finished transfers, routes its outputs, sends its
-    /// events into the event plane and schedules its next transfer deadline.
-    pub(super) fn settle(&mut self, w: WorkerIndex) {
-        loop {
-            let worker = &mut self.workers[w];
-            worker.manager.handle_completions(self.now);
-            let mut progressed = false;
-            while let Some(output) = self.workers[w].manager.poll_output() {
-                progressed = true;
-                if let ManagerOutput::OnboardComplete {
-                    request, blocks, ..
-                } = output
-                {
-                    let i = request.get() as usize;
-                    if let Some(State::Onboarding {
-                        mut held,
-                        device_hits,
-                        onboard_tiers,
-                    }) = self.workers[w].states.remove(&i)
-                    {
-                        // Only what arrived counts as onboarded; the rest is computed.
-                        let mut onboard = [0usize; 4];
-                        for tier in onboard_tiers.iter().take(blocks.len()) {
-                            onboard[tier.index()] += 1;
-                        }
-                        held.extend(blocks);
-                        self.start_prefill(w, i, held, device_hits, onboard);
-                    }
-                }
-            }
-            if !progressed {
-                break;
-            }
-        }
-        let events = self.workers[w].manager.take_events();
-        for event in events {
-            self.tally.events.events += 1;
-            self.workers[w].events_published += 1;
-            match &event.data {
-                KvCacheEventData::Stored { blocks, .. } => {
-                    self.tally.events.stored_blocks += blocks.len() as u64
-                }
-                KvCacheEventData::Removed { block_hashes, .. } => {
-                    self.tally.events.removed_blocks += block_hashes.len() as u64
-                }
-                KvCacheEventData::Cleared => {}
-            }
-            // A gap or duplicate would make the rebuild differ, which the report shows.
-            let _ = self.workers[w].replica.apply(&event);
-            self.publish(w, event);
-        }
+    /// events into the event plane and schedules its next transfer deadline (the one
+    /// drain loop, [`kvtwin::manager::settle`]).
+    pub(super) fn settle(&mut self, w: usize) {
+        let now = self.now;
+        let deadline = settle(&mut SettleWorker { cluster: self, w }, now);
         let worker = &mut self.workers[w];
-        if let Some(deadline) = worker.manager.poll_timeout() {
+        if let Some(deadline) = deadline {
             if worker.poll_at.insert(deadline) {
                 self.queue
                     .push(deadline.max(self.now), Wakeup::Poll(w, worker.epoch));
@@ -577,8 +528,52 @@ impl Cluster<'_> {
         }
     }
 
+    /// An onboarding on worker `w` finished: its request goes on to prefill.
+    fn handle_output(&mut self, w: usize, output: ManagerOutput) {
+        let ManagerOutput::OnboardComplete {
+            request, blocks, ..
+        } = output
+        else {
+            return;
+        };
+        let i = request.get() as usize;
+        if let Some(State::Onboarding {
+            mut held,
+            device_hits,
+            onboard_tiers,
+        }) = self.workers[w].states.remove(&i)
+        {
+            // Only what arrived counts as onboarded; the rest is computed.
+            let mut onboard = [0usize; 4];
+            for tier in onboard_tiers.iter().take(blocks.len()) {
+                onboard[tier.index()] += 1;
+            }
+            held.extend(blocks);
+            self.start_prefill(w, i, held, device_hits, onboard);
+        }
+    }
+
+    /// Worker `w` published `event`: counted, replayed into its registry replica, and
+    /// sent into the event plane.
+    fn handle_event(&mut self, w: usize, event: KvCacheEvent) {
+        self.tally.events.events += 1;
+        self.workers[w].events_published += 1;
+        match &event.data {
+            KvCacheEventData::Stored { blocks, .. } => {
+                self.tally.events.stored_blocks += blocks.len() as u64
+            }
+            KvCacheEventData::Removed { block_hashes, .. } => {
+                self.tally.events.removed_blocks += block_hashes.len() as u64
+            }
+            KvCacheEventData::Cleared => {}
+        }
+        // A gap or duplicate would make the rebuild differ, which the report shows.
+        let _ = self.workers[w].replica.apply(&event);
+        self.publish(w, event);
+    }
+
     /// Whether `epoch` is worker `w`'s current incarnation.
-    pub(super) fn current(&self, w: WorkerIndex, epoch: Epoch) -> bool {
+    pub(super) fn current(&self, w: usize, epoch: Epoch) -> bool {
         self.workers[w].epoch == epoch
     }
 
@@ -590,7 +585,7 @@ impl Cluster<'_> {
             .map_or(self.workers.len(), |d| d.prefill_workers)
     }
 
-    pub(super) fn is_prefill_worker(&self, w: WorkerIndex) -> bool {
+    pub(super) fn is_prefill_worker(&self, w: usize) -> bool {
         self.disagg.as_ref().is_some_and(|d| w < d.prefill_workers)
     }
 
@@ -608,5 +603,27 @@ impl Cluster<'_> {
             self.settle(w);
             self.start_pass(w);
         }
+    }
+}
+
+/// Worker `w` of the cluster, as the drain loop drives it.
+struct SettleWorker<'c, 'a> {
+    cluster: &'c mut Cluster<'a>,
+    w: usize,
+}
+
+impl Driver for SettleWorker<'_, '_> {
+    type Hardware = SimHardware;
+
+    fn manager(&mut self) -> &mut Manager<SimHardware> {
+        &mut self.cluster.workers[self.w].manager
+    }
+
+    fn on_output(&mut self, output: ManagerOutput) {
+        self.cluster.handle_output(self.w, output);
+    }
+
+    fn on_event(&mut self, event: KvCacheEvent) {
+        self.cluster.handle_event(self.w, event);
     }
 }

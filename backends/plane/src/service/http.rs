@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvtwin::ids::LocalBlockHash;
-use kvtwin::router::indexer::WorkerKey;
+use kvtwin::ids::WorkerWithDpRank;
 use kvtwin::tier::Tier;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -72,7 +72,7 @@ fn bad_request(state: &SharedState, reason: &'static str, message: String) -> Re
 }
 
 /// The key of a worker rank in JSON objects.
-pub fn worker_label(key: WorkerKey) -> String {
+pub fn worker_label(key: WorkerWithDpRank) -> String {
     if key.dp_rank == 0 {
         key.worker.get().to_string()
     } else {

@@ -12,8 +12,9 @@
 use super::metrics::{Gauge, Metrics};
 use super::translate::EngineHashes;
 use crate::wire::WorkerEvent;
+use kvtwin::ids::WorkerWithDpRank;
 use kvtwin::ids::{LocalBlockHash, WorkerId};
-use kvtwin::router::indexer::{ApplyEventError, KvIndexer, WorkerKey, WorkerOverlap};
+use kvtwin::router::indexer::{ApplyEventError, KvIndexer, WorkerOverlap};
 use kvtwin::tier::Tier;
 use kvtwin::tokens::{compute_local_hashes, HashSeed, DEFAULT_HASH_SEED};
 use std::collections::BTreeMap;
@@ -35,7 +36,7 @@ struct WorkerEntry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerSummary {
     /// The worker and rank.
-    pub key: WorkerKey,
+    pub key: WorkerWithDpRank,
     /// Blocks held per tier, by `Tier::index`.
     pub blocks: [u64; 4],
     /// The last event id applied.
@@ -47,7 +48,7 @@ pub struct WorkerSummary {
 pub struct RouteAnswer {
     /// The chosen worker rank: the longest overlap, then the most of it on device, then
     /// the fewest cached blocks, then the lowest key; `None` when no worker is known.
-    pub worker: Option<WorkerKey>,
+    pub worker: Option<WorkerWithDpRank>,
     /// Every worker rank with an overlap, sorted by key.
     pub overlaps: Vec<WorkerOverlap>,
     /// Full blocks in the query.
@@ -68,7 +69,7 @@ fn apply_reason(error: &ApplyEventError) -> &'static str {
 /// The router service's state; see the module documentation.
 pub struct RouterState {
     indexer: KvIndexer,
-    workers: BTreeMap<WorkerKey, WorkerEntry>,
+    workers: BTreeMap<WorkerWithDpRank, WorkerEntry>,
     block_size: usize,
     seed: HashSeed,
     metrics: Metrics,
@@ -153,7 +154,7 @@ impl RouterState {
 
     /// Applies one event; `Err` with the reason it was (partly) refused, also counted.
     pub fn apply(&mut self, event: &WorkerEvent) -> Result<(), &'static str> {
-        let key = WorkerKey {
+        let key = WorkerWithDpRank {
             worker: event.worker,
             dp_rank: event.dp_rank,
         };
@@ -184,7 +185,7 @@ impl RouterState {
 
     /// Forgets everything `worker` (every rank) held: its engine restarted.
     pub fn restart_worker(&mut self, worker: WorkerId) {
-        let range = WorkerKey { worker, dp_rank: 0 }..=WorkerKey {
+        let range = WorkerWithDpRank { worker, dp_rank: 0 }..=WorkerWithDpRank {
             worker,
             dp_rank: u32::MAX,
         };
@@ -201,7 +202,7 @@ impl RouterState {
     /// restart says nothing about the others).
     pub fn restart_ranks(&mut self, worker: WorkerId, ranks: &[u32]) {
         for &dp_rank in ranks {
-            let key = WorkerKey { worker, dp_rank };
+            let key = WorkerWithDpRank { worker, dp_rank };
             self.workers.remove(&key);
             self.indexer.remove_rank(key);
         }
@@ -217,7 +218,7 @@ impl RouterState {
     /// worker's overlap.
     pub fn route(&self, query: &[LocalBlockHash]) -> RouteAnswer {
         let overlaps = self.indexer.find_matches(query, false).workers;
-        let cached = |key: &WorkerKey| -> u64 {
+        let cached = |key: &WorkerWithDpRank| -> u64 {
             self.workers
                 .get(key)
                 .map_or(0, |entry| entry.hashes.counts().iter().sum())
