@@ -1249,3 +1249,100 @@ fn disaggregation_needs_both_pools_and_frames_of_a_block() {
         Err(SimError::EmptyPool { .. })
     ));
 }
+
+#[test]
+fn a_fault_injected_mid_run_is_the_fault_on_the_timeline_but_for_queue_wakeups() {
+    // Decodes are planned many steps ahead while nothing arrives; a crash injected in the
+    // middle of its worker's plan cuts the plan at the crash, as knowing the crash from
+    // the start would have: the crash keeps exactly the tokens of the steps done by then.
+    let (mut scenario, mut requests) = faulty(Vec::new());
+    requests.truncate(20);
+    scenario.worker.tiers = tiers_with_write_back();
+    let ms = |ns: u64| Timestamp::from_nanos(ns * 1_000_000);
+    // Where worker 1's plan spans a whole millisecond with steps on both sides of it.
+    let mut probe = Cluster::new(&scenario, requests.iter().cloned()).unwrap();
+    let crash_ms = loop {
+        assert!(probe.step(), "worker 1 never planned across a millisecond");
+        let Some(pass) = probe.workers[1].pass.as_ref() else {
+            continue;
+        };
+        let next_ms = pass.first_step_ends_at.as_nanos().div_ceil(1_000_000);
+        let (_, steps_to_crash) = pass.first_step_ending_at_or_after(
+            ms(next_ms),
+            &probe.shape.compute,
+            probe.shape.device_capacity_tokens,
+        );
+        if steps_to_crash < pass.steps && probe.now() < ms(next_ms) {
+            break next_ms;
+        }
+    };
+    let crash = fault(
+        crash_ms,
+        FaultKind::WorkerCrash {
+            worker: 1,
+            down_ms: 5,
+        },
+    );
+    let slow = fault(
+        crash_ms + 2,
+        FaultKind::LinkSlowdown {
+            worker: None,
+            link: Link::PcieDeviceToHost,
+            factor: 0.5,
+            for_ms: 3,
+        },
+    );
+    // Injected at the moment the plan is in flight.
+    let mut cluster = Cluster::new(&scenario, requests.iter().cloned()).unwrap();
+    while cluster.now() < probe.now() {
+        assert!(cluster.step());
+    }
+    assert!(cluster.workers[1]
+        .pass
+        .as_ref()
+        .is_some_and(|p| p.ends_at > ms(crash_ms)));
+    cluster.inject(crash.clone()).unwrap();
+    cluster.inject(slow.clone()).unwrap();
+    let injected = cluster.run();
+    // On the timeline from the start.
+    scenario.faults = vec![crash, slow];
+    let planned = simulate(&scenario, &requests).unwrap();
+    assert_eq!(planned.faults.applied, 2);
+    assert!(planned.faults.requests_retried > 0);
+    assert_eq!(outcome(&injected), outcome(&planned));
+}
+
+#[test]
+fn commands_answer_with_typed_errors_where_they_cannot_apply() {
+    let (scenario, requests) = faulty(Vec::new());
+    let mut cluster = Cluster::new(&scenario, requests.iter().cloned()).unwrap();
+    assert_eq!(
+        cluster.remove_worker(WorkerId::new(7), Removal::Kill),
+        Err(CommandError::UnknownWorker(WorkerId::new(7)))
+    );
+    let ssd = fault(
+        1,
+        FaultKind::SsdFailure {
+            worker: 0,
+            down_ms: 1,
+        },
+    );
+    assert_eq!(
+        cluster.inject(ssd),
+        Err(CommandError::Fault(
+            "an SSD failure needs a worker with a disk tier"
+        ))
+    );
+    let mut disaggregated =
+        Cluster::new(&disaggregated(1, 1, 4), requests.iter().cloned()).unwrap();
+    assert_eq!(disaggregated.add_worker(), Err(CommandError::Disaggregated));
+    // A worker drained at once, with nothing on it, leaves at once; the run goes on.
+    cluster
+        .remove_worker(WorkerId::new(2), Removal::Drain)
+        .unwrap();
+    assert_eq!(cluster.snapshot().workers[2].status, WorkerStatus::Removed);
+    let report = cluster.run();
+    assert_eq!(report.completed, 60);
+    assert_eq!(report.routing.requests_per_worker[2], 0);
+    assert!(report.routing.view_matches_pools);
+}
