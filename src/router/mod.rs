@@ -207,4 +207,46 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn a_worker_stopped_from_routing_keeps_its_index_but_gets_no_request() {
+        use crate::block::BlockIdentity;
+        use crate::events::{KvCacheEventData, StoredBlock};
+        use crate::tier::Tier;
+        let mut router = Router::new(SchedulerConfig::default());
+        router.add_worker(key(0), WorkerMode::Events);
+        router.add_worker(key(1), WorkerMode::Events);
+        let chain = BlockIdentity::chain(&query(&[1, 2, 3]));
+        let stored = |event_id, blocks: &[BlockIdentity]| KvCacheEvent {
+            event_id,
+            dp_rank: 0,
+            data: KvCacheEventData::Stored {
+                parent_hash: None,
+                blocks: blocks
+                    .iter()
+                    .map(|b| StoredBlock {
+                        block_hash: b.sequence_hash,
+                        tokens_hash: b.local_hash,
+                    })
+                    .collect(),
+                tier: Tier::Device,
+            },
+        };
+        router.apply(WorkerId::new(1), &stored(0, &chain[..2])).unwrap();
+        let prompt = query(&[1, 2, 3]);
+        let decision = router.route(&prompt, Timestamp::ZERO).unwrap();
+        assert_eq!((decision.worker, decision.overlap_blocks), (key(1), 2));
+        router.finish(decision.worker, 3);
+        router.stop_routing(key(1));
+        for _ in 0..4 {
+            let decision = router.route(&prompt, Timestamp::ZERO).unwrap();
+            assert_eq!(decision.worker, key(0), "a draining worker is not chosen");
+            router.finish(decision.worker, 3);
+        }
+        // Its index is kept, and its events still apply, until it is removed.
+        assert_eq!(router.indexer().blocks_of(key(1)).len(), 2);
+        router.apply(WorkerId::new(1), &stored(1, &chain[2..])).unwrap_err();
+        router.remove_worker(WorkerId::new(1));
+        assert!(router.indexer().blocks_of(key(1)).is_empty());
+    }
 }
