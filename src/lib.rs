@@ -1,10 +1,12 @@
 //! kvtwin: a KV-cache block manager for LLM inference, built simulation first.
 //!
-//! This crate is the sans-IO core shared by the simulator (`kvtwin-sim`) and the real
-//! backends (`kvtwin-backends`): ids and hashes, the block state machine
-//! (Reset → Partial → Complete → Registered), per-tier block pools with eviction policies,
-//! the tier [`manager::Manager`] generic over [`hardware::Hardware`], the KV event outbox,
-//! memory layouts and the MRDN v1 wire frame.
+//! This crate is the sans-IO core shared by the simulator (`kvtwin-sim`), the real
+//! backends (`kvtwin-backends`) and the event plane (`kvtwin-plane`): ids and hashes, the
+//! block state machine (Reset → Partial → Complete → Registered), per-tier block pools
+//! with eviction policies, the tier [`manager::Manager`] generic over
+//! [`hardware::Hardware`] and its one drain loop ([`manager::settle`]), the KV event
+//! outbox and the in-process event bus ([`bus`]), the KV-aware [`router`], memory
+//! layouts, latency statistics ([`stats`]) and the MRDN v1 wire frame.
 //!
 //! Architecture invariants (see ARCHITECTURE.md):
 //! - the core never does I/O, never spawns threads and never reads a clock: time is handed
