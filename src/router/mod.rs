@@ -217,22 +217,25 @@ mod tests {
         router.add_worker(key(0), WorkerMode::Events);
         router.add_worker(key(1), WorkerMode::Events);
         let chain = BlockIdentity::chain(&query(&[1, 2, 3]));
-        let stored = |event_id, blocks: &[BlockIdentity]| KvCacheEvent {
-            event_id,
-            dp_rank: 0,
-            data: KvCacheEventData::Stored {
-                parent_hash: None,
-                blocks: blocks
-                    .iter()
-                    .map(|b| StoredBlock {
-                        block_hash: b.sequence_hash,
-                        tokens_hash: b.local_hash,
-                    })
-                    .collect(),
-                tier: Tier::Device,
-            },
-        };
-        router.apply(WorkerId::new(1), &stored(0, &chain[..2])).unwrap();
+        let stored =
+            |event_id, parent: Option<&BlockIdentity>, blocks: &[BlockIdentity]| KvCacheEvent {
+                event_id,
+                dp_rank: 0,
+                data: KvCacheEventData::Stored {
+                    parent_hash: parent.map(|p| p.sequence_hash),
+                    blocks: blocks
+                        .iter()
+                        .map(|b| StoredBlock {
+                            block_hash: b.sequence_hash,
+                            tokens_hash: b.local_hash,
+                        })
+                        .collect(),
+                    tier: Tier::Device,
+                },
+            };
+        router
+            .apply(WorkerId::new(1), &stored(0, None, &chain[..2]))
+            .unwrap();
         let prompt = query(&[1, 2, 3]);
         let decision = router.route(&prompt, Timestamp::ZERO).unwrap();
         assert_eq!((decision.worker, decision.overlap_blocks), (key(1), 2));
@@ -245,7 +248,16 @@ mod tests {
         }
         // Its index is kept, and its events still apply, until it is removed.
         assert_eq!(router.indexer().blocks_of(key(1)).len(), 2);
-        router.apply(WorkerId::new(1), &stored(1, &chain[2..])).unwrap_err();
+        router
+            .apply(WorkerId::new(1), &stored(1, Some(&chain[1]), &chain[2..]))
+            .unwrap();
+        assert_eq!(router.indexer().blocks_of(key(1)).len(), 3);
+        let decision = router.route(&prompt, Timestamp::ZERO).unwrap();
+        assert_eq!(
+            decision.worker,
+            key(0),
+            "still not chosen, with all 3 blocks"
+        );
         router.remove_worker(WorkerId::new(1));
         assert!(router.indexer().blocks_of(key(1)).is_empty());
     }

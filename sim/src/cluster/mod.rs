@@ -3,11 +3,12 @@
 //! ([`Cluster`]); and [`simulate`], which runs one to the end and reports.
 //!
 //! Owns: the run loop and the dispatch of what the queue wakes the cluster for
-//! ([`Wakeup`]), the driver's commands (add or remove a worker, inject a fault), and the
+//! (`Wakeup`), the driver's commands (add or remove a worker, inject a fault), and the
 //! grouping of the cluster's state, one piece per file:
 //! - `worker`: a worker and the life of a request on it (routing, lookup and
-//!   onboarding, prefill admission, waiting for blocks, finishing), and the manager drain
-//!   loop ([`Cluster::settle`](self)) through which every worker's outputs and events go;
+//!   onboarding, prefill admission, waiting for blocks, finishing), and the worker's
+//!   side of the one manager drain loop (`kvtwin::manager::settle`), through which its
+//!   outputs and events go;
 //! - `batching`: continuous batching: a forward pass per worker with chunked prefill
 //!   under the token budget, decode steps (planned together while nothing can see them),
 //!   generated blocks cached, preemption;
@@ -26,6 +27,9 @@
 //! the cluster with [`Cluster::step`] or [`Cluster::advance_to`], looks at it with
 //! [`Cluster::snapshot`], and may command it between steps. Pausing changes nothing: a
 //! run advanced in any number of pieces reports exactly what one uninterrupted run does.
+//! A command takes effect at [`Cluster::now`]; decode plans in flight past a worker killed
+//! or a fault injected are cut there first, so the run is the one an engine
+//! going one pass at a time would have (see `PassInFlight`).
 //!
 //! Requests arrive at their times and the router in the loop picks each one's worker
 //! ([`crate::scenario::Routing`]): the KV router scores the workers from the events they
