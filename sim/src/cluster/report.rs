@@ -523,21 +523,17 @@ impl Cluster<'_> {
             sources.hit_tokens as f64 / sources.prompt_tokens as f64
         };
         let disaggregation = self.disagg.as_ref().map(|d| d.report(simulated_ns));
-        let routed: u64 = self.workers.iter().map(|w| w.routed).sum();
+        let counters = self.router_counters();
         let routing = RoutingReport {
             mode: match self.route.mode {
                 Routing::Kv => "kv",
                 Routing::RoundRobin => "round_robin",
             },
             requests_per_worker: self.workers.iter().map(|w| w.routed).collect(),
-            mean_overlap_blocks: if routed == 0 {
-                0.0
-            } else {
-                self.route.overlap_blocks as f64 / routed as f64
-            },
-            events_applied: self.plane.delivered - self.plane.rejected,
-            events_rejected: self.plane.rejected,
-            events_dropped: self.plane.dropped,
+            mean_overlap_blocks: counters.mean_overlap_blocks,
+            events_applied: counters.events_applied,
+            events_rejected: counters.events_rejected,
+            events_dropped: counters.events_dropped,
             view_matches_pools,
         };
         Report {

@@ -202,6 +202,24 @@ impl Cluster<'_> {
         })
     }
 
+    /// The router's counters so far (the report's routing section takes them too).
+    pub(super) fn router_counters(&self) -> RouterSnapshot {
+        let routed: u64 = self.workers.iter().map(|w| w.routed).sum();
+        RouterSnapshot {
+            routed,
+            mean_overlap_blocks: if routed == 0 {
+                0.0
+            } else {
+                self.route.overlap_blocks as f64 / routed as f64
+            },
+            events_applied: self.plane.delivered - self.plane.rejected,
+            events_rejected: self.plane.rejected,
+            events_dropped: self.plane.dropped,
+            snapshots: self.plane.snapshots,
+            parked: self.requests.parked.len(),
+        }
+    }
+
     /// The cluster now. Cheap enough to take between any two steps: it walks the
     /// workers and their links, and sorts latency samples only where new ones came.
     pub fn snapshot(&mut self) -> ClusterSnapshot {
@@ -255,20 +273,7 @@ impl Cluster<'_> {
         if let Some(disagg) = &self.disagg {
             links.extend(disagg.link_snapshots(elapsed_ns));
         }
-        let routed: u64 = self.workers.iter().map(|w| w.routed).sum();
-        let router = RouterSnapshot {
-            routed,
-            mean_overlap_blocks: if routed == 0 {
-                0.0
-            } else {
-                self.route.overlap_blocks as f64 / routed as f64
-            },
-            events_applied: self.plane.delivered - self.plane.rejected,
-            events_rejected: self.plane.rejected,
-            events_dropped: self.plane.dropped,
-            snapshots: self.plane.snapshots,
-            parked: self.requests.parked.len(),
-        };
+        let router = self.router_counters();
         let tally = &mut self.tally;
         let latency = LatencySnapshot {
             ttft: Percentiles::of_samples(&mut tally.ttft),
