@@ -10,6 +10,7 @@ mod bench_cuda;
 mod bench_relay;
 mod bench_sim;
 mod calibrate;
+mod dash;
 mod service;
 
 use anyhow::{bail, Context, Result};
