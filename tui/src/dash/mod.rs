@@ -8,3 +8,5 @@
 //! does, in the replica), or step the simulator other than through `Cluster`.
 
 pub(crate) mod model;
+pub(crate) mod record;
+pub(crate) mod source;
