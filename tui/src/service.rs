@@ -220,6 +220,66 @@ fn stopped(stop: &watch::Sender<bool>) -> impl std::future::Future<Output = ()> 
     }
 }
 
+/// Subscribes to each engine of `sources`, applying their events to `state` (the router
+/// service's sources, also a dashboard replica's); stopped when dropped.
+/// Prints nothing: callers say what they started ([`describe_zmq_source`]), a dashboard
+/// cannot print under its screen.
+pub(crate) fn start_zmq_sources(
+    sources: &[ZmqSourceArg],
+    block_size: u32,
+    state: &SharedState,
+) -> Result<Vec<ZmqSource>> {
+    let mut started = Vec::with_capacity(sources.len());
+    for source in sources {
+        let config = SubscriberConfig::new(&source.endpoint, source.replay.as_deref());
+        let decoder = VllmDecoder {
+            engine: EngineDecoder::new(DecodeLimits::default(), UnknownEvents::Skip),
+            block_size: Some(block_size),
+        };
+        started.push(
+            ZmqSource::start(WorkerId::new(source.worker), config, decoder, state.clone())
+                .with_context(|| format!("subscribing to {}", source.endpoint))?,
+        );
+    }
+    Ok(started)
+}
+
+/// "worker W from ENDPOINT (replay ENDPOINT)".
+pub(crate) fn describe_zmq_source(source: &ZmqSourceArg) -> String {
+    format!(
+        "worker {} from {}{}",
+        source.worker,
+        source.endpoint,
+        source
+            .replay
+            .as_deref()
+            .map(|replay| format!(" (replay {replay})"))
+            .unwrap_or_default()
+    )
+}
+
+/// Subscribes to Dynamo RouterEvents on `subject` at `url`: core NATS, or a JetStream
+/// stream replayed from its start.
+pub(crate) async fn connect_nats(
+    url: &str,
+    subject: &str,
+    jetstream: Option<&str>,
+) -> Result<NatsSource> {
+    let mode = match jetstream {
+        Some(stream) => ConsumeMode::Replay {
+            stream: stream.to_string(),
+        },
+        None => ConsumeMode::Core,
+    };
+    let source = NatsSource::connect(NatsSourceConfig {
+        subscriber: NatsSubscriberConfig::new(url, subject, mode),
+        limits: DecodeLimits::default(),
+    })
+    .await
+    .with_context(|| format!("subscribing to {subject} on {url}"))?;
+    Ok(source)
+}
+
 pub(crate) fn router(args: &RouterArgs) -> Result<()> {
     args.validate()?;
     let subject = args.subject.as_deref().unwrap_or(DEFAULT_SUBJECT);
@@ -232,42 +292,13 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
         let address = listener.local_addr().context("the listening address")?;
 
         // Dropped (stopped) when the server returns.
-        let mut zmq_sources = Vec::with_capacity(args.zmq.len());
+        let zmq_sources = start_zmq_sources(&args.zmq, args.block_size, &state)?;
         for source in &args.zmq {
-            let config = SubscriberConfig::new(&source.endpoint, source.replay.as_deref());
-            let decoder = VllmDecoder {
-                engine: EngineDecoder::new(DecodeLimits::default(), UnknownEvents::Skip),
-                block_size: Some(args.block_size),
-            };
-            zmq_sources.push(
-                ZmqSource::start(WorkerId::new(source.worker), config, decoder, state.clone())
-                    .with_context(|| format!("subscribing to {}", source.endpoint))?,
-            );
-            eprintln!(
-                "kvtwin router: worker {} from {}{}",
-                source.worker,
-                source.endpoint,
-                source
-                    .replay
-                    .as_deref()
-                    .map(|replay| format!(" (replay {replay})"))
-                    .unwrap_or_default()
-            );
+            eprintln!("kvtwin router: {}", describe_zmq_source(source));
         }
         let mut nats_task = None;
         if let Some(url) = &args.nats {
-            let mode = match &args.jetstream {
-                Some(stream) => ConsumeMode::Replay {
-                    stream: stream.clone(),
-                },
-                None => ConsumeMode::Core,
-            };
-            let source = NatsSource::connect(NatsSourceConfig {
-                subscriber: NatsSubscriberConfig::new(url, subject, mode),
-                limits: DecodeLimits::default(),
-            })
-            .await
-            .with_context(|| format!("subscribing to {subject} on {url}"))?;
+            let source = connect_nats(url, subject, args.jetstream.as_deref()).await?;
             eprintln!(
                 "kvtwin router: events from {url}, subject {subject}{}",
                 args.jetstream

@@ -1,0 +1,394 @@
+//! `kvtwin dash --sim`: the simulator as a dashboard source, played at a chosen multiple
+//! of simulated time.
+//!
+//! Owns: [`SimSource`] (a thread that owns the scenario and steps its `Cluster` at the
+//! play speed, pausing, single-stepping and changing speed on request) and the
+//! translation of a `ClusterSnapshot` into a [`Delta`].
+//! Never: simulate anything itself (`kvtwin_sim::cluster::Cluster` does), or read the
+//! wall clock for anything but pacing: every figure is on the simulated clock, so the
+//! last frame of a run is the same whatever the speed.
+
+use super::model::{
+    Candidate, Control, Counters, Delta, LatencyRow, LinkRow, RouteRow, SimSignals,
+    SourceStatus, TimedUpdate, Update, WorkerKey, WorkerRow, WorkerState,
+};
+use super::source::{Next, Source, SourceEvent};
+use kvtwin::ids::Timestamp;
+use kvtwin_sim::cluster::{Cluster, ClusterSnapshot, Observation, WorkerStatus};
+use kvtwin_sim::scenario::Scenario;
+use kvtwin_sim::workload::Request;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// How often the thread sends a snapshot while playing (wall time).
+const FRAME_INTERVAL: Duration = Duration::from_millis(100);
+/// Play bounds: simulated seconds per wall second.
+const SPEED_RANGE: (f64, f64) = (1.0 / 64.0, 1.0e6);
+/// The sliding window of the latency percentiles, simulated seconds.
+const LATENCY_WINDOW: Duration = Duration::from_secs(60);
+/// What the cluster keeps for us between frames: routing decisions, finished requests'
+/// latencies (for the window), fault notes.
+const OBSERVATION: Observation = Observation {
+    routes: 256,
+    latencies: 65_536,
+    faults: 256,
+};
+/// Updates in flight from the thread to the terminal loop: the thread waits when the
+/// loop falls behind rather than queueing frames.
+const CHANNEL_BOUND: usize = 16;
+
+/// The simulator thread and its channels.
+pub(crate) struct SimSource {
+    updates: mpsc::Receiver<TimedUpdate>,
+    controls: std_mpsc::Sender<Control>,
+    clock_ms: Arc<AtomicU64>,
+    label: String,
+    ended: bool,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl SimSource {
+    /// Starts simulating `scenario` over `requests` (in arrival order) at `speed` times
+    /// real time; `f64::INFINITY` runs flat out (for `--once`).
+    pub(crate) fn start<I>(scenario: Scenario, requests: I, speed: f64) -> Self
+    where
+        I: IntoIterator<Item = Request> + Send + 'static,
+        I::IntoIter: 'static,
+    {
+        let (update_tx, updates) = mpsc::channel(CHANNEL_BOUND);
+        let (controls, control_rx) = std_mpsc::channel();
+        let clock_ms = Arc::new(AtomicU64::new(0));
+        let label = format!("sim {} (seed {})", scenario.name, scenario.seed);
+        let clock = clock_ms.clone();
+        let thread = std::thread::Builder::new()
+            .name("kvtwin-dash-sim".into())
+            .spawn(move || {
+                let mut player = Player {
+                    updates: update_tx,
+                    controls: control_rx,
+                    clock,
+                    speed: if speed.is_infinite() {
+                        speed
+                    } else {
+                        speed.clamp(SPEED_RANGE.0, SPEED_RANGE.1)
+                    },
+                    paused: false,
+                    route_seq: 0,
+                    scenario_name: scenario.name.clone(),
+                };
+                match Cluster::new(&scenario, requests) {
+                    Ok(cluster) => player.play(cluster),
+                    Err(error) => {
+                        let _ = player.updates.blocking_send(TimedUpdate {
+                            at_ms: 0,
+                            update: Update::Status(SourceStatus {
+                                connected: false,
+                                text: format!("the scenario cannot run: {error}"),
+                            }),
+                        });
+                    }
+                }
+            })
+            .expect("spawning the simulator thread");
+        Self {
+            updates,
+            controls,
+            clock_ms,
+            label,
+            ended: false,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for SimSource {
+    fn drop(&mut self) {
+        // Closing the channel stops the thread at its next send.
+        self.updates.close();
+        while self.updates.try_recv().is_ok() {}
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Source for SimSource {
+    fn next(&mut self) -> Next<'_> {
+        Box::pin(async move {
+            match self.updates.recv().await {
+                Some(update) => SourceEvent::Update(update),
+                None if !self.ended => {
+                    self.ended = true;
+                    SourceEvent::End
+                }
+                None => std::future::pending().await,
+            }
+        })
+    }
+
+    fn control(&mut self, control: Control) {
+        let _ = self.controls.send(control);
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock_ms.load(Ordering::Relaxed)
+    }
+
+    fn label(&self) -> String {
+        self.label.clone()
+    }
+}
+
+/// The thread's side.
+struct Player {
+    updates: mpsc::Sender<TimedUpdate>,
+    controls: std_mpsc::Receiver<Control>,
+    clock: Arc<AtomicU64>,
+    speed: f64,
+    paused: bool,
+    route_seq: u64,
+    scenario_name: String,
+}
+
+impl Player {
+    fn play(&mut self, mut cluster: Cluster<'_>) {
+        cluster.observe(OBSERVATION);
+        if !self.send(&mut cluster) {
+            return;
+        }
+        // Simulated time follows the wall clock from this anchor at `speed`.
+        let mut anchor_wall = Instant::now();
+        let mut anchor_sim = cluster.now();
+        while !cluster.is_done() {
+            let mut stepped = false;
+            loop {
+                match self.controls.try_recv() {
+                    Ok(control) => stepped |= self.obey(control, &mut cluster),
+                    Err(std_mpsc::TryRecvError::Empty) => break,
+                    Err(std_mpsc::TryRecvError::Disconnected) => return,
+                }
+                anchor_wall = Instant::now();
+                anchor_sim = cluster.now();
+            }
+            if self.paused {
+                if stepped && !self.send(&mut cluster) {
+                    return;
+                }
+                match self.controls.recv_timeout(FRAME_INTERVAL) {
+                    Ok(control) => {
+                        if self.obey(control, &mut cluster) && !self.send(&mut cluster) {
+                            return;
+                        }
+                        anchor_wall = Instant::now();
+                        anchor_sim = cluster.now();
+                    }
+                    Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+                if self.updates.is_closed() {
+                    return;
+                }
+                continue;
+            }
+            let frame_end = Instant::now() + FRAME_INTERVAL;
+            let target = if self.speed.is_infinite() {
+                Timestamp::MAX
+            } else {
+                let elapsed = (frame_end - anchor_wall).as_secs_f64() * self.speed;
+                anchor_sim.saturating_add(Duration::from_secs_f64(elapsed))
+            };
+            let caught_up = advance_until(&mut cluster, target, frame_end);
+            if caught_up && !cluster.is_done() {
+                cluster.advance_to(target);
+                // Sleep out what is left of the frame: the simulation is ahead of the
+                // wall clock.
+                let now = Instant::now();
+                if frame_end > now {
+                    std::thread::sleep(frame_end - now);
+                }
+            } else if !caught_up {
+                // Slower than the speed asked for: play on from where it got to.
+                anchor_wall = Instant::now();
+                anchor_sim = cluster.now();
+            }
+            if !self.send(&mut cluster) {
+                return;
+            }
+        }
+    }
+
+    /// Obeys one control; whether it moved the simulation.
+    fn obey(&mut self, control: Control, cluster: &mut Cluster<'_>) -> bool {
+        match control {
+            Control::Pause(paused) => self.paused = paused,
+            Control::Speed(factor) if self.speed.is_finite() => {
+                self.speed = (self.speed * factor).clamp(SPEED_RANGE.0, SPEED_RANGE.1);
+            }
+            Control::Speed(_) => {}
+            Control::Step => {
+                self.paused = true;
+                return cluster.step();
+            }
+            // The simulator only goes forward; a seek ahead plays up to there at once.
+            Control::Seek(ms) if ms > 0 => {
+                let target = cluster
+                    .now()
+                    .saturating_add(Duration::from_millis(ms as u64));
+                cluster.advance_to(target);
+                return true;
+            }
+            Control::Seek(_) => {}
+        }
+        false
+    }
+
+    /// Sends the cluster as it is now; false when the dashboard has gone.
+    fn send(&mut self, cluster: &mut Cluster<'_>) -> bool {
+        let snapshot = cluster.snapshot();
+        let window = cluster.latency_window(LATENCY_WINDOW);
+        let at_ms = snapshot.at.as_nanos() / 1_000_000;
+        let mut delta = delta_of(&snapshot, &self.scenario_name);
+        if let Some(sim) = &mut delta.sim {
+            sim.speed = self.speed;
+            sim.paused = self.paused;
+            sim.done = cluster.is_done();
+            sim.window_s = LATENCY_WINDOW.as_secs_f64();
+            sim.ttft = latency_row(&window.ttft, window.samples);
+            sim.tpot = latency_row(&window.tpot, window.samples);
+        }
+        for record in cluster.drain_routes() {
+            self.route_seq += 1;
+            delta.routes.push(RouteRow {
+                seq: self.route_seq,
+                query_blocks: record.query_blocks as u64,
+                winner: Some(key_of(record.chosen.worker.get(), record.chosen.dp_rank)),
+                score: "cost".into(),
+                candidates: record
+                    .candidates
+                    .iter()
+                    .map(|candidate| Candidate {
+                        key: key_of(candidate.worker.worker.get(), candidate.worker.dp_rank),
+                        overlap: candidate.by_tier.map(u64::from),
+                        load: candidate.load.active_blocks,
+                        score: candidate.cost,
+                    })
+                    .collect(),
+            });
+        }
+        delta.routes_missed = cluster.routes_dropped();
+        delta.notes = cluster
+            .drain_faults()
+            .into_iter()
+            .map(|note| format!("{:.1} s: {}", note.at.as_nanos() as f64 / 1e9, note.text))
+            .collect();
+        self.clock.store(at_ms, Ordering::Relaxed);
+        self.updates
+            .blocking_send(TimedUpdate {
+                at_ms,
+                update: Update::Delta(delta),
+            })
+            .is_ok()
+    }
+}
+
+/// Steps `cluster` up to `target` or until the wall clock reaches `deadline`; whether it
+/// got there (or to the end).
+fn advance_until(cluster: &mut Cluster<'_>, target: Timestamp, deadline: Instant) -> bool {
+    let mut steps = 0u32;
+    while let Some(at) = cluster.next_deadline() {
+        if at > target {
+            return true;
+        }
+        if !cluster.step() {
+            return true;
+        }
+        steps += 1;
+        // Looking at the clock costs more than a step; every 256 steps is often enough.
+        if steps.is_multiple_of(256) && Instant::now() >= deadline {
+            return false;
+        }
+    }
+    true
+}
+
+fn key_of(worker: u64, dp_rank: u32) -> WorkerKey {
+    WorkerKey { worker, dp_rank }
+}
+
+fn latency_row(percentiles: &kvtwin_sim::cluster::Percentiles, samples: usize) -> LatencyRow {
+    LatencyRow {
+        p50_ms: percentiles.p50_ms,
+        p90_ms: percentiles.p90_ms,
+        p99_ms: percentiles.p99_ms,
+        samples: samples as u64,
+    }
+}
+
+/// A snapshot as a delta: every worker (the set is whole), the counters, the links and
+/// the simulator's signals; routes, notes and the latency window are the caller's.
+pub(crate) fn delta_of(snapshot: &ClusterSnapshot, scenario: &str) -> Delta {
+    let workers = snapshot
+        .workers
+        .iter()
+        .map(|worker| WorkerRow {
+            key: key_of(worker.id.get(), 0),
+            state: match worker.status {
+                WorkerStatus::Serving => WorkerState::Up,
+                WorkerStatus::Draining => WorkerState::Draining,
+                WorkerStatus::Down => WorkerState::Down,
+                _ => WorkerState::Removed,
+            },
+            blocks: worker
+                .blocks
+                .map(|tier| tier.map_or(0, |t| (t.active + t.cached) as u64)),
+            capacity: worker.blocks.map(|tier| tier.map(|t| t.capacity as u64)),
+            events: worker.events_published,
+            queued: Some(worker.queued as u64),
+            running: Some(worker.running as u64),
+            routed: Some(worker.routed),
+            completed: Some(worker.completed),
+            ..WorkerRow::default()
+        })
+        .collect();
+    let router = &snapshot.router;
+    let sources = &snapshot.blocks;
+    Delta {
+        full: true,
+        workers,
+        counters: Some(Counters {
+            events_applied: router.events_applied,
+            dropped: router.events_dropped + router.events_rejected,
+            routes: router.routed,
+            lookup_blocks: sources.total,
+            hit_blocks: sources.total - sources.computed,
+            ..Counters::default()
+        }),
+        links: snapshot
+            .links
+            .iter()
+            .map(|link| LinkRow {
+                worker: link.worker.map(|w| w.get()),
+                link: link.link.to_string(),
+                bytes: link.bytes,
+                utilisation: Some(link.utilisation),
+            })
+            .collect(),
+        sim: Some(SimSignals {
+            scenario: scenario.to_string(),
+            simulated_s: snapshot.at.as_nanos() as f64 / 1e9,
+            requests_arrived: snapshot.requests_arrived,
+            requests_completed: snapshot.requests_completed,
+            requests_in_flight: snapshot.requests_in_flight as u64,
+            requests_rejected: snapshot.requests_rejected,
+            passes: snapshot.passes,
+            preemptions: snapshot.preemptions,
+            faults_applied: snapshot.faults_applied,
+            ..SimSignals::default()
+        }),
+        ..Delta::default()
+    }
+}
