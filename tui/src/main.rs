@@ -156,12 +156,12 @@ fn main() -> Result<()> {
 }
 
 /// Where a run's requests come from: a trace, read as the run goes, or a generator.
-enum Requests {
+pub(crate) enum Requests {
     Trace(PathBuf),
     Generated(Vec<Request>),
 }
 
-fn requests_of(scenario: &Scenario, scenario_path: &Path, trace: Option<PathBuf>) -> Requests {
+pub(crate) fn requests_of(scenario: &Scenario, scenario_path: &Path, trace: Option<PathBuf>) -> Requests {
     if let Some(trace) = trace {
         return Requests::Trace(trace);
     }

@@ -1,0 +1,210 @@
+//! `kvtwin dash`'s flags, and the choice of source they make.
+//!
+//! Owns: [`DashArgs`] (one source per invocation: `--router`, `--zmq`, `--nats`, `--sim`
+//! or `--replay`; `--record`, `--speed`, `--once`) and [`dash`] (build the source, run
+//! the loop or print one frame).
+//! Never: fold updates or draw (the app and the ui do), or parse engine events.
+
+use super::app::{AppConfig, SourceKind};
+use super::record::{Recorder, Recording};
+use super::replica_source::{ReplicaInput, ReplicaSource};
+use super::router_source::RouterSource;
+use super::run::{interactive, once, LoopConfig, OnceUntil};
+use super::sim_source::SimSource;
+use super::source::{ReplaySource, Source};
+use crate::service::{parse_zmq_source, ZmqSourceArg};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use kvtwin_sim::scenario::Scenario;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Dynamo's subject for KV events without a namespace, as `kvtwin router` uses.
+const DEFAULT_SUBJECT: &str = "kvtwin.kv_events";
+
+/// `kvtwin dash`.
+#[derive(Args, Debug)]
+#[command(group(
+    clap::ArgGroup::new("source")
+        .required(true)
+        .args(["router", "zmq", "nats", "sim", "replay"]),
+))]
+pub(crate) struct DashArgs {
+    /// A running `kvtwin router` (its /v1/stream), e.g. http://127.0.0.1:8080.
+    #[arg(long, value_name = "URL")]
+    router: Option<String>,
+    /// Be a router replica fed by this engine's ZMQ KV events (repeat per engine).
+    #[arg(long = "zmq", value_name = "WORKER_ID=ENDPOINT[,replay=ENDPOINT]", value_parser = parse_zmq_source)]
+    zmq: Vec<ZmqSourceArg>,
+    /// The engines' block size (with --zmq): batches of another size are refused.
+    #[arg(long, default_value_t = 16)]
+    block_size: u32,
+    /// Be a router replica fed by Dynamo RouterEvents from this NATS server.
+    #[arg(long, value_name = "URL")]
+    nats: Option<String>,
+    /// The NATS subject [default: kvtwin.kv_events].
+    #[arg(long)]
+    subject: Option<String>,
+    /// Replay this JetStream stream from its start instead of core NATS.
+    #[arg(long, value_name = "STREAM")]
+    jetstream: Option<String>,
+    /// Simulate this scenario and play it.
+    #[arg(long, value_name = "SCENARIO")]
+    sim: Option<PathBuf>,
+    /// Replaces the scenario's seed (with --sim).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Replaces the scenario's workload with a Mooncake-format trace (with --sim).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Play a recording.
+    #[arg(long, value_name = "FILE")]
+    replay: Option<PathBuf>,
+    /// Play speed for --sim and --replay: simulated (recorded) seconds per second.
+    #[arg(long, default_value_t = 1.0)]
+    speed: f64,
+    /// Also write everything the source says to this recording.
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    /// Print one plain-text frame and exit: a simulation's or a recording's last, a
+    /// router's first full picture.
+    #[arg(long)]
+    once: bool,
+    /// Frame width for --once.
+    #[arg(long, default_value_t = 160)]
+    width: u16,
+    /// Frame height for --once.
+    #[arg(long, default_value_t = 48)]
+    height: u16,
+    /// How long --once waits for a live source, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    timeout: f64,
+    /// A worker with no event for this long is stale, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    stale_after: f64,
+}
+
+impl DashArgs {
+    /// What clap cannot check.
+    fn validate(&self) -> Result<()> {
+        if !(self.speed.is_finite() && self.speed > 0.0) {
+            bail!("--speed must be a positive number, not {}", self.speed);
+        }
+        if self.nats.is_none() && (self.subject.is_some() || self.jetstream.is_some()) {
+            bail!("--subject and --jetstream need --nats");
+        }
+        if self.sim.is_none() && (self.seed.is_some() || self.trace.is_some()) {
+            bail!("--seed and --trace need --sim");
+        }
+        if self.block_size == 0 {
+            bail!("--block-size must be at least 1");
+        }
+        if self.width < 20 || self.height < 8 {
+            bail!("--width and --height must be at least 20 and 8");
+        }
+        if !(self.timeout.is_finite() && self.timeout > 0.0) {
+            bail!("--timeout must be a positive number of seconds");
+        }
+        Ok(())
+    }
+}
+
+/// Runs `kvtwin dash`.
+pub(crate) fn dash(args: &DashArgs) -> Result<()> {
+    args.validate()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async {
+        let (source, kind, until) = open_source(args).await?;
+        let recorder = match &args.record {
+            Some(path) => Some(Recorder::create(path, &source.label())?),
+            None => None,
+        };
+        let config = LoopConfig {
+            app: AppConfig {
+                source: source.label(),
+                kind,
+                stale_after_ms: (args.stale_after * 1e3) as u64,
+                ..AppConfig::new(source.label(), kind)
+            },
+            recorder,
+        };
+        if args.once {
+            let frame = once(
+                source,
+                config,
+                until,
+                Duration::from_secs_f64(args.timeout),
+                (args.width, args.height),
+            )
+            .await?;
+            print!("{frame}");
+            Ok(())
+        } else {
+            interactive(source, config).await
+        }
+    })
+}
+
+/// The source the flags name, what kind it is, and when `--once` prints.
+async fn open_source(args: &DashArgs) -> Result<(Box<dyn Source>, SourceKind, OnceUntil)> {
+    if let Some(url) = &args.router {
+        let source = RouterSource::start(url).context("--router")?;
+        return Ok((Box::new(source), SourceKind::Router, OnceUntil::FirstFull));
+    }
+    if !args.zmq.is_empty() {
+        let source = ReplicaSource::start(ReplicaInput::Zmq {
+            sources: args.zmq.clone(),
+            block_size: args.block_size,
+        })
+        .await?;
+        return Ok((Box::new(source), SourceKind::Replica, OnceUntil::FirstFull));
+    }
+    if let Some(url) = &args.nats {
+        let source = ReplicaSource::start(ReplicaInput::Nats {
+            url: url.clone(),
+            subject: args.subject.clone().unwrap_or_else(|| DEFAULT_SUBJECT.into()),
+            jetstream: args.jetstream.clone(),
+        })
+        .await?;
+        return Ok((Box::new(source), SourceKind::Replica, OnceUntil::FirstFull));
+    }
+    if let Some(path) = &args.sim {
+        let mut scenario =
+            Scenario::load(path).with_context(|| format!("loading scenario {}", path.display()))?;
+        if let Some(seed) = args.seed {
+            scenario.seed = seed;
+        }
+        let speed = if args.once { f64::INFINITY } else { args.speed };
+        let source = match crate::requests_of(&scenario, path, args.trace.clone()) {
+            crate::Requests::Trace(trace) => {
+                let reader = kvtwin_sim::workload::MooncakeTraceReader::open(&trace)
+                    .with_context(|| format!("reading trace {}", trace.display()))?;
+                // A bad line ends the requests there; the run goes on with those before it.
+                SimSource::start(scenario, reader.map_while(Result::ok), speed)
+            }
+            crate::Requests::Generated(mut requests) => {
+                // Arrival order, as `simulate` puts them (a stable sort keeps ties in
+                // generation order).
+                requests.sort_by_key(|request| request.arrival);
+                SimSource::start(scenario, requests, speed)
+            }
+        };
+        return Ok((Box::new(source), SourceKind::Sim, OnceUntil::End));
+    }
+    if let Some(path) = &args.replay {
+        let recording = Recording::open(path)?;
+        if recording.torn_tail {
+            eprintln!(
+                "kvtwin dash: {}: the last line was cut mid-write and is skipped",
+                path.display()
+            );
+        }
+        let label = format!("replay {} of {}", path.display(), recording.source);
+        let source = ReplaySource::new(recording, label, args.speed);
+        return Ok((Box::new(source), SourceKind::Replay, OnceUntil::End));
+    }
+    bail!("name a source: --router, --zmq, --nats, --sim or --replay")
+}
