@@ -310,7 +310,7 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
         }
         eprintln!(
             "kvtwin router: listening on http://{address} (POST /v1/route, GET /v1/workers, \
-             /healthz, /metrics), block size {}",
+             GET /v1/stream, /healthz, /metrics), block size {}",
             args.block_size
         );
         serve(listener, state.clone(), stopped(&stop))

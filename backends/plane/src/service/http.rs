@@ -7,7 +7,38 @@
 //!   n}}, "query_blocks": n}`. Keys are worker ids as strings (JSON object keys), with
 //!   `:d` appended for data-parallel ranks above 0. `worker` is `null` while no worker is
 //!   known.
-//! - `GET /v1/workers`: each worker rank's cached blocks per tier and last event id.
+//!   Each answer is also recorded (see `RouterState::record_route`) for the stream.
+//! - `GET /v1/workers`: `{"workers": [{"worker": W, "dp_rank": d, "blocks": {"device": n,
+//!   "host": n, "disk": n, "remote": n}, "last_event_id": n|null, "events": n, "gaps": n,
+//!   "out_of_order": n, "reconnects": n, "block_size_mismatches": n, "lost_batches": n,
+//!   "restarts": n, "dropped": n}]}`: each worker rank's cached blocks, last event id and
+//!   stream integrity counters (see `WorkerIntegrity`; gaps count occurrences).
+//! - `GET /v1/stream`: server-sent events. Every 100 ms the handler looks at the state
+//!   (locked briefly) through a `StreamCursor` and, when something changed, sends
+//!   `event: delta` with one JSON `StreamMessage` as `data:`; a `:` keep-alive comment
+//!   goes out every 5 s. The first delta is a full snapshot (`"full": true`); later ones
+//!   carry only the rows changed, rows removed, the counters and the new route records:
+//!
+//!   ```text
+//!   event: delta
+//!   data: {"seq":42,"full":false,"block_size":16,
+//!          "workers":[{"worker":1,"dp_rank":0,"blocks":{"device":3,"host":0,"disk":0,"remote":0},
+//!                      "last_event_id":7,"events":8,"gaps":0,"out_of_order":0,"reconnects":0,
+//!                      "block_size_mismatches":0,"lost_batches":0,"restarts":0,"dropped":0}],
+//!          "removed":[{"worker":2,"dp_rank":0}],
+//!          "counters":{"events_applied":8,"batches":3,"gaps":0,"event_id_gaps":0,"replayed":0,
+//!                      "lost_batches":0,"restarts":0,"reconnects":0,"dropped":{"bad_json":1},
+//!                      "routes":1,"route_query_blocks":4,"route_hit_blocks":3,
+//!                      "apply_latency_p99_s":2.5e-5,"index_pairs":3},
+//!          "routes":[{"seq":1,"query_blocks":4,"winner":{"worker":1,"dp_rank":0},
+//!                     "candidates":[{"worker":1,"dp_rank":0,"overlap":{"device":3,"host":0,
+//!                                    "disk":0,"remote":0},"load":3,"score":3}]}],
+//!          "routes_missed":0}
+//!   ```
+//!
+//!   (on one line on the wire). Each client has its own cursor and is sent at most one
+//!   message per tick, written before the next is built: nothing queues. A client that
+//!   reconnects starts again from a full snapshot.
 //! - `GET /healthz`: `ok`. `GET /metrics`: Prometheus text.
 //!
 //! A body that is not JSON, or has neither or both of `tokens` and `local_hashes`, is a
@@ -15,19 +46,30 @@
 //! Never: hold the state's lock across an await, or apply events (sources do).
 
 use super::state::{RouteAnswer, RouterState};
+use super::stream::StreamCursor;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures::Stream;
 use kvtwin::ids::LocalBlockHash;
 use kvtwin::ids::WorkerWithDpRank;
 use kvtwin::tier::Tier;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+/// How often a `/v1/stream` client's cursor looks at the state.
+pub const STREAM_TICK: Duration = Duration::from_millis(100);
+
+/// How often a `/v1/stream` client gets a keep-alive comment.
+pub const STREAM_KEEP_ALIVE: Duration = Duration::from_secs(5);
 
 /// The state as the service shares it between sources and handlers.
 pub type SharedState = Arc<Mutex<RouterState>>;
@@ -43,6 +85,7 @@ pub fn app(state: SharedState) -> Router {
     Router::new()
         .route("/v1/route", post(route))
         .route("/v1/workers", get(workers))
+        .route("/v1/stream", get(stream))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .with_state(state)
@@ -115,7 +158,7 @@ async fn route(State(state): State<SharedState>, body: Bytes) -> Response {
         Err(error) => return bad_request(&state, "bad_json", format!("bad JSON: {error}")),
     };
     let answer = {
-        let router = lock(&state);
+        let mut router = lock(&state);
         let query: Vec<LocalBlockHash> = match (request.tokens, request.local_hashes) {
             (Some(tokens), None) => router.hash_tokens(&tokens),
             (None, Some(hashes)) => hashes.into_iter().map(LocalBlockHash::new).collect(),
@@ -128,7 +171,9 @@ async fn route(State(state): State<SharedState>, body: Bytes) -> Response {
                 );
             }
         };
-        router.route(&query)
+        let answer = router.route(&query);
+        router.record_route(&answer);
+        answer
     };
     Json(answer_json(&answer)).into_response()
 }
@@ -143,10 +188,46 @@ async fn workers(State(state): State<SharedState>) -> Json<Value> {
                 "dp_rank": summary.key.dp_rank,
                 "blocks": tiers_json(|tier| summary.blocks[tier.index()]),
                 "last_event_id": summary.last_event_id,
+                "events": summary.integrity.events,
+                "gaps": summary.integrity.gaps,
+                "out_of_order": summary.integrity.out_of_order,
+                "reconnects": summary.integrity.reconnects,
+                "block_size_mismatches": summary.integrity.block_size_mismatches,
+                "lost_batches": summary.integrity.lost_batches,
+                "restarts": summary.integrity.restarts,
+                "dropped": summary.integrity.dropped,
             })
         })
         .collect();
     Json(json!({ "workers": list }))
+}
+
+async fn stream(
+    State(state): State<SharedState>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let mut ticks = tokio::time::interval(STREAM_TICK);
+    // A slow client skips ticks rather than bursting to catch up.
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let deltas = futures::stream::unfold(
+        (state, StreamCursor::new(), ticks),
+        |(state, mut cursor, mut ticks)| async move {
+            loop {
+                ticks.tick().await;
+                // Build under the lock, serialize outside it.
+                let message = {
+                    let router = lock(&state);
+                    cursor.next(&router)
+                };
+                let Some(message) = message else { continue };
+                let Ok(data) = serde_json::to_string(&message) else {
+                    continue;
+                };
+                let event = Event::default().event("delta").data(data);
+                return Some((Ok(event), (state, cursor, ticks)));
+            }
+        },
+    );
+    Sse::new(deltas).keep_alive(KeepAlive::new().interval(STREAM_KEEP_ALIVE))
 }
 
 async fn metrics(State(state): State<SharedState>) -> Response {

@@ -1,7 +1,8 @@
 //! The router service's counters and their Prometheus text.
 //!
 //! Owns: [`Metrics`] (events applied, dropped by reason, stream gaps, replays, lost
-//! batches, publisher restarts, an apply-latency histogram) and [`Histogram`]. Drop
+//! batches, publisher restarts, source reconnects, route decisions and their hit blocks,
+//! an apply-latency histogram) and [`Histogram`]. Drop
 //! reasons are the stable labels of the errors that caused them (`WireError::reason`,
 //! `FrameError::reason`, `TranslateError::reason`, the indexer's refusals), kept in a
 //! `BTreeMap` so the text comes out in the same order every time.
@@ -50,6 +51,24 @@ impl Histogram {
         self.sum_s
     }
 
+    /// An upper estimate of the `q` quantile (0 to 1), seconds: the bound of the first
+    /// bucket where the cumulative count reaches `q` of all observations; infinity when
+    /// that is above the last bound (25 ms), `None` with no observations.
+    pub fn quantile_seconds(&self, q: f64) -> Option<f64> {
+        if self.count == 0 {
+            return None;
+        }
+        let wanted = (q.clamp(0.0, 1.0) * self.count as f64).ceil() as u64;
+        let mut cumulative = 0;
+        for (bound, count) in LATENCY_BUCKETS_S.iter().zip(self.buckets) {
+            cumulative += count;
+            if cumulative >= wanted.max(1) {
+                return Some(*bound);
+            }
+        }
+        Some(f64::INFINITY)
+    }
+
     fn render(&self, name: &str, out: &mut String) {
         let mut cumulative = 0;
         for (bound, count) in LATENCY_BUCKETS_S.iter().zip(self.buckets) {
@@ -77,6 +96,15 @@ pub struct Metrics {
     pub lost_batches: u64,
     /// Publisher (engine) restarts: the worker was cleared.
     pub restarts: u64,
+    /// Reconnects of the sources' connections (NATS).
+    pub reconnects: u64,
+    /// Route decisions recorded.
+    pub routes: u64,
+    /// Full blocks in the queries of those.
+    pub route_query_blocks: u64,
+    /// Of those, blocks the chosen worker already held (its overlap): hit ratio is this
+    /// over `route_query_blocks`.
+    pub route_hit_blocks: u64,
     dropped: BTreeMap<&'static str, u64>,
     /// Time to apply one batch of events to the index.
     pub apply_latency: Histogram,
@@ -154,6 +182,30 @@ impl Metrics {
             "Engine restarts (sequence went back); the worker was cleared.",
             self.restarts,
         );
+        counter(
+            &mut out,
+            "kvtwin_router_source_reconnects_total",
+            "Reconnects of the event sources' connections.",
+            self.reconnects,
+        );
+        counter(
+            &mut out,
+            "kvtwin_router_routes_total",
+            "Route decisions answered.",
+            self.routes,
+        );
+        counter(
+            &mut out,
+            "kvtwin_router_route_query_blocks_total",
+            "Full blocks in the routed queries.",
+            self.route_query_blocks,
+        );
+        counter(
+            &mut out,
+            "kvtwin_router_route_hit_blocks_total",
+            "Query blocks the chosen worker already held.",
+            self.route_hit_blocks,
+        );
         let name = "kvtwin_router_apply_seconds";
         let _ = writeln!(out, "# HELP {name} Time to apply one batch of events.");
         let _ = writeln!(out, "# TYPE {name} histogram");
@@ -216,5 +268,20 @@ mod tests {
         assert!(text.contains("kvtwin_router_apply_seconds_count 3\n"));
         assert!(text.contains("# TYPE kvtwin_router_workers gauge\nkvtwin_router_workers 2\n"));
         assert_eq!(metrics.dropped_total(), 3);
+    }
+
+    #[test]
+    fn the_quantile_is_the_bound_where_the_cumulative_count_reaches_it() {
+        let mut histogram = Histogram::default();
+        assert_eq!(histogram.quantile_seconds(0.99), None);
+        for _ in 0..99 {
+            histogram.observe(Duration::from_nanos(500));
+        }
+        histogram.observe(Duration::from_micros(40));
+        assert_eq!(histogram.quantile_seconds(0.99), Some(1e-6));
+        assert_eq!(histogram.quantile_seconds(1.0), Some(5e-5));
+        histogram.observe(Duration::from_secs(1));
+        histogram.observe(Duration::from_secs(1));
+        assert_eq!(histogram.quantile_seconds(0.99), Some(f64::INFINITY));
     }
 }

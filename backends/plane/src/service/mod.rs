@@ -2,7 +2,9 @@
 //!
 //! Owns: [`translate`] (engine block hashes to kvtwin's chained hashes, per worker),
 //! [`state::RouterState`] (the indexer, per-worker views, route answers), [`metrics`]
-//! (counters and the Prometheus text), [`http`] (the HTTP/JSON API), [`source`] (engine
+//! (counters and the Prometheus text), [`http`] (the HTTP/JSON API), [`stream`] (the
+//! change stream's messages and the cursor that makes them), [`sse`] (server-sent events
+//! framing), [`stream_client`] (a client of `/v1/stream`), [`source`] (engine
 //! event sources: a ZMQ subscriber thread per engine applying decoded batches),
 //! [`nats_source`] (Dynamo `RouterEvent`s from NATS, core or replayed from JetStream) and
 //! [`relay`] (one engine's ZMQ events onto NATS), [`publish`] (a kvtwin worker's events
@@ -17,6 +19,9 @@ pub mod nats_source;
 pub mod publish;
 pub mod relay;
 pub mod source;
+pub mod sse;
 pub mod state;
+pub mod stream;
+pub mod stream_client;
 pub mod synthetic;
 pub mod translate;

@@ -7,6 +7,9 @@
 //! translated and applied under the state's lock in one go. With JetStream
 //! ([`ConsumeMode::Replay`]) a router that starts (or restarts) rebuilds its whole state
 //! from the stream before following it live.
+//! A reconnect of the NATS client (seen when the next message arrives) is counted once
+//! globally and on every worker this source has carried events for (at most
+//! [`WORKERS_TRACKED_MAX`] of them; workers beyond that are not attributed reconnects).
 //! Never: stop on a bad message (it is counted by reason and skipped), or hold the
 //! state's lock while waiting on the network.
 
@@ -14,7 +17,12 @@ use super::http::{lock, SharedState};
 use crate::nats::{ConsumeMode, NatsError, NatsSubscriber, SubscriberConfig};
 use crate::wire::WorkerEvent;
 use crate::wire::{DecodeLimits, Envelope, RouterEvent};
+use kvtwin::ids::WorkerId;
+use std::collections::BTreeSet;
 use std::future::Future;
+
+/// Workers a source remembers carrying, to attribute its reconnects to them.
+pub const WORKERS_TRACKED_MAX: usize = 4096;
 
 /// How to consume.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,6 +111,8 @@ impl NatsSource {
         shutdown: impl Future<Output = ()>,
     ) -> Result<NatsSourceStats, NatsError> {
         let mut stats = NatsSourceStats::default();
+        let mut carried: BTreeSet<WorkerId> = BTreeSet::new();
+        let mut reconnects_seen = self.subscriber.stats().connection.reconnected;
         tokio::pin!(shutdown);
         loop {
             let message = tokio::select! {
@@ -118,7 +128,20 @@ impl NatsSource {
             };
             stats.messages += 1;
             let decoded = decode_message(&message.payload, &self.limits);
+            if let Ok(events) = &decoded {
+                for event in events {
+                    if carried.len() < WORKERS_TRACKED_MAX {
+                        carried.insert(event.worker);
+                    }
+                }
+            }
+            let reconnects = self.subscriber.stats().connection.reconnected;
             let mut router = lock(&state);
+            if reconnects > reconnects_seen {
+                let workers: Vec<WorkerId> = carried.iter().copied().collect();
+                router.note_reconnects(&workers, reconnects - reconnects_seen);
+                reconnects_seen = reconnects;
+            }
             match decoded {
                 Ok(events) => {
                     stats.events += events.len() as u64;

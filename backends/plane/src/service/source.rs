@@ -2,7 +2,8 @@
 //! relay) on a thread of its own.
 //!
 //! Owns: [`ZmqSource`] (the thread: subscriber items in, decoded events applied under the
-//! state's lock, restarts and losses turned into state changes and counters),
+//! state's lock, restarts and losses turned into state changes and counters, each
+//! attributed to the source's worker as well as counted globally),
 //! [`BatchDecoder`] (how a payload becomes worker events: the vLLM / SGLang msgpack
 //! decoder in `crate::wire`, or anything a test supplies) and [`EventNumbering`] (per
 //! rank event ids for streams whose events carry none).
@@ -175,28 +176,31 @@ impl ZmqSource {
                     };
                     let stats = subscriber.stats();
                     let mut router = lock(&state);
-                    let metrics = router.metrics_mut();
-                    metrics.gaps += stats.gaps - seen.gaps;
-                    metrics.replayed += stats.replayed - seen.replayed;
+                    router.note_gaps(worker, stats.gaps - seen.gaps);
+                    router.note_replayed(stats.replayed - seen.replayed);
                     seen = stats;
                     for reason in skipped {
-                        router.drop_one(reason);
+                        router.drop_for(worker, reason);
                     }
                     match (item, decoded) {
                         (SubscriberItem::Batch(_), Some(Ok(mut events))) => {
                             numbering.number(&mut events);
                             router.apply_batch(&events);
                         }
-                        (SubscriberItem::Batch(_), Some(Err(reason))) => router.drop_one(reason),
+                        (SubscriberItem::Batch(_), Some(Err(reason))) => {
+                            router.drop_for(worker, reason);
+                        }
                         (SubscriberItem::Restarted { .. }, _) => {
                             // Only the ranks this engine's stream carried.
                             router.restart_ranks(worker, &numbering.ranks());
                             numbering.reset();
                         }
                         (SubscriberItem::Lost { first, last }, _) => {
-                            router.metrics_mut().lost_batches += last - first + 1;
+                            router.note_lost(worker, last - first + 1);
                         }
-                        (SubscriberItem::Malformed(error), _) => router.drop_one(error.reason()),
+                        (SubscriberItem::Malformed(error), _) => {
+                            router.drop_for(worker, error.reason());
+                        }
                         _ => {}
                     }
                 }

@@ -1,15 +1,28 @@
 //! The router service's state: kvtwin's indexer fed by engine events, per-worker views,
 //! and the answers the HTTP API gives.
 //!
-//! Owns: [`RouterState`] (the `KvIndexer`, each worker rank's [`EngineHashes`] and last
-//! event id, the [`Metrics`], an optional [`ApplyObserver`]), [`RouteAnswer`] and
-//! [`WorkerSummary`]. Everything is
+//! Owns: [`RouterState`] (the `KvIndexer`, each worker rank's [`EngineHashes`], last
+//! event id and [`WorkerIntegrity`], the [`Metrics`], an optional [`ApplyObserver`]),
+//! [`RouteAnswer`], [`WorkerSummary`], the change sequence readers follow and the ring of
+//! recent [`RouteRecord`]s. Everything is
 //! synchronous and deterministic for a given event order: the service wraps it in one
 //! lock; tests drive it directly to compare a networked run with an in-process replay.
+//!
+//! Invariants:
+//! - every mutation bumps [`RouterState::change_seq`]; a worker rank's row remembers the
+//!   sequence of its last change, and a removed row's key is kept with the sequence of its
+//!   removal (at most [`REMOVALS_KEPT`] of them; a reader older than the oldest pruned one
+//!   must start over from a full snapshot, see [`RouterState::removed_since`]);
+//! - a global counter and the per-rank counters a source attributes to it move together
+//!   (the `note_*` and `drop_for` methods), so a rank's counts sum to at most the global;
+//! - a publisher restart clears a rank's blocks but keeps its row and its integrity
+//!   counters (`restarts` + 1), so readers can show that it restarted.
+//!
 //! Never: touch a socket, or decide what a malformed message is (sources decode and call
-//! [`RouterState::drop_one`] with the decoder's reason).
+//! [`RouterState::drop_one`] or [`RouterState::drop_for`] with the decoder's reason).
 
 use super::metrics::{Gauge, Metrics};
+use super::stream::{RouteCandidate, RouteRecord, TierCounts, WorkerKey};
 use super::translate::EngineHashes;
 use crate::wire::WorkerEvent;
 use kvtwin::ids::WorkerWithDpRank;
@@ -17,19 +30,58 @@ use kvtwin::ids::{LocalBlockHash, WorkerId};
 use kvtwin::router::indexer::{ApplyEventError, KvIndexer, WorkerOverlap};
 use kvtwin::tier::Tier;
 use kvtwin::tokens::{compute_local_hashes, HashSeed, DEFAULT_HASH_SEED};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
+
+/// Route decisions kept for readers ([`RouterState::routes_since`]); older ones are
+/// dropped (readers learn how many they missed).
+pub const ROUTE_RECORDS_KEPT: usize = 256;
+
+/// Removed worker ranks remembered for readers; beyond this the oldest removal is
+/// pruned and readers that had not seen it get a full snapshot instead.
+pub const REMOVALS_KEPT: usize = 1024;
 
 /// Called with each event the state applied whole, right after it is applied (under the
 /// state's lock, on the source's thread): how a benchmark learns when an event published
 /// at one end reached the index at the other. Keep it short; it runs on the apply path.
 pub type ApplyObserver = Box<dyn FnMut(&WorkerEvent) + Send>;
 
+/// What one worker rank's event stream looked like: counts that survive a publisher
+/// restart. Each counts occurrences, not the ids or batches inside them, except
+/// `lost_batches`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerIntegrity {
+    /// Events applied whole.
+    pub events: u64,
+    /// Gaps: an event id above the last one + 1, or a gap in the source's own sequence
+    /// (a ZMQ stream's batch numbers) attributed to this rank. Occurrences, not the
+    /// number of ids missing.
+    pub gaps: u64,
+    /// Events whose id was at or below the last one (applied anyway).
+    pub out_of_order: u64,
+    /// Reconnects of the source carrying this rank (NATS; a ZMQ socket reconnects
+    /// inside libzmq without telling).
+    pub reconnects: u64,
+    /// Batches refused because their blocks had another size than the router's.
+    pub block_size_mismatches: u64,
+    /// Batches neither the stream nor replay supplied.
+    pub lost_batches: u64,
+    /// Publisher restarts that cleared this rank.
+    pub restarts: u64,
+    /// Messages, batches or events of this rank refused, every reason
+    /// (`block_size_mismatches` included).
+    pub dropped: u64,
+}
+
 /// One worker rank as the router sees it.
 #[derive(Debug, Default)]
 struct WorkerEntry {
     hashes: EngineHashes,
     last_event_id: Option<u64>,
+    integrity: WorkerIntegrity,
+    /// `RouterState::change_seq` at this row's last change.
+    changed_seq: u64,
 }
 
 /// What `/v1/workers` reports for one worker rank.
@@ -39,8 +91,12 @@ pub struct WorkerSummary {
     pub key: WorkerWithDpRank,
     /// Blocks held per tier, by `Tier::index`.
     pub blocks: [u64; 4],
-    /// The last event id applied.
+    /// The highest event id seen since the rank's last restart.
     pub last_event_id: Option<u64>,
+    /// Its stream's integrity counters.
+    pub integrity: WorkerIntegrity,
+    /// [`RouterState::change_seq`] at the row's last change.
+    pub changed_seq: u64,
 }
 
 /// What `/v1/route` answers.
@@ -74,6 +130,16 @@ pub struct RouterState {
     seed: HashSeed,
     metrics: Metrics,
     observer: Option<ApplyObserver>,
+    /// Bumped by every mutation.
+    change_seq: u64,
+    /// Removed rows: key → `change_seq` of the removal (a key seen again leaves).
+    removed: BTreeMap<WorkerWithDpRank, u64>,
+    /// The latest removal sequence pruned from `removed` (0: none pruned).
+    removals_pruned_seq: u64,
+    /// The last `ROUTE_RECORDS_KEPT` route decisions, oldest first.
+    routes: VecDeque<RouteRecord>,
+    /// Sequence of the last route recorded (0: none).
+    route_seq: u64,
 }
 
 impl std::fmt::Debug for RouterState {
@@ -85,6 +151,10 @@ impl std::fmt::Debug for RouterState {
             .field("seed", &self.seed)
             .field("metrics", &self.metrics)
             .field("observer", &self.observer.as_ref().map(|_| "set"))
+            .field("change_seq", &self.change_seq)
+            .field("removed", &self.removed.len())
+            .field("routes", &self.routes.len())
+            .field("route_seq", &self.route_seq)
             .finish()
     }
 }
@@ -100,6 +170,11 @@ impl RouterState {
             seed: HashSeed::new(DEFAULT_HASH_SEED),
             metrics: Metrics::default(),
             observer: None,
+            change_seq: 0,
+            removed: BTreeMap::new(),
+            removals_pruned_seq: 0,
+            routes: VecDeque::with_capacity(ROUTE_RECORDS_KEPT),
+            route_seq: 0,
         }
     }
 
@@ -125,14 +200,107 @@ impl RouterState {
         &self.metrics
     }
 
-    /// The counters, for sources to add what they saw (gaps, replays, restarts).
+    /// The counters, for what no `note_*` method covers; counts as a change for readers.
+    /// Prefer the `note_*` methods, which keep the per-rank counters in step.
     pub fn metrics_mut(&mut self) -> &mut Metrics {
+        self.bump();
         &mut self.metrics
     }
 
-    /// Counts one message, batch or event refused for `reason`.
+    /// The change sequence: bumped by every mutation, so a reader that saw this value
+    /// and sees it again knows nothing changed.
+    pub fn change_seq(&self) -> u64 {
+        self.change_seq
+    }
+
+    fn bump(&mut self) -> u64 {
+        self.change_seq += 1;
+        self.change_seq
+    }
+
+    /// The row of `key`, created if new, marked changed now.
+    fn touch(&mut self, key: WorkerWithDpRank) -> &mut WorkerEntry {
+        let seq = self.bump();
+        if !self.removed.is_empty() {
+            self.removed.remove(&key);
+        }
+        let entry = self.workers.entry(key).or_default();
+        entry.changed_seq = seq;
+        entry
+    }
+
+    /// The rank a source that knows only the worker attributes what it saw to: the
+    /// worker's lowest known rank, or rank 0 (then created). A ZMQ stream usually
+    /// carries one rank, as vLLM runs one publisher per data-parallel rank.
+    fn primary(&self, worker: WorkerId) -> WorkerWithDpRank {
+        let first = WorkerWithDpRank { worker, dp_rank: 0 };
+        let last = WorkerWithDpRank {
+            worker,
+            dp_rank: u32::MAX,
+        };
+        self.workers
+            .range(first..=last)
+            .next()
+            .map_or(first, |(key, _)| *key)
+    }
+
+    /// Counts one message, batch or event refused for `reason`, from no known worker.
     pub fn drop_one(&mut self, reason: &'static str) {
+        self.bump();
         self.metrics.drop_one(reason);
+    }
+
+    /// Counts one message, batch or event of `worker` refused for `reason`, globally
+    /// and on the worker's (lowest known) rank; `block_size_mismatch` is also counted
+    /// in the rank's `block_size_mismatches`.
+    pub fn drop_for(&mut self, worker: WorkerId, reason: &'static str) {
+        self.metrics.drop_one(reason);
+        let key = self.primary(worker);
+        let integrity = &mut self.touch(key).integrity;
+        integrity.dropped += 1;
+        if reason == "block_size_mismatch" {
+            integrity.block_size_mismatches += 1;
+        }
+    }
+
+    /// Counts `gaps` gaps in `worker`'s source sequence (globally and on its rank).
+    pub fn note_gaps(&mut self, worker: WorkerId, gaps: u64) {
+        if gaps == 0 {
+            return;
+        }
+        self.metrics.gaps += gaps;
+        let key = self.primary(worker);
+        self.touch(key).integrity.gaps += gaps;
+    }
+
+    /// Counts `batches` recovered through replay (global only: nothing was lost).
+    pub fn note_replayed(&mut self, batches: u64) {
+        if batches == 0 {
+            return;
+        }
+        self.bump();
+        self.metrics.replayed += batches;
+    }
+
+    /// Counts `batches` of `worker`'s stream lost for good (globally and on its rank).
+    pub fn note_lost(&mut self, worker: WorkerId, batches: u64) {
+        self.metrics.lost_batches += batches;
+        let key = self.primary(worker);
+        self.touch(key).integrity.lost_batches += batches;
+    }
+
+    /// Counts `count` reconnects of a source carrying `workers`: once globally, and on
+    /// each worker's (lowest known) rank.
+    pub fn note_reconnects(&mut self, workers: &[WorkerId], count: u64) {
+        if count == 0 {
+            return;
+        }
+        self.bump();
+        self.metrics.reconnects += count;
+        for &worker in workers {
+            let key = self.primary(worker);
+            self.touch(key).integrity.reconnects += count;
+        }
     }
 
     /// Applies a batch of events in order, timing it. An event that cannot be translated
@@ -147,28 +315,47 @@ impl RouterState {
                 applied += 1;
             }
         }
+        self.bump();
         self.metrics.batches += 1;
         self.metrics.apply_latency.observe(start.elapsed());
         applied
     }
 
-    /// Applies one event; `Err` with the reason it was (partly) refused, also counted.
+    /// Applies one event; `Err` with the reason it was (partly) refused, also counted
+    /// (globally and on the event's rank). Its id is checked against the rank's last
+    /// one first: above last + 1 counts a gap, at or below counts out-of-order; either
+    /// way the event is applied and the rank's last id is the highest seen.
     pub fn apply(&mut self, event: &WorkerEvent) -> Result<(), &'static str> {
         let key = WorkerWithDpRank {
             worker: event.worker,
             dp_rank: event.dp_rank,
         };
+        // `touch`, spelled out: the entry borrows `workers` alone, beside the index and
+        // the metrics.
+        let seq = self.bump();
+        if !self.removed.is_empty() {
+            self.removed.remove(&key);
+        }
         let entry = self.workers.entry(key).or_default();
+        entry.changed_seq = seq;
+        let id = event.event_id;
+        match entry.last_event_id {
+            Some(last) if id <= last => entry.integrity.out_of_order += 1,
+            Some(last) if id - last > 1 => entry.integrity.gaps += 1,
+            _ => {}
+        }
+        entry.last_event_id = Some(entry.last_event_id.map_or(id, |last| last.max(id)));
         let translated = match entry.hashes.translate(event) {
             Ok(translated) => translated,
             Err(error) => {
+                entry.integrity.dropped += 1;
                 self.metrics.drop_one(error.reason());
                 return Err(error.reason());
             }
         };
-        entry.last_event_id = Some(event.event_id);
         match self.indexer.apply(event.worker, &translated) {
             Ok(()) => {
+                entry.integrity.events += 1;
                 self.metrics.events_applied += 1;
                 if let Some(observer) = &mut self.observer {
                     observer(event);
@@ -177,13 +364,15 @@ impl RouterState {
             }
             Err(error) => {
                 let reason = apply_reason(&error);
+                entry.integrity.dropped += 1;
                 self.metrics.drop_one(reason);
                 Err(reason)
             }
         }
     }
 
-    /// Forgets everything `worker` (every rank) held: its engine restarted.
+    /// Clears everything `worker` (every rank) held: its engine restarted. See
+    /// [`RouterState::restart_ranks`].
     pub fn restart_worker(&mut self, worker: WorkerId) {
         let range = WorkerWithDpRank { worker, dp_rank: 0 }..=WorkerWithDpRank {
             worker,
@@ -197,16 +386,52 @@ impl RouterState {
         self.restart_ranks(worker, &ranks);
     }
 
-    /// Forgets what `ranks` of `worker` held: the engine process serving those
+    /// Clears what `ranks` of `worker` held: the engine process serving those
     /// data-parallel ranks restarted (vLLM runs one publisher per rank, so one rank's
-    /// restart says nothing about the others).
+    /// restart says nothing about the others). Each rank keeps its row and integrity
+    /// counters, `restarts` + 1, with no last event id (the new run numbers from
+    /// scratch); with no ranks, the worker's lowest known rank (or rank 0) counts the
+    /// restart. The global `restarts` counts one per call.
     pub fn restart_ranks(&mut self, worker: WorkerId, ranks: &[u32]) {
-        for &dp_rank in ranks {
-            let key = WorkerWithDpRank { worker, dp_rank };
-            self.workers.remove(&key);
+        let keys: Vec<WorkerWithDpRank> = if ranks.is_empty() {
+            vec![self.primary(worker)]
+        } else {
+            ranks
+                .iter()
+                .map(|&dp_rank| WorkerWithDpRank { worker, dp_rank })
+                .collect()
+        };
+        for key in keys {
+            let entry = self.touch(key);
+            entry.hashes = EngineHashes::default();
+            entry.last_event_id = None;
+            entry.integrity.restarts += 1;
             self.indexer.remove_rank(key);
         }
         self.metrics.restarts += 1;
+    }
+
+    /// Forgets the row of `key` and what it held (a worker that left for good); readers
+    /// learn of it through [`RouterState::removed_since`]. Whether it was known.
+    pub fn forget_rank(&mut self, key: WorkerWithDpRank) -> bool {
+        if self.workers.remove(&key).is_none() {
+            return false;
+        }
+        self.indexer.remove_rank(key);
+        let seq = self.bump();
+        self.removed.insert(key, seq);
+        if self.removed.len() > REMOVALS_KEPT {
+            // Bounded: the oldest removal goes; readers behind it start over.
+            let (oldest, oldest_seq) = self
+                .removed
+                .iter()
+                .min_by_key(|(_, seq)| **seq)
+                .map(|(key, seq)| (*key, *seq))
+                .expect("more than REMOVALS_KEPT removals");
+            self.removed.remove(&oldest);
+            self.removals_pruned_seq = oldest_seq;
+        }
+        true
     }
 
     /// The token hashes of `tokens`' full blocks, as the engines' events carry them.
@@ -214,22 +439,24 @@ impl RouterState {
         compute_local_hashes(tokens, self.block_size, self.seed)
     }
 
+    /// Blocks `key` holds, all tiers: the load the route tie-break uses.
+    fn cached(&self, key: &WorkerWithDpRank) -> u64 {
+        self.workers
+            .get(key)
+            .map_or(0, |entry| entry.hashes.counts().iter().sum())
+    }
+
     /// Which worker rank to send a request with these block hashes to, and every
-    /// worker's overlap.
+    /// worker's overlap. Changes nothing; see [`RouterState::record_route`].
     pub fn route(&self, query: &[LocalBlockHash]) -> RouteAnswer {
         let overlaps = self.indexer.find_matches(query, false).workers;
-        let cached = |key: &WorkerWithDpRank| -> u64 {
-            self.workers
-                .get(key)
-                .map_or(0, |entry| entry.hashes.counts().iter().sum())
-        };
         let best = overlaps
             .iter()
             .filter(|overlap| overlap.blocks > 0)
             .max_by(|a, b| {
                 (a.blocks, a.by_tier[Tier::Device.index()])
                     .cmp(&(b.blocks, b.by_tier[Tier::Device.index()]))
-                    .then_with(|| cached(&b.worker).cmp(&cached(&a.worker)))
+                    .then_with(|| self.cached(&b.worker).cmp(&self.cached(&a.worker)))
                     .then_with(|| b.worker.cmp(&a.worker))
             })
             .map(|overlap| overlap.worker);
@@ -237,7 +464,7 @@ impl RouterState {
         let worker = best.or_else(|| {
             self.workers
                 .keys()
-                .min_by(|a, b| cached(a).cmp(&cached(b)).then_with(|| a.cmp(b)))
+                .min_by(|a, b| self.cached(a).cmp(&self.cached(b)).then_with(|| a.cmp(b)))
                 .copied()
         });
         RouteAnswer {
@@ -247,16 +474,122 @@ impl RouterState {
         }
     }
 
+    /// Records `answer` (what [`RouterState::route`] gave) in the ring of recent
+    /// decisions, with each candidate's overlap and load as they are now, and counts it
+    /// (`routes`, `route_query_blocks`, `route_hit_blocks`: the winner's overlap). Its
+    /// sequence number.
+    pub fn record_route(&mut self, answer: &RouteAnswer) -> u64 {
+        let candidate = |overlap: &WorkerOverlap| RouteCandidate {
+            worker: overlap.worker.worker.get(),
+            dp_rank: overlap.worker.dp_rank,
+            overlap: TierCounts::from_array(overlap.by_tier.map(u64::from)),
+            load: self.cached(&overlap.worker),
+            score: u64::from(overlap.blocks),
+        };
+        let mut candidates: Vec<RouteCandidate> = answer
+            .overlaps
+            .iter()
+            .filter(|overlap| overlap.blocks > 0)
+            .map(candidate)
+            .collect();
+        let mut hit = 0;
+        if let Some(winner) = answer.worker {
+            if let Some(overlap) = answer.overlaps.iter().find(|o| o.worker == winner) {
+                hit = u64::from(overlap.blocks);
+            }
+            if !candidates
+                .iter()
+                .any(|c| c.worker == winner.worker.get() && c.dp_rank == winner.dp_rank)
+            {
+                candidates.push(RouteCandidate {
+                    worker: winner.worker.get(),
+                    dp_rank: winner.dp_rank,
+                    overlap: TierCounts::default(),
+                    load: self.cached(&winner),
+                    score: 0,
+                });
+                candidates.sort_by_key(|c| (c.worker, c.dp_rank));
+            }
+        }
+        self.bump();
+        self.route_seq += 1;
+        let query_blocks = answer.query_blocks as u64;
+        self.metrics.routes += 1;
+        self.metrics.route_query_blocks += query_blocks;
+        self.metrics.route_hit_blocks += hit;
+        if self.routes.len() == ROUTE_RECORDS_KEPT {
+            self.routes.pop_front();
+        }
+        self.routes.push_back(RouteRecord {
+            seq: self.route_seq,
+            query_blocks,
+            winner: answer.worker.map(WorkerKey::from),
+            candidates,
+        });
+        self.route_seq
+    }
+
+    /// Sequence of the last route recorded (0: none yet).
+    pub fn route_seq(&self) -> u64 {
+        self.route_seq
+    }
+
+    /// The route records after sequence `after` still kept, oldest first, and how many
+    /// after it are no longer kept (the ring overran).
+    pub fn routes_since(&self, after: u64) -> (Vec<RouteRecord>, u64) {
+        let oldest = self.routes.front().map_or(self.route_seq + 1, |r| r.seq);
+        let missed = oldest.saturating_sub(after + 1);
+        let records = self
+            .routes
+            .iter()
+            .filter(|record| record.seq > after)
+            .cloned()
+            .collect();
+        (records, missed)
+    }
+
+    fn summary(key: WorkerWithDpRank, entry: &WorkerEntry) -> WorkerSummary {
+        WorkerSummary {
+            key,
+            blocks: entry.hashes.counts(),
+            last_event_id: entry.last_event_id,
+            integrity: entry.integrity,
+            changed_seq: entry.changed_seq,
+        }
+    }
+
     /// Every worker rank known, in key order.
     pub fn workers(&self) -> Vec<WorkerSummary> {
         self.workers
             .iter()
-            .map(|(key, entry)| WorkerSummary {
-                key: *key,
-                blocks: entry.hashes.counts(),
-                last_event_id: entry.last_event_id,
-            })
+            .map(|(key, entry)| Self::summary(*key, entry))
             .collect()
+    }
+
+    /// The worker ranks changed after change sequence `after`, in key order (a scan of
+    /// every row).
+    pub fn workers_changed_since(&self, after: u64) -> Vec<WorkerSummary> {
+        self.workers
+            .iter()
+            .filter(|(_, entry)| entry.changed_seq > after)
+            .map(|(key, entry)| Self::summary(*key, entry))
+            .collect()
+    }
+
+    /// The worker ranks removed after change sequence `after` and not known again, in
+    /// key order; `None` when removals after `after` may have been pruned (the reader
+    /// must take a full snapshot).
+    pub fn removed_since(&self, after: u64) -> Option<Vec<WorkerWithDpRank>> {
+        if after < self.removals_pruned_seq {
+            return None;
+        }
+        Some(
+            self.removed
+                .iter()
+                .filter(|(_, seq)| **seq > after)
+                .map(|(key, _)| *key)
+                .collect(),
+        )
     }
 
     /// The Prometheus text: the counters and the state's sizes.
@@ -348,7 +681,13 @@ mod tests {
         assert_eq!(state.workers()[0].blocks, [1, 0, 0, 0]);
         assert_eq!(state.workers()[0].last_event_id, Some(1));
         state.restart_worker(WorkerId::new(1));
-        assert!(state.workers().is_empty());
+        // Cleared, but the row stays to say it restarted.
+        let rows = state.workers();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].blocks, [0; 4]);
+        assert_eq!(rows[0].last_event_id, None);
+        assert_eq!(rows[0].integrity.restarts, 1);
+        assert_eq!(rows[0].integrity.dropped, 1);
         assert_eq!(state.indexer().pairs(), 0);
         assert!(state
             .render_metrics()
@@ -365,12 +704,18 @@ mod tests {
         state.apply_batch(&[ranked(0, 0xa), ranked(1, 0xb)]);
         assert_eq!(state.indexer().pairs(), 2);
         state.restart_ranks(WorkerId::new(1), &[1]);
-        let keys: Vec<u32> = state.workers().iter().map(|w| w.key.dp_rank).collect();
-        assert_eq!(keys, [0]);
+        let restarts: Vec<(u32, u64, u64)> = state
+            .workers()
+            .iter()
+            .map(|w| (w.key.dp_rank, w.blocks[0], w.integrity.restarts))
+            .collect();
+        assert_eq!(restarts, [(0, 1, 0), (1, 0, 1)]);
         assert_eq!(state.indexer().pairs(), 1);
         // The new run's first event follows the clear without an id gap.
         state.apply_batch(&[ranked(1, 0xc)]);
         assert_eq!(state.indexer().stats().event_id_gaps, 0);
+        let rank1 = state.workers()[1].integrity;
+        assert_eq!((rank1.gaps, rank1.out_of_order, rank1.events), (0, 0, 2));
         assert_eq!(state.metrics().restarts, 1);
     }
 
@@ -402,5 +747,81 @@ mod tests {
         assert!(state.set_apply_observer(None).is_some());
         state.apply_batch(&[stored(1, 3, Some(0x3), &[(0x4, 4)])]);
         assert_eq!(seen.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn event_id_gaps_and_out_of_order_ids_are_counted_per_rank_as_occurrences() {
+        let mut state = RouterState::new(4);
+        state.apply_batch(&[
+            stored(1, 0, None, &[(0x1, 1)]),
+            stored(1, 1, Some(0x1), &[(0x2, 2)]),
+            // Ids 2 to 4 missing: one gap.
+            stored(1, 5, Some(0x2), &[(0x3, 3)]),
+            // Back to 3: out of order (applied anyway).
+            stored(1, 3, Some(0x3), &[(0x4, 4)]),
+            // 6 follows the highest seen (5).
+            stored(1, 6, Some(0x4), &[(0x5, 5)]),
+            stored(2, 10, None, &[(0x9, 9)]),
+        ]);
+        let rows = state.workers();
+        let one = rows[0].integrity;
+        assert_eq!((one.events, one.gaps, one.out_of_order), (5, 1, 1));
+        assert_eq!(rows[0].last_event_id, Some(6));
+        // A rank's first event is no gap, whatever its id.
+        assert_eq!(rows[1].integrity.gaps, 0);
+    }
+
+    #[test]
+    fn sources_attribute_what_they_see_and_the_global_counts_follow() {
+        let mut state = RouterState::new(4);
+        let one = WorkerId::new(1);
+        state.apply_batch(&[WorkerEvent {
+            dp_rank: 2,
+            ..stored(1, 0, None, &[(0x1, 1)])
+        }]);
+        state.note_gaps(one, 2);
+        state.note_lost(one, 3);
+        state.drop_for(one, "block_size_mismatch");
+        state.drop_for(one, "malformed_msgpack");
+        state.note_reconnects(&[one, WorkerId::new(7)], 1);
+        state.note_replayed(4);
+        let rows = state.workers();
+        // Worker 1's only rank is 2; worker 7, never seen, gets rank 0.
+        let keys: Vec<(u64, u32)> = rows
+            .iter()
+            .map(|w| (w.key.worker.get(), w.key.dp_rank))
+            .collect();
+        assert_eq!(keys, [(1, 2), (7, 0)]);
+        let integrity = rows[0].integrity;
+        assert_eq!(
+            (
+                integrity.gaps,
+                integrity.lost_batches,
+                integrity.block_size_mismatches,
+                integrity.dropped,
+                integrity.reconnects
+            ),
+            (2, 3, 1, 2, 1)
+        );
+        assert_eq!(rows[1].integrity.reconnects, 1);
+        let metrics = state.metrics();
+        assert_eq!(
+            (
+                metrics.gaps,
+                metrics.lost_batches,
+                metrics.dropped_total(),
+                metrics.reconnects,
+                metrics.replayed
+            ),
+            (2, 3, 2, 1, 4)
+        );
+        // A restart clears the blocks and keeps the counts.
+        let before = state.change_seq();
+        state.restart_worker(one);
+        assert!(state.change_seq() > before);
+        let after = state.workers()[0].integrity;
+        assert_eq!(after.restarts, 1);
+        assert_eq!(after.gaps, 2);
+        assert_eq!(state.workers_changed_since(before).len(), 1);
     }
 }
