@@ -10,3 +10,6 @@
 pub(crate) mod model;
 pub(crate) mod record;
 pub(crate) mod source;
+pub(crate) mod plane_delta;
+pub(crate) mod replica_source;
+pub(crate) mod router_source;

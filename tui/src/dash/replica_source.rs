@@ -1,0 +1,216 @@
+//! `kvtwin dash --zmq ...` and `--nats URL`: the dashboard as a router replica, keeping
+//! the index with the router service's own code and reading it as the router's stream
+//! does.
+//!
+//! Owns: [`ReplicaSource`] (a `RouterState` fed by `ZmqSource`s or a `NatsSource`,
+//! connecting to NATS again with backoff when it cannot, and a task that reads the
+//! state through a `StreamCursor` every tick).
+//! Never: decode or apply an event itself (`kvtwin_plane::service` does), or route: a
+//! replica only listens.
+
+use super::model::{Control, SourceStatus, TimedUpdate, Update};
+use super::plane_delta::delta_of_message;
+use super::source::{LiveClock, Next, Source, SourceEvent};
+use crate::service::{connect_nats, describe_zmq_source, start_zmq_sources, ZmqSourceArg};
+use anyhow::Result;
+use kvtwin_plane::service::http::{lock, SharedState};
+use kvtwin_plane::service::source::ZmqSource;
+use kvtwin_plane::service::state::RouterState;
+use kvtwin_plane::service::stream::StreamCursor;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+/// How often the state is read for changes (as the router's stream does).
+const READ_TICK: Duration = Duration::from_millis(100);
+/// The first wait before connecting to NATS again; doubles up to 8 s.
+const BACKOFF_START: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(8);
+/// Updates between the reading task and the terminal loop (see `RouterSource`).
+const CHANNEL_BOUND: usize = 64;
+
+/// Where a replica's events come from.
+#[derive(Clone, Debug)]
+pub(crate) enum ReplicaInput {
+    /// Engines' ZMQ streams.
+    Zmq {
+        /// One per engine.
+        sources: Vec<ZmqSourceArg>,
+        /// The engines' block size.
+        block_size: u32,
+    },
+    /// Dynamo RouterEvents on NATS.
+    Nats {
+        /// The server.
+        url: String,
+        /// The subject.
+        subject: String,
+        /// A JetStream stream to replay from its start, instead of core NATS.
+        jetstream: Option<String>,
+    },
+}
+
+/// A router replica.
+pub(crate) struct ReplicaSource {
+    label: String,
+    updates: mpsc::Receiver<TimedUpdate>,
+    clock: LiveClock,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    // Stopped when dropped.
+    _zmq: Vec<ZmqSource>,
+}
+
+impl ReplicaSource {
+    /// Starts listening; must run inside a tokio runtime.
+    pub(crate) async fn start(input: ReplicaInput) -> Result<Self> {
+        let clock = LiveClock::start();
+        let (sender, updates) = mpsc::channel(CHANNEL_BOUND);
+        let (stop, _) = watch::channel(false);
+        // A NATS replica learns the block size from nothing; 16 is only used to hash
+        // queries, which a replica never makes.
+        let block_size = match &input {
+            ReplicaInput::Zmq { block_size, .. } => *block_size,
+            ReplicaInput::Nats { .. } => 16,
+        };
+        let state: SharedState = Arc::new(Mutex::new(RouterState::new(block_size as usize)));
+        let mut tasks = Vec::new();
+        let (label, zmq) = match &input {
+            ReplicaInput::Zmq { sources, .. } => {
+                let started = start_zmq_sources(sources, block_size, &state)?;
+                let described: Vec<String> = sources.iter().map(describe_zmq_source).collect();
+                let _ = sender
+                    .send(status(&clock, true, format!("replica of {}", described.join(", "))))
+                    .await;
+                (format!("replica of {} ZMQ engines", sources.len()), started)
+            }
+            ReplicaInput::Nats {
+                url,
+                subject,
+                jetstream,
+            } => {
+                tasks.push(tokio::spawn(nats_forever(
+                    url.clone(),
+                    subject.clone(),
+                    jetstream.clone(),
+                    state.clone(),
+                    sender.clone(),
+                    clock,
+                    stop.subscribe(),
+                )));
+                (format!("replica of NATS {url} {subject}"), Vec::new())
+            }
+        };
+        tasks.push(tokio::spawn(read_state(state, sender, clock)));
+        Ok(Self {
+            label,
+            updates,
+            clock,
+            stop,
+            tasks,
+            _zmq: zmq,
+        })
+    }
+}
+
+impl Drop for ReplicaSource {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn status(clock: &LiveClock, connected: bool, text: String) -> TimedUpdate {
+    TimedUpdate {
+        at_ms: clock.now_ms(),
+        update: Update::Status(SourceStatus { connected, text }),
+    }
+}
+
+/// Reads the state's changes every tick until the receiver goes.
+async fn read_state(state: SharedState, sender: mpsc::Sender<TimedUpdate>, clock: LiveClock) {
+    let mut cursor = StreamCursor::new();
+    let mut tick = tokio::time::interval(READ_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        // Built under the lock, translated outside it.
+        let message = cursor.next(&lock(&state));
+        if let Some(message) = message {
+            let update = TimedUpdate {
+                at_ms: clock.now_ms(),
+                update: Update::Delta(delta_of_message(&message)),
+            };
+            if sender.send(update).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Connects to NATS and applies its events; on failure says so and tries again.
+async fn nats_forever(
+    url: String,
+    subject: String,
+    jetstream: Option<String>,
+    state: SharedState,
+    sender: mpsc::Sender<TimedUpdate>,
+    clock: LiveClock,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = BACKOFF_START;
+    loop {
+        let error = match connect_nats(&url, &subject, jetstream.as_deref()).await {
+            Ok(source) => {
+                let text = format!("replica of {url}, subject {subject}");
+                if sender.send(status(&clock, true, text)).await.is_err() {
+                    return;
+                }
+                backoff = BACKOFF_START;
+                let mut stopped = stop.clone();
+                let shutdown = async move {
+                    let _ = stopped.wait_for(|stop| *stop).await;
+                };
+                match source.run(state.clone(), shutdown).await {
+                    Ok(_) if *stop.borrow() => return,
+                    Ok(_) => "the NATS subscription ended".to_string(),
+                    Err(error) => error.to_string(),
+                }
+            }
+            Err(error) => format!("{error:#}"),
+        };
+        let text = format!("{error}; retrying in {:.1} s", backoff.as_secs_f64());
+        if sender.send(status(&clock, false, text)).await.is_err() {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+impl Source for ReplicaSource {
+    fn next(&mut self) -> Next<'_> {
+        Box::pin(async move {
+            match self.updates.recv().await {
+                Some(update) => SourceEvent::Update(update),
+                None => SourceEvent::End,
+            }
+        })
+    }
+
+    fn control(&mut self, _control: Control) {}
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn label(&self) -> String {
+        self.label.clone()
+    }
+}

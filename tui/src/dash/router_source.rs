@@ -1,0 +1,128 @@
+//! `kvtwin dash --router URL`: a running router's `/v1/stream` as a dashboard source.
+//!
+//! Owns: [`RouterSource`] (a task that connects, reads stream messages into deltas, and
+//! on any failure says so in the status line and connects again with backoff).
+//! Never: poll the router's other endpoints, or parse SSE or JSON itself
+//! (`kvtwin_plane::service::stream_client` does).
+
+use super::model::{Control, SourceStatus, TimedUpdate, Update};
+use super::plane_delta::delta_of_message;
+use super::source::{LiveClock, Next, Source, SourceEvent};
+use anyhow::{bail, Result};
+use kvtwin_plane::service::stream_client::StreamClient;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// The first wait before connecting again; it doubles up to [`BACKOFF_MAX`].
+const BACKOFF_START: Duration = Duration::from_millis(250);
+/// The longest wait between attempts.
+const BACKOFF_MAX: Duration = Duration::from_secs(8);
+/// Updates between the reading task and the terminal loop. The task waits when the
+/// loop is behind (TCP then holds the router back); deltas are never dropped, since a
+/// row left out would be wrong until it next changed.
+const CHANNEL_BOUND: usize = 64;
+
+/// A router's stream.
+pub(crate) struct RouterSource {
+    url: String,
+    updates: mpsc::Receiver<TimedUpdate>,
+    clock: LiveClock,
+    task: JoinHandle<()>,
+}
+
+impl RouterSource {
+    /// Starts reading `url` (`http://HOST:PORT`); must run inside a tokio runtime.
+    pub(crate) fn start(url: &str) -> Result<Self> {
+        if !url.starts_with("http://") {
+            bail!("{url:?} is not a router URL: http://HOST:PORT, e.g. http://127.0.0.1:8080");
+        }
+        let clock = LiveClock::start();
+        let (sender, updates) = mpsc::channel(CHANNEL_BOUND);
+        let task = tokio::spawn(read_forever(url.to_string(), sender, clock));
+        Ok(Self {
+            url: url.to_string(),
+            updates,
+            clock,
+            task,
+        })
+    }
+}
+
+impl Drop for RouterSource {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn status(clock: &LiveClock, connected: bool, text: String) -> TimedUpdate {
+    TimedUpdate {
+        at_ms: clock.now_ms(),
+        update: Update::Status(SourceStatus { connected, text }),
+    }
+}
+
+/// Connects, reads, and connects again, until the receiver goes.
+async fn read_forever(url: String, sender: mpsc::Sender<TimedUpdate>, clock: LiveClock) {
+    let mut backoff = BACKOFF_START;
+    loop {
+        let error = match StreamClient::connect(&url).await {
+            Ok(mut client) => {
+                if sender
+                    .send(status(&clock, true, format!("connected to {url}")))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                backoff = BACKOFF_START;
+                loop {
+                    match client.next().await {
+                        Ok(Some(message)) => {
+                            let update = TimedUpdate {
+                                at_ms: clock.now_ms(),
+                                update: Update::Delta(delta_of_message(&message)),
+                            };
+                            if sender.send(update).await.is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) => break "the router closed the stream".to_string(),
+                        Err(error) => break error.to_string(),
+                    }
+                }
+            }
+            Err(error) => error.to_string(),
+        };
+        let text = format!(
+            "{url}: {error}; retrying in {:.1} s",
+            backoff.as_secs_f64()
+        );
+        if sender.send(status(&clock, false, text)).await.is_err() {
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+impl Source for RouterSource {
+    fn next(&mut self) -> Next<'_> {
+        Box::pin(async move {
+            match self.updates.recv().await {
+                Some(update) => SourceEvent::Update(update),
+                None => SourceEvent::End,
+            }
+        })
+    }
+
+    fn control(&mut self, _control: Control) {}
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn label(&self) -> String {
+        format!("router {}", self.url)
+    }
+}
