@@ -539,7 +539,10 @@ mod tests {
         let (short, long, so_far) = mid.unwrap();
         // A long window is the run so far for what is counted when a request finishes;
         // the snapshot's TTFT and queueing also count requests still running.
-        assert_eq!((long.end_to_end, long.tpot), (so_far.end_to_end, so_far.tpot));
+        assert_eq!(
+            (long.end_to_end, long.tpot),
+            (so_far.end_to_end, so_far.tpot)
+        );
         assert!(short.end_to_end.max_ms <= long.end_to_end.max_ms);
         assert_ne!(short, long, "a 1 ms window holds fewer requests");
         let whole = cluster.latency_window(Duration::from_secs(3600));
