@@ -38,7 +38,7 @@ use crate::ids::WorkerWithDpRank;
 use crate::ids::{LocalBlockHash, Timestamp, WorkerId};
 use approx::PredictedCache;
 use indexer::{ApplyEventError, KvIndexer, MatchScratch, WorkerOverlap};
-use scheduler::{Decision, Scheduler, SchedulerConfig};
+use scheduler::{Candidate, Decision, Scheduler, SchedulerConfig};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -112,6 +112,28 @@ impl Router {
     /// Chooses a worker for a request whose full blocks have these token hashes, and
     /// records the choice (load; the prediction of an approximate worker).
     pub fn route(&mut self, query: &[LocalBlockHash], now: Timestamp) -> Option<Decision> {
+        self.route_with(query, now, None)
+    }
+
+    /// [`Self::route`], and why: `explain` is set to every eligible worker as the
+    /// scheduler weighed it (predicted overlaps included), in worker order. The choice,
+    /// and every later one, is the one [`Self::route`] would have made.
+    pub fn route_explained(
+        &mut self,
+        query: &[LocalBlockHash],
+        now: Timestamp,
+        explain: &mut Vec<Candidate>,
+    ) -> Option<Decision> {
+        self.route_with(query, now, Some(explain))
+    }
+
+    /// The one path of [`Self::route`] and [`Self::route_explained`].
+    fn route_with(
+        &mut self,
+        query: &[LocalBlockHash],
+        now: Timestamp,
+        explain: Option<&mut Vec<Candidate>>,
+    ) -> Option<Decision> {
         let mut overlaps: Vec<WorkerOverlap> = self
             .indexer
             .find_matches_with(query, false, &mut self.scratch)
@@ -127,7 +149,12 @@ impl Router {
             }
         }
         overlaps.sort_by_key(|o| o.worker);
-        let decision = self.scheduler.select(query.len(), &overlaps)?;
+        let candidates = self.scheduler.candidates(query.len(), &overlaps);
+        let decision = self.scheduler.choose(&candidates);
+        if let Some(explain) = explain {
+            *explain = candidates;
+        }
+        let decision = decision?;
         if let Some(cache) = self.predicted.get_mut(&decision.worker) {
             cache.record_routed(query, now);
         }
@@ -260,5 +287,44 @@ mod tests {
         );
         router.remove_worker(WorkerId::new(1));
         assert!(router.indexer().blocks_of(key(1)).is_empty());
+    }
+
+    #[test]
+    fn route_explained_chooses_as_route_does_and_shows_every_candidate() {
+        let config = SchedulerConfig {
+            seed: 5,
+            temperature: 0.5,
+            ..SchedulerConfig::default()
+        };
+        let mode = WorkerMode::Approximate {
+            ttl: Duration::from_secs(10),
+            capacity_blocks: 64,
+        };
+        let (mut plain, mut explained) = (Router::new(config), Router::new(config));
+        for worker in 0..3 {
+            plain.add_worker(key(worker), mode);
+            explained.add_worker(key(worker), mode);
+        }
+        let mut candidates = Vec::new();
+        for n in 0..40u64 {
+            let prompt = query(&[1, 2, 3, 100 + n % 5]);
+            let now = Timestamp::from_nanos(n * 1_000_000);
+            let a = plain.route(&prompt, now).unwrap();
+            let b = explained
+                .route_explained(&prompt, now, &mut candidates)
+                .unwrap();
+            assert_eq!(a, b, "request {n}");
+            assert_eq!(
+                candidates.iter().map(|c| c.worker).collect::<Vec<_>>(),
+                [key(0), key(1), key(2)]
+            );
+            let chosen = candidates.iter().find(|c| c.worker == b.worker).unwrap();
+            assert_eq!(chosen.decision(), b);
+            assert_eq!(chosen.overlap_by_tier[0], chosen.overlap_blocks);
+        }
+        assert!(
+            candidates.iter().any(|c| c.overlap_blocks > 0),
+            "predicted overlaps are shown"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The scheduler: which worker a request goes to.
 //!
-//! Owns: [`Scheduler`], its [`SchedulerConfig`] and [`WorkerLoad`]. The cost of sending a
-//! request of `n` full blocks to worker `w` is
+//! Owns: [`Scheduler`], its [`SchedulerConfig`], [`WorkerLoad`] and the [`Candidate`]s it
+//! weighs. The cost of sending a request of `n` full blocks to worker `w` is
 //!
 //! ```text
 //! cost(w) = prefill_weight × (n − Σ_tier credit[tier] × overlap[w][tier])
@@ -79,6 +79,32 @@ pub struct Decision {
     pub cost: f64,
     /// Its overlap with the request, in blocks (any tier).
     pub overlap_blocks: u32,
+}
+
+/// One eligible worker as the scheduler weighed it for one request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    /// The worker.
+    pub worker: WorkerWithDpRank,
+    /// Its overlap with the request, in blocks, by tier (device, host, disk, remote).
+    pub overlap_by_tier: [u32; 4],
+    /// Its overlap with the request, in blocks (any tier).
+    pub overlap_blocks: u32,
+    /// Its load when the request came.
+    pub load: WorkerLoad,
+    /// Its cost (see the module docs); the cheapest wins at temperature 0.
+    pub cost: f64,
+}
+
+impl Candidate {
+    /// The decision that chooses this candidate.
+    pub fn decision(&self) -> Decision {
+        Decision {
+            worker: self.worker,
+            cost: self.cost,
+            overlap_blocks: self.overlap_blocks,
+        }
+    }
 }
 
 /// Chooses workers; keeps the load it has been told about.
@@ -165,22 +191,36 @@ impl Scheduler {
             + c.request_load_weight * load.active_requests as f64
     }
 
+    /// Every eligible worker (in key order) with its overlap, load and cost for a request
+    /// of `query_blocks` blocks, given the indexer's overlaps (sorted by worker, as the
+    /// indexer returns them): what [`Self::select`] chooses among, and why it chose.
+    pub fn candidates(&self, query_blocks: usize, overlaps: &[WorkerOverlap]) -> Vec<Candidate> {
+        self.loads
+            .iter()
+            .map(|(worker, load)| {
+                let overlap = overlaps.iter().find(|o| o.worker == *worker);
+                Candidate {
+                    worker: *worker,
+                    overlap_by_tier: overlap.map_or([0; 4], |o| o.by_tier),
+                    overlap_blocks: overlap.map_or(0, |o| o.blocks),
+                    load: *load,
+                    cost: self.cost(query_blocks, overlap, *load),
+                }
+            })
+            .collect()
+    }
+
     /// Chooses a worker among those added for a request of `query_blocks` blocks, given
     /// the indexer's overlaps (sorted by worker, as the indexer returns them). `None` when
     /// no worker is eligible.
     pub fn select(&mut self, query_blocks: usize, overlaps: &[WorkerOverlap]) -> Option<Decision> {
-        let candidates: Vec<Decision> = self
-            .loads
-            .iter()
-            .map(|(worker, load)| {
-                let overlap = overlaps.iter().find(|o| o.worker == *worker);
-                Decision {
-                    worker: *worker,
-                    cost: self.cost(query_blocks, overlap, *load),
-                    overlap_blocks: overlap.map_or(0, |o| o.blocks),
-                }
-            })
-            .collect();
+        let candidates = self.candidates(query_blocks, overlaps);
+        self.choose(&candidates)
+    }
+
+    /// Chooses among `candidates` (from [`Self::candidates`], unchanged): the one draw
+    /// of the RNG per decision that makes a seed give one sequence of choices.
+    pub(crate) fn choose(&mut self, candidates: &[Candidate]) -> Option<Decision> {
         let min = candidates
             .iter()
             .map(|d| d.cost)
@@ -193,9 +233,9 @@ impl Scheduler {
             return None;
         }
         if self.config.temperature <= 0.0 || max <= min {
-            let cheapest: Vec<&Decision> = candidates.iter().filter(|d| d.cost == min).collect();
+            let cheapest: Vec<&Candidate> = candidates.iter().filter(|d| d.cost == min).collect();
             let pick = self.rng.gen_range(0..cheapest.len());
-            return Some(*cheapest[pick]);
+            return Some(cheapest[pick].decision());
         }
         let weights: Vec<f64> = candidates
             .iter()
@@ -203,13 +243,13 @@ impl Scheduler {
             .collect();
         let total: f64 = weights.iter().sum();
         let mut draw = self.rng.gen::<f64>() * total;
-        for (decision, weight) in candidates.iter().zip(&weights) {
+        for (candidate, weight) in candidates.iter().zip(&weights) {
             if draw < *weight {
-                return Some(*decision);
+                return Some(candidate.decision());
             }
             draw -= weight;
         }
-        candidates.last().copied()
+        candidates.last().map(Candidate::decision)
     }
 }
 

@@ -193,8 +193,8 @@ impl Cluster<'_> {
             budget = budget.saturating_sub(chunk);
             // Its first pass: how long it queued (for blocks, a transfer, or the pass).
             if let Some(live) = self.requests.live.get_mut(i) {
-                if !live.scheduled {
-                    live.scheduled = true;
+                if live.scheduled_at.is_none() {
+                    live.scheduled_at = Some(self.now);
                     self.tally.queueing.push(
                         self.now
                             .saturating_duration_since(live.request.arrival)

@@ -10,6 +10,7 @@
 //! disruption the driver announces mid-run (see `PassInFlight`).
 //! Never: decide routing or batching; a fault only changes what they see.
 
+use super::observe;
 use super::router_of;
 use super::{Cluster, Wakeup};
 use crate::hardware::Link;
@@ -57,6 +58,7 @@ impl Cluster<'_> {
             return;
         };
         self.faults.applied += 1;
+        self.note(|| observe::fault_began(&fault.kind));
         let until = |for_ms: u64, sim: &mut Cluster<'_>| {
             let at = sim.now.saturating_add(Duration::from_millis(for_ms));
             sim.faults.disruptions.insert(at);
@@ -112,6 +114,13 @@ impl Cluster<'_> {
         let Some(fault) = self.faults.timeline.get(index).cloned() else {
             return;
         };
+        if let Some(text) = self
+            .observer
+            .as_ref()
+            .and_then(|_| observe::fault_ended(&fault.kind))
+        {
+            self.note(|| text);
+        }
         match fault.kind {
             FaultKind::LinkSlowdown {
                 worker,
@@ -306,6 +315,7 @@ impl Cluster<'_> {
         }
         worker.up = true;
         let key = worker.key;
+        self.note(|| format!("worker {w} restarted (empty)"));
         if w < self.routable() {
             self.route.router.add_worker(key, WorkerMode::Events);
         }

@@ -17,7 +17,9 @@
 //! - `faults`: the fault timeline (crashes, slow links, lossy or slow plane, router
 //!   restarts, failed SSDs) and the recovery from it;
 //! - `disagg`: separate prefill and decode pools and the KV handoff over the fabric;
-//! - `report`: the report of a run; `snapshot`: the cheap view of a running cluster.
+//! - `report`: the report of a run; `snapshot`: the cheap view of a running cluster;
+//!   `observe`: what a live driver may ask it to keep (routing decisions explained,
+//!   fault notes, recent latencies).
 //!
 //! The end-of-run checks (the router's view against the pools, the registry rebuilt from
 //! the events against the pools) are not here: they live in [`crate::checkers`], outside
@@ -48,6 +50,7 @@
 mod batching;
 mod disagg;
 mod faults;
+mod observe;
 mod plane;
 mod report;
 mod snapshot;
@@ -56,6 +59,7 @@ mod worker;
 #[cfg(test)]
 mod tests;
 
+pub use observe::{FaultNote, Observation, RouteRecord};
 pub use report::{
     BlockSources, DisaggregationReport, EventCounts, FaultReport, LinkReport, OutputBlocksReport,
     Percentiles, Report, RoutingReport,
@@ -161,6 +165,9 @@ pub struct Cluster<'a> {
     seed: u64,
     /// Whether nothing is left to do.
     done: bool,
+    /// What the driver asked to keep as the run goes ([`Cluster::observe`]); `None`, as
+    /// by default, keeps nothing.
+    observer: Option<Box<observe::Observer>>,
 }
 
 /// A scenario the simulator cannot run.
@@ -313,6 +320,7 @@ impl<'a> Cluster<'a> {
             seed: scenario.seed,
             shape,
             done: false,
+            observer: None,
         };
         for index in 0..cluster.faults.timeline.len() {
             let at = Timestamp::ZERO
@@ -505,6 +513,7 @@ impl<'a> Cluster<'a> {
             .expect("the worker configuration was validated when the run began");
         let key = worker.key;
         self.workers.push(worker);
+        self.note(|| format!("worker {index} added"));
         self.route.router.add_worker(key, WorkerMode::Events);
         // Requests that found no worker up go first.
         for i in std::mem::take(&mut self.requests.parked) {
@@ -527,15 +536,18 @@ impl<'a> Cluster<'a> {
         match how {
             Removal::Drain => {
                 if self.workers[w].up {
+                    self.note(|| format!("worker {w} draining"));
                     self.route.router.stop_routing(self.workers[w].key);
                     self.draining.insert(w);
                     self.retire_drained();
                 } else {
                     // Down already: nothing to drain.
+                    self.note(|| format!("worker {w} removed (it was down)"));
                     self.workers[w].removed = true;
                 }
             }
             Removal::Kill => {
+                self.note(|| format!("worker {w} killed"));
                 self.workers[w].removed = true;
                 self.draining.remove(&w);
                 self.cut_plans_at(self.now);
@@ -561,6 +573,13 @@ impl<'a> Cluster<'a> {
             .saturating_add(Duration::from_millis(fault.at_ms))
             .max(self.now);
         let index = self.faults.timeline.len();
+        self.note(|| {
+            let at_ms = at.saturating_duration_since(Timestamp::ZERO).as_millis();
+            format!(
+                "fault injected, due at {at_ms} ms: {}",
+                observe::fault_began(&fault.kind)
+            )
+        });
         self.faults.timeline.push(fault);
         self.faults.disruptions.insert(at);
         // Decode plans made before it must stop there too, as if it had been known.
@@ -596,6 +615,7 @@ impl<'a> Cluster<'a> {
             worker.epoch += 1;
             let id = worker.key.worker;
             self.route.router.remove_worker(id);
+            self.note(|| format!("worker {w} drained and removed"));
         }
     }
 }

@@ -61,6 +61,28 @@ pub struct BlockSources {
     pub hit_tokens: u64,
 }
 
+impl BlockSources {
+    /// Fraction of prompt blocks not computed (0 before any): the report's `hit_ratio`,
+    /// and a driver's mid-run from [`super::ClusterSnapshot::blocks`].
+    pub fn hit_ratio(&self) -> f64 {
+        if self.total == 0 {
+            0.0
+        } else {
+            1.0 - self.computed as f64 / self.total as f64
+        }
+    }
+
+    /// Fraction of prompt tokens in cached blocks (0 before any): the report's
+    /// `hit_token_ratio`.
+    pub fn hit_token_ratio(&self) -> f64 {
+        if self.prompt_tokens == 0 {
+            0.0
+        } else {
+            self.hit_tokens as f64 / self.prompt_tokens as f64
+        }
+    }
+}
+
 /// Latency statistics in milliseconds (predictions of the model).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Percentiles {
@@ -512,16 +534,7 @@ impl Cluster<'_> {
             })
             .collect();
         let sources = self.tally.sources;
-        let hit_ratio = if sources.total == 0 {
-            0.0
-        } else {
-            1.0 - sources.computed as f64 / sources.total as f64
-        };
-        let hit_token_ratio = if sources.prompt_tokens == 0 {
-            0.0
-        } else {
-            sources.hit_tokens as f64 / sources.prompt_tokens as f64
-        };
+        let (hit_ratio, hit_token_ratio) = (sources.hit_ratio(), sources.hit_token_ratio());
         let disaggregation = self.disagg.as_ref().map(|d| d.report(simulated_ns));
         let counters = self.router_counters();
         let routing = RoutingReport {

@@ -8,7 +8,8 @@
 //! Never: change the cluster (sorting latency samples in place is the one exception, and
 //! it changes nothing observable: order does not matter to them).
 
-use super::{Cluster, Percentiles};
+use super::worker::Worker;
+use super::{BlockSources, Cluster, Percentiles};
 use crate::hardware::SimHardware;
 use kvtwin::events::RegistryReplica;
 use kvtwin::ids::WorkerWithDpRank;
@@ -53,9 +54,11 @@ pub struct WorkerSnapshot {
     /// Blocks per tier (index: `Tier::index`); `None` for a tier it does not have (or
     /// whose SSD is down).
     pub blocks: [Option<TierBlocks>; 4],
-    /// Requests waiting for device blocks or a prefill pass.
+    /// Requests waiting for device blocks, or for a prefill pass to take them (a
+    /// prompt between two chunks included).
     pub queued: usize,
-    /// Requests on it (onboarding, prefilling, decoding, or in a handoff).
+    /// The other requests on it (onboarding, prefilling in the pass in flight,
+    /// decoding, or in a handoff): `queued + running` is every request it holds.
     pub running: usize,
     /// Requests the router sent it.
     pub routed: u64,
@@ -164,6 +167,9 @@ pub struct ClusterSnapshot {
     pub preemptions: u64,
     /// Faults that began.
     pub faults_applied: u64,
+    /// Where the prompt blocks of the requests so far came from
+    /// ([`BlockSources::hit_ratio`] is the report's `hit_ratio`, mid-run).
+    pub blocks: BlockSources,
     /// Every worker, by id.
     pub workers: Vec<WorkerSnapshot>,
     /// Every worker's links, then the fabric's (disaggregated).
@@ -184,6 +190,18 @@ pub struct WorkerView<'c> {
     pub manager: &'c Manager<SimHardware>,
     /// The registry rebuilt from its events alone.
     pub replica: &'c RegistryReplica,
+}
+
+/// Requests of `worker`'s prefill queue (each also in its states) that the pass in
+/// flight is prefilling: running, not queued.
+fn in_pass(worker: &Worker) -> usize {
+    worker.pass.as_ref().map_or(0, |pass| {
+        worker
+            .prefill_queue
+            .iter()
+            .filter(|i| pass.members.iter().any(|(m, _)| m == *i))
+            .count()
+    })
 }
 
 impl Cluster<'_> {
@@ -250,8 +268,8 @@ impl Cluster<'_> {
                         }
                     })
                 }),
-                queued: worker.waiting.len() + worker.prefill_queue.len(),
-                running: worker.states.len(),
+                queued: worker.waiting.len() + worker.prefill_queue.len() - in_pass(worker),
+                running: worker.states.len() - (worker.prefill_queue.len() - in_pass(worker)),
                 routed: worker.routed,
                 completed: worker.completed,
                 output_tokens: worker.output_tokens,
@@ -290,6 +308,7 @@ impl Cluster<'_> {
             passes: self.tally.passes,
             preemptions: self.tally.preemptions,
             faults_applied: self.faults.applied,
+            blocks: self.tally.sources,
             workers,
             links,
             router,

@@ -12,7 +12,8 @@
 //! Never: decide what goes in a forward pass (`batching`), or deliver events (`plane`).
 
 use super::batching::PassInFlight;
-use super::{Cluster, Epoch, SimError, Wakeup};
+use super::observe::Finished;
+use super::{Cluster, Epoch, RouteRecord, SimError, Wakeup};
 use crate::compute::ComputeModel;
 use crate::hardware::HardwareProfile;
 use crate::hardware::SimHardware;
@@ -207,8 +208,8 @@ pub(super) struct Live {
     pub(super) first_token_at: Option<Timestamp>,
     /// Whether its prompt blocks have been counted in the sources.
     pub(super) counted: bool,
-    /// Whether a pass has taken it yet (its queueing time is counted then).
-    pub(super) scheduled: bool,
+    /// When a pass first took it (its queueing time is counted then).
+    pub(super) scheduled_at: Option<Timestamp>,
     /// Identities of the blocks its generated tokens fill, as far as computed (kept
     /// across preemptions, so a recomputed block is registered under the same hash).
     pub(super) output_identities: Vec<BlockIdentity>,
@@ -247,7 +248,7 @@ impl Cluster<'_> {
                 generated: 0,
                 first_token_at: None,
                 counted: false,
-                scheduled: false,
+                scheduled_at: None,
                 output_identities: Vec::new(),
                 think_blocks: Vec::new(),
                 thinking_done: false,
@@ -303,6 +304,8 @@ impl Cluster<'_> {
             self.requests.live.remove(&i);
             return None;
         }
+        let observing = self.observing_routes();
+        let mut candidates = Vec::new();
         let w = match self.route.mode {
             Routing::RoundRobin => {
                 let n = self.routable();
@@ -320,7 +323,13 @@ impl Cluster<'_> {
                     .iter()
                     .map(|b| b.local_hash)
                     .collect();
-                let Some(decision) = self.route.router.route(&query, self.now) else {
+                let router = &mut self.route.router;
+                let decision = if observing {
+                    router.route_explained(&query, self.now, &mut candidates)
+                } else {
+                    router.route(&query, self.now)
+                };
+                let Some(decision) = decision else {
                     // No worker is up: the request waits for one.
                     self.requests.parked.push_back(i);
                     return None;
@@ -329,6 +338,16 @@ impl Cluster<'_> {
                 decision.worker.worker.get() as usize
             }
         };
+        if observing {
+            let record = RouteRecord {
+                at: self.now,
+                request: i as u64,
+                query_blocks: self.hittable(i),
+                candidates,
+                chosen: self.workers[w].key,
+            };
+            self.record_route(record);
+        }
         self.workers[w].routed += 1;
         self.set_clock(w);
         self.admit(w, i);
@@ -445,6 +464,7 @@ impl Cluster<'_> {
         let Some(Live {
             request,
             first_token_at,
+            scheduled_at,
             ..
         }) = self.requests.live.remove(&i)
         else {
@@ -459,16 +479,28 @@ impl Cluster<'_> {
         if let Some(disagg) = self.disagg.as_mut().filter(|d| w < d.prefill_workers) {
             disagg.finished_at_prefill += 1;
         }
-        self.tally.e2e.push(
-            self.now
-                .saturating_duration_since(request.arrival)
-                .as_nanos() as u64,
-        );
-        if let (true, Some(first)) = (request.output_tokens > 1, first_token_at) {
-            let decoding = self.now.saturating_duration_since(first);
-            self.tally
-                .tpot
-                .push(decoding.as_nanos() as u64 / (request.output_tokens - 1));
+        let since_arrival =
+            |t: Timestamp| t.saturating_duration_since(request.arrival).as_nanos() as u64;
+        let end_to_end = since_arrival(self.now);
+        self.tally.e2e.push(end_to_end);
+        let tpot = match (request.output_tokens > 1, first_token_at) {
+            (true, Some(first)) => {
+                let decoding = self.now.saturating_duration_since(first);
+                Some(decoding.as_nanos() as u64 / (request.output_tokens - 1))
+            }
+            _ => None,
+        };
+        if let Some(tpot) = tpot {
+            self.tally.tpot.push(tpot);
+        }
+        if self.observing_latencies() {
+            self.record_finished(Finished {
+                at: self.now,
+                ttft: first_token_at.map(since_arrival),
+                tpot,
+                end_to_end,
+                queueing: scheduled_at.map(since_arrival),
+            });
         }
         self.tally.output_tokens += request.output_tokens;
         self.tally.completed += 1;
