@@ -5,140 +5,16 @@
 //! The NATS test skips with the reason when there is no nats-server, unless
 //! `KVTWIN_REQUIRE_NATS=1` or `CI=true`.
 
+mod common;
+
+use common::{http, listening_on, wait_worker, Process};
 use kvtwin_plane::nats::NatsServer;
 use kvtwin_plane::service::synthetic::{SyntheticConfig, SyntheticEngine};
 use kvtwin_plane::wire::{EngineBatch, EngineEvent, EngineFormat};
 use kvtwin_plane::zmq::{PublisherConfig, ZmqPublisher};
 use serde_json::Value;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
-
-/// A `kvtwin` process, killed if the test ends before it was stopped; its stderr lines.
-struct Process {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Process {
-    fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (sender, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = sender.send(line);
-            }
-        });
-        Self { child, lines }
-    }
-
-    /// The first stderr line containing `needle` (10 s at most).
-    fn wait_line(&self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
-                Err(_) => panic!("no line with {needle:?} from kvtwin"),
-            }
-        }
-    }
-
-    /// Sends SIGINT (what Ctrl-C sends) and waits for the exit (10 s at most); stdout.
-    fn interrupt(mut self) -> String {
-        let status = Command::new("kill")
-            .arg("-INT")
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let exit = loop {
-            if let Some(exit) = self.child.try_wait().unwrap() {
-                break exit;
-            }
-            assert!(Instant::now() < deadline, "kvtwin did not stop on SIGINT");
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(exit.success(), "kvtwin exited with {exit}");
-        let mut stdout = String::new();
-        self.child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut stdout)
-            .unwrap();
-        stdout
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// The router's address from its "listening on http://ADDR ..." line.
-fn listening_on(router: &Process) -> String {
-    let line = router.wait_line("listening on http://");
-    let start = line.find("http://").unwrap() + "http://".len();
-    line[start..].split_whitespace().next().unwrap().to_string()
-}
-
-/// One HTTP/1.1 request; the status code and the body.
-fn http(address: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(address).unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response[9..12].parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
-/// Waits until `/v1/workers` lists `worker` with `last_event_id` (10 s at most); its entry.
-fn wait_worker(address: &str, worker: u64, last_event_id: u64) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (status, body) = http(address, "GET", "/v1/workers", "");
-        assert_eq!(status, 200, "{body}");
-        let workers: Value = serde_json::from_str(&body).unwrap();
-        if let Some(entry) = workers["workers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|entry| entry["worker"] == worker && entry["last_event_id"] == last_event_id)
-        {
-            return entry.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "worker {worker} not caught up: {body}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use std::time::Duration;
 
 /// 30 batches of a small synthetic engine, and the number of events in them.
 fn batches() -> (Vec<EngineBatch>, u64) {

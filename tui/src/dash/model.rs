@@ -188,8 +188,6 @@ pub(crate) struct LatencyRow {
     pub(crate) p90_ms: f64,
     /// 99th percentile.
     pub(crate) p99_ms: f64,
-    /// Samples behind them.
-    pub(crate) samples: u64,
 }
 
 /// The simulator's own signals.

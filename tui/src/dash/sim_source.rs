@@ -257,8 +257,8 @@ impl Player {
             sim.paused = self.paused;
             sim.done = cluster.is_done();
             sim.window_s = LATENCY_WINDOW.as_secs_f64();
-            sim.ttft = latency_row(&window.ttft, window.samples);
-            sim.tpot = latency_row(&window.tpot, window.samples);
+            sim.ttft = latency_row(&window.ttft);
+            sim.tpot = latency_row(&window.tpot);
         }
         for record in cluster.drain_routes() {
             self.route_seq += 1;
@@ -272,7 +272,7 @@ impl Player {
                     .iter()
                     .map(|candidate| Candidate {
                         key: key_of(candidate.worker.worker.get(), candidate.worker.dp_rank),
-                        overlap: candidate.by_tier.map(u64::from),
+                        overlap: candidate.overlap_by_tier.map(u64::from),
                         load: candidate.load.active_blocks,
                         score: candidate.cost,
                     })
@@ -319,12 +319,11 @@ fn key_of(worker: u64, dp_rank: u32) -> WorkerKey {
     WorkerKey { worker, dp_rank }
 }
 
-fn latency_row(percentiles: &kvtwin_sim::cluster::Percentiles, samples: usize) -> LatencyRow {
+fn latency_row(percentiles: &kvtwin_sim::cluster::Percentiles) -> LatencyRow {
     LatencyRow {
         p50_ms: percentiles.p50_ms,
         p90_ms: percentiles.p90_ms,
         p99_ms: percentiles.p99_ms,
-        samples: samples as u64,
     }
 }
 
