@@ -7,4 +7,18 @@
 //! Never: decode engine events or keep a router's index itself (`kvtwin_plane::service`
 //! does, in the replica), or step the simulator other than through `Cluster`.
 
+// Until the terminal loop lands: nothing outside the tests calls the app yet.
+#![allow(dead_code)]
+
+pub(crate) mod app;
+mod charts;
+pub(crate) mod filter;
+mod keys;
 pub(crate) mod model;
+mod series;
+mod state;
+pub(crate) mod ui;
+mod views;
+
+#[cfg(test)]
+mod snapshots;

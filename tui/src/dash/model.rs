@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 pub(crate) const TIER_NAMES: [&str; 4] = ["device", "host", "disk", "remote"];
 
 /// A worker rank.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub(crate) struct WorkerKey {
     /// The worker id.
     pub(crate) worker: u64,
