@@ -128,13 +128,14 @@ pub(super) fn charts(app: &App, frame: &mut Frame, area: Rect) {
     let rows_fit = (charts_area.height / CHART_ROWS).min(per_column);
     let fit = usize::from(rows_fit * columns).min(specs.len());
     let dropped = specs.len() - fit;
-    let mut text = format!(
-        "last {span_s} s of source time, one bar a second (newest right) · {} samples kept",
-        world.history.capacity()
-    );
+    let mut text = String::new();
     if dropped > 0 {
-        text.push_str(&format!(" · {dropped} more at a taller terminal"));
+        text.push_str(&format!("{dropped} more chart(s) when taller · "));
     }
+    text.push_str(&format!(
+        "last {span_s} s (source clock), a bar a second, newest right · {} s kept",
+        world.history.capacity()
+    ));
     frame.render_widget(Paragraph::new(label(text)), caption);
     if rows_fit == 0 {
         return;

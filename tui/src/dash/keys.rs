@@ -14,7 +14,7 @@ use super::model::Control;
 const PAGE_ROWS: usize = 20;
 
 /// Every key, for the help overlay: (keys, what they do).
-pub(crate) const KEY_HELP: [(&str, &str); 16] = [
+pub(crate) const KEY_HELP: [(&str, &str); 17] = [
     ("q  Ctrl-C", "quit"),
     (
         "space  f",
@@ -37,12 +37,10 @@ pub(crate) const KEY_HELP: [(&str, &str); 16] = [
     ("?", "this help"),
     (
         "filter fields",
-        "worker rank tier blocks device host disk remote events age",
+        "worker rank tier blocks device host disk remote",
     ),
-    (
-        "",
-        "gaps ooo reconnects mismatches lost restarts queued running status",
-    ),
+    ("", "events age gaps ooo reconnects mismatches lost"),
+    ("", "restarts queued running status"),
 ];
 
 impl App {

@@ -276,6 +276,9 @@ pub(crate) struct SourceStatus {
 /// One thing a source says.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+// Nearly every update is a delta, moved once from the source into the app: boxing it
+// would add an allocation to the common case to shrink the rare one.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Update {
     /// What changed.
     Delta(Delta),

@@ -31,7 +31,7 @@ fn worker_row(w: u64, t: u64, capacity: bool) -> WorkerRow {
     let active_s = if w >= 10 { t.min(5) } else { t };
     let events = active_s * (20 + w * 7);
     let device = (300 + w * 97 + t * 11) % 2_000;
-    let host = if w % 3 == 0 {
+    let host = if w.is_multiple_of(3) {
         0
     } else {
         1_000 + w * 250 + t * 5
@@ -123,7 +123,8 @@ fn fixture(kind: SourceKind, workers: u64) -> App {
                 dropped: 3,
                 routes: t * 2,
                 lookup_blocks: lookup,
-                hit_blocks: lookup * (50 + t % 7) / 100,
+                // Cumulative, so it only grows: the per-second ratio wanders around 55%.
+                hit_blocks: lookup * 55 / 100 + t * t,
                 apply_latency_p99_s: (!sim).then_some(0.00042),
             }),
             routes: if kind == SourceKind::Replica {
@@ -143,7 +144,7 @@ fn fixture(kind: SourceKind, workers: u64) -> App {
                 links.push(LinkRow {
                     worker: None,
                     link: "rdma fabric".into(),
-                    bytes: t * 3 << 30,
+                    bytes: (t * 3) << 30,
                     utilisation: Some(0.72),
                 });
                 links

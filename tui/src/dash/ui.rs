@@ -23,7 +23,8 @@ use super::{charts, views};
 /// Draws the whole screen.
 pub(crate) fn render(app: &App, frame: &mut Frame) {
     let area = frame.area();
-    let header = header_lines(app);
+    // The header gives way to the body on a short screen.
+    let header = header_lines(app, area.width, if area.height < 30 { 4 } else { 6 });
     let [head, tabs, body, status] = Layout::vertical([
         Constraint::Length(header.len() as u16),
         Constraint::Length(1),
@@ -142,7 +143,7 @@ pub(super) fn bar(share: f64, width: usize) -> String {
     const EIGHTHS: [char; 8] = [' ', '▏', '▎', '▍', '▌', '▋', '▊', '▉'];
     let eighths = (share.clamp(0.0, 1.0) * (width * 8) as f64).round() as usize;
     let mut out = "█".repeat(eighths / 8);
-    if eighths % 8 > 0 {
+    if !eighths.is_multiple_of(8) {
         out.push(EIGHTHS[eighths % 8]);
     }
     while out.chars().count() < width {
@@ -170,7 +171,8 @@ pub(super) fn active_tiers(app: &App) -> Vec<usize> {
     }
 }
 
-fn header_lines(app: &App) -> Vec<Line<'static>> {
+/// The header: a title line, then the figures packed into at most `max_rows` lines.
+fn header_lines(app: &App, width: u16, max_rows: usize) -> Vec<Line<'static>> {
     let world = app.world();
     let bold = Style::new().add_modifier(Modifier::BOLD);
     let mut title = vec![
@@ -214,8 +216,11 @@ fn header_lines(app: &App) -> Vec<Line<'static>> {
         None => title.push(label("waiting for the source")),
     }
 
+    // The figures after the title, in the order they are dropped last to first when
+    // the width and the header's rows run out.
+    let mut groups: Vec<Vec<Span<'static>>> = Vec::new();
     let (up, stale, restarted, down) = world.worker_counts(app.config.stale_after_ms);
-    let mut workers = vec![
+    groups.push(vec![
         label("workers "),
         Span::raw(format!("{up} up")),
         label(" · "),
@@ -224,69 +229,71 @@ fn header_lines(app: &App) -> Vec<Line<'static>> {
         Span::styled(format!("{restarted} restarted"), warn_if(restarted > 0)),
         label(" · "),
         Span::styled(format!("{down} down"), warn_if(down > 0)),
-        sep(),
-        label("blocks"),
-    ];
+    ]);
     let (blocks, _) = world.occupancy();
     let capacity = world.capacity();
+    let mut block_group = vec![label("blocks")];
     for tier in active_tiers(app) {
-        workers.push(label(format!(" {} ", TIER_NAMES[tier])));
+        block_group.push(label(format!(" {} ", TIER_NAMES[tier])));
         match capacity[tier] {
-            Some(cap) if cap > 0 => workers.push(Span::raw(format!(
+            Some(cap) if cap > 0 && width >= 120 => block_group.push(Span::raw(format!(
                 "{} of {} ({})",
                 count(blocks[tier]),
                 count(cap),
                 percent(blocks[tier] as f64 / cap as f64)
             ))),
-            _ => workers.push(Span::raw(count(blocks[tier]))),
+            Some(cap) if cap > 0 => {
+                block_group.push(Span::raw(percent(blocks[tier] as f64 / cap as f64)))
+            }
+            _ => block_group.push(Span::raw(count(blocks[tier]))),
         }
     }
+    groups.push(block_group);
 
     let now = world.now_ms;
-    let mut rates = vec![label("hit ")];
+    let mut hit = vec![label("hit ")];
     match &world.counters {
-        Some(c) if c.lookup_blocks > 0 => rates.push(Span::raw(percent(
+        Some(c) if c.lookup_blocks > 0 => hit.push(Span::raw(percent(
             c.hit_blocks as f64 / c.lookup_blocks as f64,
         ))),
-        _ => rates.push(Span::raw("-")),
+        _ => hit.push(Span::raw("-")),
     }
     if let Some(ratio) = world.history.last().and_then(|s| s.hit_ratio) {
-        rates.push(label(" (last 1 s "));
-        rates.push(Span::raw(percent(ratio)));
-        rates.push(label(")"));
+        hit.push(label(" (last 1 s "));
+        hit.push(Span::raw(percent(ratio)));
+        hit.push(label(")"));
     }
-    rates.extend([
-        sep(),
+    groups.push(hit);
+    groups.push(vec![
         label("events "),
         Span::raw(format!("{}/s", rate(world.events_rate.rate_per_s(now)))),
-        sep(),
+    ]);
+    groups.push(vec![
         label("routes "),
         Span::raw(format!("{}/s", rate(world.routes_rate.rate_per_s(now)))),
     ]);
     if let Some(c) = &world.counters {
-        rates.extend([
-            sep(),
+        groups.push(vec![
             label("gaps "),
             Span::styled(count(c.gaps), warn_if(c.gaps > 0)),
             label(" · lost "),
             Span::styled(count(c.lost_batches), warn_if(c.lost_batches > 0)),
         ]);
         if let Some(p99) = c.apply_latency_p99_s {
-            rates.extend([
-                sep(),
+            groups.push(vec![
                 label("apply p99 "),
                 Span::raw(format!("{:.2} ms", p99 * 1e3)),
             ]);
         }
     }
-    let mut lines = vec![Line::from(title), Line::from(workers), Line::from(rates)];
     if let Some(s) = sim {
         let done = if s.done { " done" } else { "" };
-        lines.push(Line::from(vec![
+        groups.push(vec![
             label("sim "),
             Span::raw(format!("t={:.1} s{done}", s.simulated_s)),
             label(format!(" {}", s.scenario)),
-            sep(),
+        ]);
+        groups.push(vec![
             label("requests "),
             Span::raw(format!(
                 "{} in flight · {} done · {} rejected",
@@ -294,13 +301,35 @@ fn header_lines(app: &App) -> Vec<Line<'static>> {
                 count(s.requests_completed),
                 count(s.requests_rejected)
             )),
-            sep(),
+        ]);
+        groups.push(vec![
             label("TTFT p50/p99 "),
             Span::raw(format!("{:.0}/{:.0} ms", s.ttft.p50_ms, s.ttft.p99_ms)),
             label(" · TPOT "),
             Span::raw(format!("{:.1}/{:.1} ms", s.tpot.p50_ms, s.tpot.p99_ms)),
             label(" (model)"),
-        ]));
+        ]);
+    }
+    let mut lines = vec![Line::from(title)];
+    lines.extend(pack(groups, width, max_rows.saturating_sub(1)));
+    lines
+}
+
+/// Lays `groups` out left to right, `│` between, starting a new line where one would
+/// overflow `width`; at most `max_rows` lines, the groups that do not fit dropped.
+fn pack(groups: Vec<Vec<Span<'static>>>, width: u16, max_rows: usize) -> Vec<Line<'static>> {
+    let mut lines: Vec<Line<'static>> = Vec::new();
+    for group in groups {
+        let group_width: usize = group.iter().map(Span::width).sum();
+        let fits = lines
+            .last()
+            .is_some_and(|line| line.width() + 3 + group_width <= usize::from(width));
+        if let (true, Some(line)) = (fits, lines.last_mut()) {
+            line.spans.push(sep());
+            line.spans.extend(group);
+        } else if lines.len() < max_rows {
+            lines.push(Line::from(group));
+        }
     }
     lines
 }
@@ -374,6 +403,7 @@ fn status_line(app: &App) -> Line<'static> {
     }
     let hint = match app.detail {
         Some(_) => "Esc back · ? help · q quit",
+        None if app.view.lists_workers() => "? help",
         None => "? help · / filter · s sort · Tab view · q quit",
     };
     spans.push(label(hint));

@@ -339,7 +339,7 @@ pub(super) fn detail(app: &App, key: WorkerKey, frame: &mut Frame, area: Rect) {
         )),
     ];
     let bar_width = (area.width as usize).saturating_sub(24 + 30).min(30);
-    for tier in 0..4 {
+    for (tier, name) in TIER_NAMES.iter().enumerate() {
         let blocks = row.blocks[tier];
         let value = match row.capacity[tier] {
             Some(cap) if cap > 0 => {
@@ -359,10 +359,7 @@ pub(super) fn detail(app: &App, key: WorkerKey, frame: &mut Frame, area: Rect) {
             Some(_) => format!("{} (no capacity)", count(blocks)),
             None => count(blocks),
         };
-        lines.push(Line::from(pair(
-            &format!("{} blocks", TIER_NAMES[tier]),
-            value,
-        )));
+        lines.push(Line::from(pair(&format!("{name} blocks"), value)));
     }
     let figures = [
         (
