@@ -130,10 +130,10 @@ pub(super) fn charts(app: &App, frame: &mut Frame, area: Rect) {
     let dropped = specs.len() - fit;
     let mut text = String::new();
     if dropped > 0 {
-        text.push_str(&format!("{dropped} more chart(s) when taller · "));
+        text.push_str(&format!("{dropped} more when taller · "));
     }
     text.push_str(&format!(
-        "last {span_s} s (source clock), a bar a second, newest right · {} s kept",
+        "last {span_s} s, a bar a second, newest right · {} s kept",
         world.history.capacity()
     ));
     frame.render_widget(Paragraph::new(label(text)), caption);

@@ -261,6 +261,10 @@ fn drill_in_help_filter_and_sort() {
     }
     press(&mut app, KeyCode::Enter);
     insta::assert_snapshot!("sim_filter_error_80x24", render_text(&app, 80, 24));
+    press(&mut app, KeyCode::Char('/'));
+    press(&mut app, KeyCode::Char(' '));
+    press(&mut app, KeyCode::Char('g'));
+    insta::assert_snapshot!("sim_filter_prompt_80x24", render_text(&app, 80, 24));
 }
 
 #[test]

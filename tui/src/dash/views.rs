@@ -96,7 +96,10 @@ pub(super) fn workers(app: &App, frame: &mut Frame, area: Rect) {
     });
     let arrow = if app.descending { "▼" } else { "▲" };
     let title = |name: &str, column: SortColumn| {
-        if app.sort == column {
+        // Sorting by blocks under `tier=…` sorts by that tier's column.
+        let scoped = app.sort == SortColumn::Blocks
+            && app.filter.tier().map(SortColumn::Tier) == Some(column);
+        if app.sort == column || scoped {
             format!("{name}{arrow}")
         } else {
             name.to_owned()
