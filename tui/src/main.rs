@@ -84,6 +84,8 @@ enum Command {
     Router(service::RouterArgs),
     /// Relay one engine's ZMQ KV events onto NATS as Dynamo RouterEvents until Ctrl-C.
     Relay(service::RelayArgs),
+    /// A live dashboard of a router, the engines' events, a simulation or a recording.
+    Dash(dash::cli::DashArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(Bench),
@@ -149,6 +151,7 @@ fn main() -> Result<()> {
         Command::Bench(Bench::Cuda(args)) => bench_cuda::run(&args),
         Command::Bench(Bench::Relay(args)) => bench_relay::run(&args),
         Command::Router(args) => service::router(&args),
+        Command::Dash(args) => dash::cli::dash(&args),
         Command::Relay(args) => service::relay(&args),
         Command::Calibrate(args) => calibrate::calibrate(&args),
         Command::Validate(args) => calibrate::validate(&args),
@@ -161,7 +164,11 @@ pub(crate) enum Requests {
     Generated(Vec<Request>),
 }
 
-pub(crate) fn requests_of(scenario: &Scenario, scenario_path: &Path, trace: Option<PathBuf>) -> Requests {
+pub(crate) fn requests_of(
+    scenario: &Scenario,
+    scenario_path: &Path,
+    trace: Option<PathBuf>,
+) -> Requests {
     if let Some(trace) = trace {
         return Requests::Trace(trace);
     }

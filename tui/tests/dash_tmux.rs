@@ -128,8 +128,7 @@ impl Drop for Tmux {
 /// The worker table on a screen: worker key → blocks per tier named in its header.
 fn table(screen: &str) -> BTreeMap<String, BTreeMap<String, u64>> {
     let mut lines = screen.lines();
-    let Some(header) = lines.find(|line| line.contains("worker") && line.contains("status"))
-    else {
+    let Some(header) = lines.find(|line| line.contains("worker") && line.contains("status")) else {
         return BTreeMap::new();
     };
     let tiers: Vec<&str> = header
@@ -143,7 +142,9 @@ fn table(screen: &str) -> BTreeMap<String, BTreeMap<String, u64>> {
             .split_whitespace()
             .collect();
         // A row: key, status, then a bar and a count per tier.
-        if words.len() < 2 + 2 * tiers.len() || !words[0].chars().all(|c| c.is_ascii_digit() || c == ':') {
+        if words.len() < 2 + 2 * tiers.len()
+            || !words[0].chars().all(|c| c.is_ascii_digit() || c == ':')
+        {
             continue;
         }
         let mut counts = BTreeMap::new();
@@ -206,7 +207,10 @@ fn wait_events(address: &str, events: u64) {
         if applied >= events {
             return;
         }
-        assert!(Instant::now() < deadline, "the router applied {applied} of {events} events");
+        assert!(
+            Instant::now() < deadline,
+            "the router applied {applied} of {events} events"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -308,9 +312,15 @@ fn the_dashboard_in_tmux_sorts_filters_and_freezes_a_live_routers_view() {
     let filtered = tmux.wait_for("the filter", Duration::from_secs(5), |screen| {
         table(screen).len() < 3
     });
-    assert!(filtered.contains(&format!("device>{smallest}")), "{filtered}");
+    assert!(
+        filtered.contains(&format!("device>{smallest}")),
+        "{filtered}"
+    );
     let kept = table(&filtered);
-    assert!(kept.values().all(|row| row["device"] > smallest), "{filtered}");
+    assert!(
+        kept.values().all(|row| row["device"] > smallest),
+        "{filtered}"
+    );
     tmux.keys(&["Escape", "/"]);
     tmux.keys(&["BSpace"; 40]);
     tmux.keys(&["Enter"]);
@@ -361,21 +371,30 @@ fn the_dashboard_in_tmux_plays_a_simulation_to_the_report_of_kvtwin_run() {
         .arg(&json)
         .output()
         .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
 
     let tmux = Tmux::start(
         "sim",
-        &["dash", "--sim", &scenario, "--seed", "11", "--speed", "1000000"],
+        &[
+            "dash", "--sim", &scenario, "--seed", "11", "--speed", "1000000",
+        ],
         160,
         48,
     );
     let screen = tmux.wait_for("the end of the run", Duration::from_secs(120), |screen| {
-        screen.contains("done ·") || screen.contains("finished")
+        screen.contains("finished:")
     });
     let completed = report["completed"].as_u64().unwrap();
     let hit = format!("hit {:.1}%", report["hit_ratio"].as_f64().unwrap() * 100.0);
-    assert!(screen.contains(&format!("{completed} done")), "want {completed} done:\n{screen}");
+    assert!(
+        screen.contains(&format!("{completed} done")),
+        "want {completed} done:\n{screen}"
+    );
     assert!(screen.contains(&hit), "want {hit}:\n{screen}");
     tmux.keys(&["q"]);
 }

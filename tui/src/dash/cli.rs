@@ -165,7 +165,10 @@ async fn open_source(args: &DashArgs) -> Result<(Box<dyn Source>, SourceKind, On
     if let Some(url) = &args.nats {
         let source = ReplicaSource::start(ReplicaInput::Nats {
             url: url.clone(),
-            subject: args.subject.clone().unwrap_or_else(|| DEFAULT_SUBJECT.into()),
+            subject: args
+                .subject
+                .clone()
+                .unwrap_or_else(|| DEFAULT_SUBJECT.into()),
             jetstream: args.jetstream.clone(),
         })
         .await?;
@@ -202,7 +205,7 @@ async fn open_source(args: &DashArgs) -> Result<(Box<dyn Source>, SourceKind, On
                 path.display()
             );
         }
-        let label = format!("replay {} of {}", path.display(), recording.source);
+        let label = format!("{} (recorded from {})", path.display(), recording.source);
         let source = ReplaySource::new(recording, label, args.speed);
         return Ok((Box::new(source), SourceKind::Replay, OnceUntil::End));
     }

@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 pub(crate) const TIER_NAMES: [&str; 4] = ["device", "host", "disk", "remote"];
 
 /// A worker rank.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub(crate) struct WorkerKey {
     /// The worker id.
     pub(crate) worker: u64,
@@ -272,6 +274,9 @@ pub(crate) struct SourceStatus {
 /// One thing a source says.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+// Nearly every update is a delta, moved once from the source into the app: boxing it
+// would add an allocation to the common case to shrink the rare one.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Update {
     /// What changed.
     Delta(Delta),

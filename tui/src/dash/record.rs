@@ -174,7 +174,8 @@ impl Recording {
                 source,
             })?,
         };
-        let header: Header = serde_json::from_slice(&header).map_err(|e| header_error(e.to_string()))?;
+        let header: Header =
+            serde_json::from_slice(&header).map_err(|e| header_error(e.to_string()))?;
         if header.kvtwin_dash_recording != FORMAT_VERSION {
             return Err(header_error(format!(
                 "format version {}, this build reads {FORMAT_VERSION}",

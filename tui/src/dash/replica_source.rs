@@ -81,9 +81,13 @@ impl ReplicaSource {
                 let started = start_zmq_sources(sources, block_size, &state)?;
                 let described: Vec<String> = sources.iter().map(describe_zmq_source).collect();
                 let _ = sender
-                    .send(status(&clock, true, format!("replica of {}", described.join(", "))))
+                    .send(status(
+                        &clock,
+                        true,
+                        format!("replica of {}", described.join(", ")),
+                    ))
                     .await;
-                (format!("replica of {} ZMQ engines", sources.len()), started)
+                (format!("of {} ZMQ engines", sources.len()), started)
             }
             ReplicaInput::Nats {
                 url,
@@ -99,7 +103,7 @@ impl ReplicaSource {
                     clock,
                     stop.subscribe(),
                 )));
-                (format!("replica of NATS {url} {subject}"), Vec::new())
+                (format!("of NATS {url} {subject}"), Vec::new())
             }
         };
         tasks.push(tokio::spawn(read_state(state, sender, clock)));

@@ -94,10 +94,7 @@ async fn read_forever(url: String, sender: mpsc::Sender<TimedUpdate>, clock: Liv
             }
             Err(error) => error.to_string(),
         };
-        let text = format!(
-            "{url}: {error}; retrying in {:.1} s",
-            backoff.as_secs_f64()
-        );
+        let text = format!("{url}: {error}; retrying in {:.1} s", backoff.as_secs_f64());
         if sender.send(status(&clock, false, text)).await.is_err() {
             return;
         }
@@ -123,6 +120,6 @@ impl Source for RouterSource {
     }
 
     fn label(&self) -> String {
-        format!("router {}", self.url)
+        self.url.clone()
     }
 }

@@ -57,7 +57,12 @@ pub(crate) async fn interactive(mut source: Box<dyn Source>, config: LoopConfig)
             let mut redraw = false;
             tokio::select! {
                 _ = tick.tick() => {
-                    app.on_tick(source.now_ms());
+                    // A played source's clock moves with its updates alone (see
+                    // `App::on_update`); a live one's moves with the wall clock, so ages
+                    // grow while nothing comes.
+                    if !app_config.kind.is_played() {
+                        app.on_tick(source.now_ms());
+                    }
                     if let Some(recorder) = &mut recorder {
                         recorder.flush()?;
                     }
@@ -153,7 +158,7 @@ pub(crate) async fn once(
         app: app_config,
         mut recorder,
     } = config;
-    let mut app = App::new(app_config);
+    let mut app = App::new(app_config.clone());
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
     loop {
@@ -172,7 +177,9 @@ pub(crate) async fn once(
             _ = &mut deadline => break,
         }
     }
-    app.on_tick(source.now_ms());
+    if !app_config.kind.is_played() {
+        app.on_tick(source.now_ms());
+    }
     if let Some(recorder) = &mut recorder {
         recorder.flush()?;
     }

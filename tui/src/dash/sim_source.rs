@@ -9,8 +9,8 @@
 //! last frame of a run is the same whatever the speed.
 
 use super::model::{
-    Candidate, Control, Counters, Delta, LatencyRow, LinkRow, RouteRow, SimSignals,
-    SourceStatus, TimedUpdate, Update, WorkerKey, WorkerRow, WorkerState,
+    Candidate, Control, Counters, Delta, LatencyRow, LinkRow, RouteRow, SimSignals, SourceStatus,
+    TimedUpdate, Update, WorkerKey, WorkerRow, WorkerState,
 };
 use super::source::{Next, Source, SourceEvent};
 use kvtwin::ids::Timestamp;
@@ -62,7 +62,7 @@ impl SimSource {
         let (update_tx, updates) = mpsc::channel(CHANNEL_BOUND);
         let (controls, control_rx) = std_mpsc::channel();
         let clock_ms = Arc::new(AtomicU64::new(0));
-        let label = format!("sim {} (seed {})", scenario.name, scenario.seed);
+        let label = format!("{} (seed {})", scenario.name, scenario.seed);
         let clock = clock_ms.clone();
         let thread = std::thread::Builder::new()
             .name("kvtwin-dash-sim".into())
@@ -157,7 +157,9 @@ struct Player {
 impl Player {
     fn play(&mut self, mut cluster: Cluster<'_>) {
         cluster.observe(OBSERVATION);
-        if !self.send(&mut cluster) {
+        if !self.status(&cluster, format!("simulating {}", self.scenario_name))
+            || !self.send(&mut cluster)
+        {
             return;
         }
         // Simulated time follows the wall clock from this anchor at `speed`.
@@ -219,6 +221,24 @@ impl Player {
                 return;
             }
         }
+        let text = format!(
+            "finished: {:.1} s simulated",
+            cluster.now().as_nanos() as f64 / 1e9
+        );
+        self.status(&cluster, text);
+    }
+
+    /// Says how the run goes in the status line; false when the dashboard has gone.
+    fn status(&self, cluster: &Cluster<'_>, text: String) -> bool {
+        self.updates
+            .blocking_send(TimedUpdate {
+                at_ms: cluster.now().as_nanos() / 1_000_000,
+                update: Update::Status(SourceStatus {
+                    connected: true,
+                    text,
+                }),
+            })
+            .is_ok()
     }
 
     /// Obeys one control; whether it moved the simulation.
@@ -253,7 +273,12 @@ impl Player {
         let at_ms = snapshot.at.as_nanos() / 1_000_000;
         let mut delta = delta_of(&snapshot, &self.scenario_name);
         if let Some(sim) = &mut delta.sim {
-            sim.speed = self.speed;
+            // JSON has no infinity: 0 says "flat out".
+            sim.speed = if self.speed.is_finite() {
+                self.speed
+            } else {
+                0.0
+            };
             sim.paused = self.paused;
             sim.done = cluster.is_done();
             sim.window_s = LATENCY_WINDOW.as_secs_f64();

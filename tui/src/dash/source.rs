@@ -171,7 +171,8 @@ impl Source for ReplaySource {
             }
             Control::Seek(delta_ms) => {
                 let start = self.recording.updates.first().map_or(0, |u| u.at_ms) as f64;
-                let target = (position + delta_ms as f64).clamp(start, self.recording.end_ms() as f64);
+                let target =
+                    (position + delta_ms as f64).clamp(start, self.recording.end_ms() as f64);
                 if target < position {
                     // The app's state cannot be unfolded: start again and fold the
                     // updates up to the target at once.
@@ -231,7 +232,10 @@ mod tests {
     async fn a_replay_plays_on_the_recordings_clock_at_its_speed() {
         let mut source = ReplaySource::new(recording(&[0, 1_000, 61_000]), "r".into(), 10.0);
         let started = Instant::now();
-        assert_eq!(times(&mut source, 3).await, [Some(0), Some(1_000), Some(61_000)]);
+        assert_eq!(
+            times(&mut source, 3).await,
+            [Some(0), Some(1_000), Some(61_000)]
+        );
         // 61 s of recording at 10x: 6.1 s of (tokio's paused) wall time.
         let wall = started.elapsed().as_secs_f64();
         assert!((wall - 6.1).abs() < 0.01, "{wall}");
@@ -241,8 +245,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn seeking_back_rewinds_and_refolds_up_to_the_target() {
-        let mut source = ReplaySource::new(recording(&[0, 10_000, 20_000, 30_000]), "r".into(), 1.0);
-        assert_eq!(times(&mut source, 3).await, [Some(0), Some(10_000), Some(20_000)]);
+        let mut source =
+            ReplaySource::new(recording(&[0, 10_000, 20_000, 30_000]), "r".into(), 1.0);
+        assert_eq!(
+            times(&mut source, 3).await,
+            [Some(0), Some(10_000), Some(20_000)]
+        );
         source.control(Control::Seek(-15_000));
         // A rewind, then everything up to 5 s at once, then 10 s when its time comes.
         assert_eq!(times(&mut source, 2).await, [None, Some(0)]);

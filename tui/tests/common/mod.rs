@@ -10,13 +10,13 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// A `kvtwin` process, killed if the test ends before it was stopped; its stderr lines.
-pub struct Process {
+pub(crate) struct Process {
     child: Child,
     lines: mpsc::Receiver<String>,
 }
 
 impl Process {
-    pub fn start(args: &[&str]) -> Self {
+    pub(crate) fn start(args: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
             .args(args)
             .stdout(Stdio::piped())
@@ -34,7 +34,7 @@ impl Process {
     }
 
     /// The first stderr line containing `needle` (10 s at most).
-    pub fn wait_line(&self, needle: &str) -> String {
+    pub(crate) fn wait_line(&self, needle: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -47,7 +47,7 @@ impl Process {
     }
 
     /// Sends SIGINT (what Ctrl-C sends) and waits for the exit (10 s at most); stdout.
-    pub fn interrupt(mut self) -> String {
+    pub(crate) fn interrupt(mut self) -> String {
         let status = Command::new("kill")
             .arg("-INT")
             .arg(self.child.id().to_string())
@@ -84,14 +84,14 @@ impl Drop for Process {
 }
 
 /// The router's address from its "listening on http://ADDR ..." line.
-pub fn listening_on(router: &Process) -> String {
+pub(crate) fn listening_on(router: &Process) -> String {
     let line = router.wait_line("listening on http://");
     let start = line.find("http://").unwrap() + "http://".len();
     line[start..].split_whitespace().next().unwrap().to_string()
 }
 
 /// One HTTP/1.1 request; the status code and the body.
-pub fn http(address: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+pub(crate) fn http(address: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(address).unwrap();
     write!(
         stream,
@@ -110,7 +110,7 @@ pub fn http(address: &str, method: &str, path: &str, body: &str) -> (u16, String
 }
 
 /// Waits until `/v1/workers` lists `worker` with `last_event_id` (10 s at most); its entry.
-pub fn wait_worker(address: &str, worker: u64, last_event_id: u64) -> Value {
+pub(crate) fn wait_worker(address: &str, worker: u64, last_event_id: u64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (status, body) = http(address, "GET", "/v1/workers", "");
@@ -131,4 +131,3 @@ pub fn wait_worker(address: &str, worker: u64, last_event_id: u64) -> Value {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
-
