@@ -15,6 +15,8 @@ use tokio::time::Instant;
 
 /// What a source yields.
 #[derive(Debug)]
+// As with `Update`: nearly every event is an update, moved once into the app.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum SourceEvent {
     /// An update to fold.
     Update(TimedUpdate),
