@@ -47,7 +47,8 @@ impl Tmux {
     /// stays on screen after the program exits.
     fn start(name: &str, args: &[&str], width: u16, height: u16) -> Self {
         let socket = format!("kvtwin-test-{name}-{}", std::process::id());
-        let mut command = vec![env!("CARGO_BIN_EXE_kvtwin").to_string()];
+        // exec: the pane's process is kvtwin itself, for signals.
+        let mut command = vec!["exec".to_string(), env!("CARGO_BIN_EXE_kvtwin").to_string()];
         command.extend(args.iter().map(|arg| arg.to_string()));
         let tmux = Self { socket };
         tmux.run(&[
@@ -93,6 +94,16 @@ impl Tmux {
     /// Types `text` literally.
     fn type_text(&self, text: &str) {
         self.run(&["send-keys", "-t", "0", "-l", text]);
+    }
+
+    /// Sends `signal` to the pane's process.
+    fn signal(&self, signal: &str) {
+        let pid = self.run(&["display-message", "-p", "-t", "0", "#{pane_pid}"]);
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), pid.trim()])
+            .status()
+            .unwrap();
+        assert!(status.success());
     }
 
     /// The screen as text.
@@ -396,5 +407,62 @@ fn the_dashboard_in_tmux_plays_a_simulation_to_the_report_of_kvtwin_run() {
         "want {completed} done:\n{screen}"
     );
     assert!(screen.contains(&hit), "want {hit}:\n{screen}");
+    // SIGTERM stops it and gives the terminal back.
+    tmux.signal("TERM");
+    tmux.wait_for("the terminal back", Duration::from_secs(10), |screen| {
+        !screen.contains("kvtwin dash")
+    });
+}
+
+#[test]
+fn a_recording_played_in_tmux_ends_on_the_frame_of_once() {
+    if !Tmux::available() {
+        return;
+    }
+    let scenario = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scenarios/cluster-faults.ron"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let recording = dir.path().join("run.jsonl");
+    let recording = recording.to_str().unwrap();
+    let once = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    once(&["dash", "--sim", scenario, "--once", "--record", recording]);
+    let last = once(&[
+        "dash", "--replay", recording, "--once", "--width", "100", "--height", "30",
+    ]);
+    // 558 s of recording at 1,000 times: half a second.
+    let tmux = Tmux::start(
+        "replay",
+        &["dash", "--replay", recording, "--speed", "1000"],
+        100,
+        30,
+    );
+    let screen = tmux.wait_for("the recording's end", Duration::from_secs(30), |screen| {
+        screen.contains(" s done ")
+    });
+    let body = |frame: &str| -> Vec<String> {
+        frame
+            .lines()
+            .skip(1)
+            .map(|line| line.trim_end().to_string())
+            .collect()
+    };
+    assert_eq!(
+        body(&screen),
+        body(&last),
+        "tmux:\n{screen}\n--once:\n{last}"
+    );
     tmux.keys(&["q"]);
 }

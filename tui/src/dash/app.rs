@@ -46,7 +46,7 @@ impl SourceKind {
 }
 
 /// How the dashboard starts.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct AppConfig {
     /// The source's label for the header ("http://router:8000", a scenario path).
     pub(crate) source: String,
@@ -56,6 +56,8 @@ pub(crate) struct AppConfig {
     pub(crate) stale_after_ms: u64,
     /// The charts' span, seconds (one sample a second).
     pub(crate) history_s: u64,
+    /// The play speed a replay starts at (`--speed`).
+    pub(crate) speed: f64,
 }
 
 impl AppConfig {
@@ -66,6 +68,7 @@ impl AppConfig {
             kind,
             stale_after_ms: 10_000,
             history_s: 300,
+            speed: 1.0,
         }
     }
 }
@@ -226,6 +229,7 @@ impl App {
     /// A dashboard with nothing folded yet, on the workers view.
     pub(crate) fn new(config: AppConfig) -> App {
         let live = World::new(config.history_s);
+        let speed = config.speed;
         App {
             config,
             live,
@@ -240,7 +244,7 @@ impl App {
             message: None,
             help: false,
             paused: false,
-            speed: 1.0,
+            speed,
             quit: false,
         }
     }

@@ -60,14 +60,19 @@ pub(crate) struct DashArgs {
     /// Play a recording.
     #[arg(long, value_name = "FILE")]
     replay: Option<PathBuf>,
-    /// Play speed for --sim and --replay: simulated (recorded) seconds per second.
+    /// Play speed for --sim and --replay: simulated (recorded) seconds per second
+    /// (--once plays flat out).
     #[arg(long, default_value_t = 1.0)]
     speed: f64,
+    /// With --replay --once: the frame at this many seconds into the recording (on its
+    /// clock), instead of the last.
+    #[arg(long, value_name = "SECONDS")]
+    at: Option<f64>,
     /// Also write everything the source says to this recording.
     #[arg(long, value_name = "FILE")]
     record: Option<PathBuf>,
     /// Print one plain-text frame and exit: a simulation's or a recording's last, a
-    /// router's first full picture.
+    /// router's first full picture, a replica's after --timeout.
     #[arg(long)]
     once: bool,
     /// Frame width for --once.
@@ -102,6 +107,12 @@ impl DashArgs {
         if self.width < 20 || self.height < 8 {
             bail!("--width and --height must be at least 20 and 8");
         }
+        if self.at.is_some() && !(self.replay.is_some() && self.once) {
+            bail!("--at needs --replay and --once");
+        }
+        if self.at.is_some_and(|at| !(at.is_finite() && at >= 0.0)) {
+            bail!("--at must be a number of seconds, at least 0");
+        }
         if !(self.timeout.is_finite() && self.timeout > 0.0) {
             bail!("--timeout must be a positive number of seconds");
         }
@@ -127,6 +138,7 @@ pub(crate) fn dash(args: &DashArgs) -> Result<()> {
                 source: source.label(),
                 kind,
                 stale_after_ms: (args.stale_after * 1e3) as u64,
+                speed: args.speed,
                 ..AppConfig::new(source.label(), kind)
             },
             recorder,
@@ -160,7 +172,7 @@ async fn open_source(args: &DashArgs) -> Result<(Box<dyn Source>, SourceKind, On
             block_size: args.block_size,
         })
         .await?;
-        return Ok((Box::new(source), SourceKind::Replica, OnceUntil::FirstFull));
+        return Ok((Box::new(source), SourceKind::Replica, OnceUntil::Deadline));
     }
     if let Some(url) = &args.nats {
         let source = ReplicaSource::start(ReplicaInput::Nats {
@@ -172,7 +184,7 @@ async fn open_source(args: &DashArgs) -> Result<(Box<dyn Source>, SourceKind, On
             jetstream: args.jetstream.clone(),
         })
         .await?;
-        return Ok((Box::new(source), SourceKind::Replica, OnceUntil::FirstFull));
+        return Ok((Box::new(source), SourceKind::Replica, OnceUntil::Deadline));
     }
     if let Some(path) = &args.sim {
         let mut scenario =
@@ -206,7 +218,11 @@ async fn open_source(args: &DashArgs) -> Result<(Box<dyn Source>, SourceKind, On
             );
         }
         let label = format!("{} (recorded from {})", path.display(), recording.source);
-        let source = ReplaySource::new(recording, label, args.speed);
+        let speed = if args.once { f64::INFINITY } else { args.speed };
+        let mut source = ReplaySource::new(recording, label, speed);
+        if let Some(at) = args.at {
+            source.end_at((at * 1e3) as u64);
+        }
         return Ok((Box::new(source), SourceKind::Replay, OnceUntil::End));
     }
     bail!("name a source: --router, --zmq, --nats, --sim or --replay")

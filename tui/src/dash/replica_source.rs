@@ -186,7 +186,7 @@ async fn nats_forever(
             }
             Err(error) => format!("{error:#}"),
         };
-        let text = format!("{error}; retrying in {:.1} s", backoff.as_secs_f64());
+        let text = format!("retrying in {:.1} s: {error}", backoff.as_secs_f64());
         if sender.send(status(&clock, false, text)).await.is_err() {
             return;
         }

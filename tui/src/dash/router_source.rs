@@ -94,7 +94,8 @@ async fn read_forever(url: String, sender: mpsc::Sender<TimedUpdate>, clock: Liv
             }
             Err(error) => error.to_string(),
         };
-        let text = format!("{url}: {error}; retrying in {:.1} s", backoff.as_secs_f64());
+        // What the user acts on first: a narrow status line cuts the end off.
+        let text = format!("retrying in {:.1} s: {url}: {error}", backoff.as_secs_f64());
         if sender.send(status(&clock, false, text)).await.is_err() {
             return;
         }

@@ -143,6 +143,8 @@ pub(crate) enum OnceUntil {
     End,
     /// The first full picture of the workers (a router's first delta).
     FirstFull,
+    /// The timeout: a replica listens that long, for the engines' replay to catch it up.
+    Deadline,
 }
 
 /// Folds what the source says until `until` (or `timeout`), then returns one frame as

@@ -61,7 +61,8 @@ impl LiveClock {
     }
 }
 
-/// Play bounds: a replay goes from 1/64 to 65,536 times real time.
+/// Play bounds: a replay goes from 1/64 to 65,536 times real time (or flat out, for
+/// `--once`).
 const SPEED_RANGE: (f64, f64) = (1.0 / 64.0, 65_536.0);
 
 /// A recording played back on its own clock.
@@ -81,7 +82,8 @@ pub(crate) struct ReplaySource {
 }
 
 impl ReplaySource {
-    /// Plays `recording` from its start at `speed` times real time.
+    /// Plays `recording` from its start at `speed` times real time; `f64::INFINITY`
+    /// gives every update at once.
     pub(crate) fn new(recording: Recording, label: String, speed: f64) -> Self {
         let start = recording.updates.first().map_or(0, |update| update.at_ms) as f64;
         Self {
@@ -90,11 +92,23 @@ impl ReplaySource {
             next_index: 0,
             anchor_ms: start,
             anchor_wall: Instant::now(),
-            speed: speed.clamp(SPEED_RANGE.0, SPEED_RANGE.1),
+            speed: if speed.is_infinite() {
+                speed
+            } else {
+                speed.clamp(SPEED_RANGE.0, SPEED_RANGE.1)
+            },
             paused: false,
             rewind_pending: false,
             ended: false,
         }
+    }
+
+    /// Ends the recording at `at_ms` on its clock: later updates are never given (`--once
+    /// --at`).
+    pub(crate) fn end_at(&mut self, at_ms: u64) {
+        self.recording
+            .updates
+            .retain(|update| update.at_ms <= at_ms);
     }
 
     /// The recording's clock now.
@@ -102,6 +116,9 @@ impl ReplaySource {
         let end = self.recording.end_ms() as f64;
         if self.paused {
             return self.anchor_ms.min(end);
+        }
+        if self.speed.is_infinite() {
+            return end;
         }
         (self.anchor_ms + self.anchor_wall.elapsed().as_secs_f64() * 1e3 * self.speed).min(end)
     }
