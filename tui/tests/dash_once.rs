@@ -5,8 +5,17 @@
 //!   tmux test plays one at a speed and finds the same last frame.)
 //! - A router that is not there gives a frame whose status line says so and that it
 //!   retries; the process still exits cleanly.
-//! - A replica (`--zmq`) fed by a seeded engine shows the blocks the engine holds.
+//! - A replica (`--zmq`) fed by a seeded engine shows the blocks the engine holds; so
+//!   does one on NATS (`--nats --jetstream`, a relay between), and a router's stream
+//!   (`--router`). A NATS server that is not there gives a retrying status line.
+//!
+//! The NATS test skips with the reason when there is no nats-server, unless
+//! `KVTWIN_REQUIRE_NATS=1` or `CI=true`.
 
+mod common;
+
+use common::{listening_on, wait_worker, Process};
+use kvtwin_plane::nats::NatsServer;
 use kvtwin_plane::service::synthetic::{SyntheticConfig, SyntheticEngine};
 use kvtwin_plane::wire::EngineFormat;
 use kvtwin_plane::zmq::{PublisherConfig, ZmqPublisher};
@@ -53,7 +62,7 @@ fn a_recording_replays_to_the_runs_frames_and_seeks() {
         kvtwin(&args)
     };
     let last = replay(&[]);
-    assert_eq!(last, replay(&["--speed", "0.5"]));
+    assert_eq!(body(&last), body(&replay(&["--speed", "0.5"])));
     assert_eq!(body(&last), body(&live), "replay:\n{last}\nlive:\n{live}");
     // A seek: the frame 200 s in is the same every time, and not the last one.
     let at_200 = replay(&["--at", "200", "--width", "80", "--height", "24"]);
@@ -93,38 +102,136 @@ fn an_unreachable_router_shows_a_status_line_and_retries() {
     assert!(frame.contains("127.0.0.1:1"), "{frame}");
 }
 
-#[test]
-fn a_replica_fed_over_zmq_shows_what_the_engine_holds() {
+/// An engine with its ZMQ publisher that has published `batches` batches; the
+/// `--zmq` argument for `worker`, the blocks it caches, and the events it published.
+fn engine(worker: u64, batches: usize) -> (ZmqPublisher, String, usize, u64) {
     let mut publisher = ZmqPublisher::bind(&PublisherConfig::new(
         "tcp://127.0.0.1:*",
         Some("tcp://127.0.0.1:*"),
     ))
     .unwrap();
-    let mut engine = SyntheticEngine::new(SyntheticConfig::small(9));
+    let mut engine = SyntheticEngine::new(SyntheticConfig::small(worker));
     let options = EngineFormat::Vllm0_33.options();
-    for _ in 0..25 {
-        publisher
-            .publish(&engine.next_batch().to_payload(&options))
-            .unwrap();
+    let mut events = 0;
+    for _ in 0..batches {
+        let batch = engine.next_batch();
+        events += batch.events.len() as u64;
+        publisher.publish(&batch.to_payload(&options)).unwrap();
     }
     let source = format!(
-        "4={},replay={}",
+        "{worker}={},replay={}",
         publisher.endpoint(),
         publisher.replay_endpoint().unwrap()
     );
-    // The replica joins after the batches went out: the engine's replay socket gives them.
-    let frame = kvtwin(&["dash", "--zmq", &source, "--once", "--timeout", "3"]);
+    (publisher, source, engine.cached_blocks(), events)
+}
+
+/// Asserts `frame`'s table has a row for `worker` with `blocks` in it.
+fn assert_row(frame: &str, worker: u64, blocks: usize) {
     let row = frame
         .lines()
-        .find(|line| line.trim_start_matches(['>', ' ']).starts_with("4 "))
-        .unwrap_or_else(|| panic!("no row for worker 4:\n{frame}"));
-    let cached = engine.cached_blocks().to_string();
+        .find(|line| {
+            line.trim_start_matches(['>', ' '])
+                .starts_with(&format!("{worker} "))
+        })
+        .unwrap_or_else(|| panic!("no row for worker {worker}:\n{frame}"));
+    let blocks = blocks.to_string();
     assert!(
-        row.split_whitespace().any(|word| word == cached),
-        "want {cached} device blocks in {row:?}:\n{frame}"
+        row.split_whitespace().any(|word| word == blocks),
+        "want {blocks} device blocks in {row:?}:\n{frame}"
     );
+}
+
+#[test]
+fn a_replica_fed_over_zmq_shows_what_the_engine_holds() {
+    let (_publisher, source, cached, _) = engine(4, 25);
+    // The replica joins after the batches went out: the engine's replay socket gives them.
+    let frame = kvtwin(&["dash", "--zmq", &source, "--once", "--timeout", "3"]);
+    assert_row(&frame, 4, cached);
+    assert!(frame.contains("replica of"), "{frame}");
+}
+
+#[test]
+fn a_routers_stream_shows_what_the_engine_holds() {
+    let (_publisher, source, cached, events) = engine(6, 25);
+    let router = Process::start(&["router", "--zmq", &source, "--listen", "127.0.0.1:0"]);
+    let address = listening_on(&router);
+    wait_worker(&address, 6, events - 1);
+    let frame = kvtwin(&["dash", "--router", &format!("http://{address}"), "--once"]);
+    assert_row(&frame, 6, cached);
     assert!(
-        frame.contains("does not route") || frame.contains("replica"),
+        frame.contains(&format!("connected to http://{address}")),
         "{frame}"
     );
+}
+
+#[test]
+fn a_replica_on_nats_replays_the_stream_and_an_absent_server_is_retried() {
+    let frame = kvtwin(&[
+        "dash",
+        "--nats",
+        "nats://127.0.0.1:1",
+        "--once",
+        "--timeout",
+        "1",
+        "--width",
+        "120",
+    ]);
+    assert!(frame.contains("retrying in"), "{frame}");
+    let Some(server) = NatsServer::start_or_skip("a_replica_on_nats_replays_the_stream") else {
+        return;
+    };
+    let url = server.url();
+    let mut publisher = ZmqPublisher::bind(&PublisherConfig::new(
+        "tcp://127.0.0.1:*",
+        Some("tcp://127.0.0.1:*"),
+    ))
+    .unwrap();
+    let relay = Process::start(&[
+        "relay",
+        "--zmq",
+        publisher.endpoint(),
+        "--replay",
+        publisher.replay_endpoint().unwrap(),
+        "--nats",
+        &url,
+        "--worker-id",
+        "8",
+        "--jetstream",
+        "kv",
+    ]);
+    relay.wait_line("kvtwin relay: worker 8");
+    let mut engine = SyntheticEngine::new(SyntheticConfig::small(8));
+    let options = EngineFormat::Vllm0_33.options();
+    let mut events = 0;
+    for _ in 0..20 {
+        let batch = engine.next_batch();
+        events += batch.events.len() as u64;
+        publisher.publish(&batch.to_payload(&options)).unwrap();
+    }
+    // Stored in the stream before the dashboard starts: it replays them from the start.
+    let cached = engine.cached_blocks();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let frame = loop {
+        let frame = kvtwin(&[
+            "dash",
+            "--nats",
+            &url,
+            "--jetstream",
+            "kv",
+            "--once",
+            "--timeout",
+            "2",
+        ]);
+        if frame.contains(&format!(" {cached} ")) {
+            break frame;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never caught up:\n{frame}"
+        );
+    };
+    assert_row(&frame, 8, cached);
+    let stats: serde_json::Value = serde_json::from_str(relay.interrupt().trim()).unwrap();
+    assert_eq!(stats["events"], events, "{stats}");
 }

@@ -8,6 +8,8 @@
 //! - `kvtwin dash --sim` on a small scenario played fast: its last frame's completed
 //!   requests and hit ratio equal `kvtwin run --json` for the same seed.
 //!
+//! Each quits a different way (q, SIGTERM, Ctrl-C) and the terminal comes back.
+//!
 //! Skips with the reason when tmux is missing, unless `CI=true`.
 
 mod common;
@@ -464,5 +466,9 @@ fn a_recording_played_in_tmux_ends_on_the_frame_of_once() {
         body(&last),
         "tmux:\n{screen}\n--once:\n{last}"
     );
-    tmux.keys(&["q"]);
+    // Ctrl-C quits (raw mode makes it a key) and gives the terminal back.
+    tmux.keys(&["C-c"]);
+    tmux.wait_for("the terminal back", Duration::from_secs(10), |screen| {
+        !screen.contains("kvtwin dash")
+    });
 }
