@@ -23,6 +23,15 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// One test at a time: each runs real processes flat out (a router and engines, a
+/// simulation at a million times real time), and on two cores a replay sharing them
+/// would miss its timings.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A tmux server of our own (its own socket), killed when dropped.
 struct Tmux {
     socket: String,
@@ -285,6 +294,7 @@ impl Engines {
 
 #[test]
 fn the_dashboard_in_tmux_sorts_filters_and_freezes_a_live_routers_view() {
+    let _serial = serial();
     if !Tmux::available() {
         return;
     }
@@ -372,6 +382,7 @@ fn the_dashboard_in_tmux_sorts_filters_and_freezes_a_live_routers_view() {
 
 #[test]
 fn the_dashboard_in_tmux_plays_a_simulation_to_the_report_of_kvtwin_run() {
+    let _serial = serial();
     if !Tmux::available() {
         return;
     }
@@ -418,6 +429,7 @@ fn the_dashboard_in_tmux_plays_a_simulation_to_the_report_of_kvtwin_run() {
 
 #[test]
 fn a_recording_played_in_tmux_ends_on_the_frame_of_once() {
+    let _serial = serial();
     if !Tmux::available() {
         return;
     }
@@ -451,7 +463,7 @@ fn a_recording_played_in_tmux_ends_on_the_frame_of_once() {
         100,
         30,
     );
-    let screen = tmux.wait_for("the recording's end", Duration::from_secs(30), |screen| {
+    let screen = tmux.wait_for("the recording's end", Duration::from_secs(60), |screen| {
         screen.contains(" s done ")
     });
     let body = |frame: &str| -> Vec<String> {
