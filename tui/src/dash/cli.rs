@@ -10,7 +10,7 @@ use super::record::{Recorder, Recording};
 use super::replica_source::{ReplicaInput, ReplicaSource};
 use super::router_source::RouterSource;
 use super::run::{interactive, once, LoopConfig, OnceUntil};
-use super::sim_source::SimSource;
+use super::sim_source::{SimSource, TraceError};
 use super::source::{ReplaySource, Source};
 use crate::service::{parse_zmq_source, ZmqSourceArg};
 use anyhow::{bail, Context, Result};
@@ -197,14 +197,26 @@ async fn open_source(args: &DashArgs) -> Result<(Box<dyn Source>, SourceKind, On
             crate::Requests::Trace(trace) => {
                 let reader = kvtwin_sim::workload::MooncakeTraceReader::open(&trace)
                     .with_context(|| format!("reading trace {}", trace.display()))?;
-                // A bad line ends the requests there; the run goes on with those before it.
-                SimSource::start(scenario, reader.map_while(Result::ok), speed)
+                // A bad line ends the requests there; the run goes on with those before
+                // it, and the status line says why it ended when the run finishes.
+                let error = TraceError::default();
+                let first_error = error.clone();
+                let requests = reader.map_while(move |request| match request {
+                    Ok(request) => Some(request),
+                    Err(e) => {
+                        if let Ok(mut slot) = first_error.lock() {
+                            slot.get_or_insert_with(|| e.to_string());
+                        }
+                        None
+                    }
+                });
+                SimSource::start(scenario, requests, speed, error)
             }
             crate::Requests::Generated(mut requests) => {
                 // Arrival order, as `simulate` puts them (a stable sort keeps ties in
                 // generation order).
                 requests.sort_by_key(|request| request.arrival);
-                SimSource::start(scenario, requests, speed)
+                SimSource::start(scenario, requests, speed, TraceError::default())
             }
         };
         return Ok((Box::new(source), SourceKind::Sim, OnceUntil::End));

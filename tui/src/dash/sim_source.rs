@@ -17,9 +17,11 @@ use kvtwin::ids::Timestamp;
 use kvtwin_sim::cluster::{Cluster, ClusterSnapshot, Observation, WorkerStatus};
 use kvtwin_sim::scenario::Scenario;
 use kvtwin_sim::workload::Request;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -41,6 +43,9 @@ const OBSERVATION: Observation = Observation {
 /// loop falls behind rather than queueing frames.
 const CHANNEL_BOUND: usize = 16;
 
+/// The first error of a trace read as the run goes (the requests end there).
+pub(crate) type TraceError = Arc<Mutex<Option<String>>>;
+
 /// The simulator thread and its channels.
 pub(crate) struct SimSource {
     updates: mpsc::Receiver<TimedUpdate>,
@@ -54,7 +59,14 @@ pub(crate) struct SimSource {
 impl SimSource {
     /// Starts simulating `scenario` over `requests` (in arrival order) at `speed` times
     /// real time; `f64::INFINITY` runs flat out (for `--once`).
-    pub(crate) fn start<I>(scenario: Scenario, requests: I, speed: f64) -> Self
+    /// A trace's reader reports the error that ended it through `trace_error`, shown
+    /// when the run finishes.
+    pub(crate) fn start<I>(
+        scenario: Scenario,
+        requests: I,
+        speed: f64,
+        trace_error: TraceError,
+    ) -> Self
     where
         I: IntoIterator<Item = Request> + Send + 'static,
         I::IntoIter: 'static,
@@ -79,6 +91,8 @@ impl SimSource {
                     paused: false,
                     route_seq: 0,
                     scenario_name: scenario.name.clone(),
+                    sent: BTreeMap::new(),
+                    trace_error,
                 };
                 match Cluster::new(&scenario, requests) {
                     Ok(cluster) => player.play(cluster),
@@ -152,6 +166,11 @@ struct Player {
     paused: bool,
     route_seq: u64,
     scenario_name: String,
+    /// The rows last sent: later deltas carry only the rows that changed, which keeps
+    /// a recording of a thousand workers small.
+    sent: BTreeMap<WorkerKey, WorkerRow>,
+    /// Where a trace's reader puts the error that ended it early.
+    trace_error: TraceError,
 }
 
 impl Player {
@@ -221,11 +240,39 @@ impl Player {
                 return;
             }
         }
-        let text = format!(
+        let mut text = format!(
             "finished: {:.1} s simulated",
             cluster.now().as_nanos() as f64 / 1e9
         );
+        let trace_error = self
+            .trace_error
+            .lock()
+            .map(|e| e.clone())
+            .unwrap_or_default();
+        if let Some(error) = trace_error {
+            text = format!("{text}; the trace ended early: {error}");
+        }
         self.status(&cluster, text);
+    }
+
+    /// Leaves in `delta` (a whole set of rows) only those that differ from the last sent;
+    /// the first delta stays whole.
+    fn keep_changed_rows(&mut self, delta: &mut Delta) {
+        if self.sent.is_empty() {
+            self.sent = delta
+                .workers
+                .iter()
+                .map(|row| (row.key, row.clone()))
+                .collect();
+            return;
+        }
+        delta.full = false;
+        delta
+            .workers
+            .retain(|row| self.sent.get(&row.key) != Some(row));
+        for row in &delta.workers {
+            self.sent.insert(row.key, row.clone());
+        }
     }
 
     /// Says how the run goes in the status line; false when the dashboard has gone.
@@ -272,6 +319,7 @@ impl Player {
         let window = cluster.latency_window(LATENCY_WINDOW);
         let at_ms = snapshot.at.as_nanos() / 1_000_000;
         let mut delta = delta_of(&snapshot, &self.scenario_name);
+        self.keep_changed_rows(&mut delta);
         if let Some(sim) = &mut delta.sim {
             // JSON has no infinity: 0 says "flat out".
             sim.speed = if self.speed.is_finite() {
@@ -414,5 +462,96 @@ pub(crate) fn delta_of(snapshot: &ClusterSnapshot, scenario: &str) -> Delta {
             ..SimSignals::default()
         }),
         ..Delta::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dash::model::Update;
+
+    fn source(speed: f64) -> SimSource {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/cluster-kv.ron");
+        let scenario = Scenario::load(std::path::Path::new(path)).unwrap();
+        let mut requests = scenario
+            .workload
+            .generate(scenario.seed, scenario.worker.block_size_tokens)
+            .unwrap();
+        requests.sort_by_key(|request| request.arrival);
+        SimSource::start(scenario, requests, speed, TraceError::default())
+    }
+
+    /// The next delta (skipping status lines), with its time.
+    async fn delta(source: &mut SimSource) -> (u64, Delta) {
+        loop {
+            match source.next().await {
+                SourceEvent::Update(TimedUpdate {
+                    at_ms,
+                    update: Update::Delta(delta),
+                }) => return (at_ms, delta),
+                SourceEvent::Update(_) => {}
+                other => panic!("the simulation ended: {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_player_pauses_steps_changes_speed_and_seeks_on_request() {
+        let mut source = source(1.0);
+        let (at, first) = delta(&mut source).await;
+        assert_eq!(at, 0);
+        assert!(first.full);
+        assert_eq!(first.workers.len(), 8);
+        source.control(Control::Pause(true));
+        // Whatever was on its way before the pause; then nothing moves.
+        let mut paused_at = at;
+        while let Ok((at, delta)) =
+            tokio::time::timeout(Duration::from_millis(400), delta(&mut source)).await
+        {
+            paused_at = at;
+            if delta.sim.as_ref().is_some_and(|sim| sim.paused) {
+                break;
+            }
+        }
+        let idle = tokio::time::timeout(Duration::from_millis(400), delta(&mut source)).await;
+        assert!(idle.is_err(), "a paused simulation sent {idle:?}");
+        source.control(Control::Step);
+        let (stepped_at, stepped) = delta(&mut source).await;
+        assert!(stepped_at >= paused_at);
+        assert!(stepped.sim.as_ref().unwrap().paused);
+        assert!(!stepped.full, "later deltas carry only changed rows");
+        source.control(Control::Seek(60_000));
+        let (sought_at, _) = delta(&mut source).await;
+        assert!(
+            sought_at >= stepped_at + 60_000,
+            "{sought_at} after {stepped_at}"
+        );
+        source.control(Control::Speed(4.0));
+        source.control(Control::Pause(false));
+        let (_, playing) = delta(&mut source).await;
+        let sim = playing.sim.unwrap();
+        assert_eq!((sim.speed, sim.paused), (4.0, false));
+        assert!(source.now_ms() >= sought_at);
+    }
+
+    #[tokio::test]
+    async fn flat_out_the_run_ends_with_its_last_snapshot_then_end() {
+        let mut source = source(f64::INFINITY);
+        let mut last = None;
+        loop {
+            match source.next().await {
+                SourceEvent::Update(TimedUpdate {
+                    update: Update::Delta(delta),
+                    ..
+                }) => last = delta.sim,
+                SourceEvent::Update(_) => {}
+                SourceEvent::End => break,
+                SourceEvent::Rewind => panic!("a simulation never rewinds"),
+            }
+        }
+        let last = last.unwrap();
+        assert!(last.done);
+        assert_eq!(last.speed, 0.0, "flat out says 0");
+        assert_eq!(last.requests_completed, last.requests_arrived);
     }
 }
