@@ -48,9 +48,9 @@ pub(crate) fn delta_of_message(message: &StreamMessage) -> Delta {
         counters: Some(Counters {
             events_applied: counters.events_applied,
             batches: counters.batches,
-            // Event-id gaps, as the rows count them (a stream gap the replay filled
-            // leaves none).
-            gaps: counters.event_id_gaps,
+            // As the rows count them: gaps in a source's batch sequence and in a
+            // rank's event ids, each occurrence once.
+            gaps: counters.gaps + counters.event_id_gaps,
             lost_batches: counters.lost_batches,
             restarts: counters.restarts,
             dropped: counters.dropped.values().sum(),
