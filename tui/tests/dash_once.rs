@@ -14,26 +14,11 @@
 
 mod common;
 
-use common::{listening_on, wait_worker, Process};
+use common::{kvtwin, listening_on, wait_worker, Process};
 use kvtwin_plane::nats::NatsServer;
 use kvtwin_plane::service::synthetic::{SyntheticConfig, SyntheticEngine};
 use kvtwin_plane::wire::EngineFormat;
 use kvtwin_plane::zmq::{PublisherConfig, ZmqPublisher};
-use std::process::Command;
-
-/// Runs `kvtwin` with `args`; its stdout (it must succeed).
-fn kvtwin(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kvtwin {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 /// A frame without its first line (which names the source and the play speed).
 fn body(frame: &str) -> String {

@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{http, listening_on, Process};
+use common::{http, kvtwin, listening_on, Process};
 use kvtwin_plane::service::synthetic::{SyntheticConfig, SyntheticEngine};
 use kvtwin_plane::wire::EngineFormat;
 use kvtwin_plane::zmq::{PublisherConfig, ZmqPublisher};
@@ -442,20 +442,8 @@ fn a_recording_played_in_tmux_ends_on_the_frame_of_once() {
     let dir = tempfile::tempdir().unwrap();
     let recording = dir.path().join("run.jsonl");
     let recording = recording.to_str().unwrap();
-    let once = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
-    once(&["dash", "--sim", scenario, "--once", "--record", recording]);
-    let last = once(&[
+    kvtwin(&["dash", "--sim", scenario, "--once", "--record", recording]);
+    let last = kvtwin(&[
         "dash", "--replay", recording, "--once", "--width", "100", "--height", "30",
     ]);
     // 558 s of recording at 1,000 times: half a second.

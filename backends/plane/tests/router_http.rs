@@ -5,37 +5,13 @@ mod support;
 
 use kvtwin::ids::{LocalBlockHash, WorkerId};
 use kvtwin::tier::Tier;
-use kvtwin_plane::service::http::{self, SharedState};
+use kvtwin_plane::service::http;
 use kvtwin_plane::service::state::RouterState;
 use kvtwin_plane::wire::{WorkerEvent, WorkerEventData};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use support::{http as request, json};
+use support::{http as request, json, start};
 
 const BLOCK: usize = 4;
-
-/// A server over `state` on a free port, on its own runtime thread; stops when the
-/// sender drops.
-fn start(state: SharedState) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    std::thread::spawn(move || {
-        runtime
-            .block_on(http::serve(listener, state, async {
-                let _ = stopped.await;
-            }))
-            .unwrap();
-    });
-    (addr, stop)
-}
 
 fn stored(
     worker: u64,

@@ -11,35 +11,11 @@ use kvtwin_plane::service::state::RouterState;
 use kvtwin_plane::service::stream::{StreamMessage, WorkerKey};
 use kvtwin_plane::service::stream_client::{StreamClient, StreamClientError};
 use kvtwin_plane::wire::{WorkerEvent, WorkerEventData};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{http as request, json};
+use support::{http as request, json, start};
 
 const BLOCK: usize = 4;
-
-/// A server over `state` on a free port, on its own runtime thread; stops when the
-/// sender drops.
-fn start(state: SharedState) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    std::thread::spawn(move || {
-        runtime
-            .block_on(http::serve(listener, state, async {
-                let _ = stopped.await;
-            }))
-            .unwrap();
-    });
-    (addr, stop)
-}
 
 /// Worker `worker`'s event `event_id` storing `tokens`' blocks on device.
 fn stored(worker: u64, event_id: u64, tokens: &[u32], state: &RouterState) -> WorkerEvent {

@@ -2,15 +2,15 @@
 //! the index with the router service's own code and reading it as the router's stream
 //! does.
 //!
-//! Owns: [`ReplicaSource`] (a `RouterState` fed by `ZmqSource`s or a `NatsSource`,
+//! Owns: [`ReplicaSource`] (a [`LiveFeed`] of a `RouterState` fed by `ZmqSource`s or a `NatsSource`,
 //! connecting to NATS again with backoff when it cannot, and a task that reads the
 //! state through a `StreamCursor` every tick).
 //! Never: decode or apply an event itself (`kvtwin_plane::service` does), or route: a
 //! replica only listens.
 
-use super::model::{Control, SourceStatus, TimedUpdate, Update};
+use super::model::{TimedUpdate, Update};
 use super::plane_delta::delta_of_message;
-use super::source::{LiveClock, Next, Source, SourceEvent};
+use super::source::{LiveClock, LiveFeed};
 use crate::service::{connect_nats, describe_zmq_source, start_zmq_sources, ZmqSourceArg};
 use anyhow::Result;
 use kvtwin_plane::service::http::{lock, SharedState};
@@ -52,19 +52,28 @@ pub(crate) enum ReplicaInput {
 }
 
 /// A router replica.
-pub(crate) struct ReplicaSource {
-    label: String,
-    updates: mpsc::Receiver<TimedUpdate>,
-    clock: LiveClock,
+pub(crate) struct ReplicaSource;
+
+/// What feeds a replica: the ZMQ sources (stopped when dropped), the NATS and reading
+/// tasks, and the watch that stops them.
+struct Feeders {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
-    // Stopped when dropped.
     _zmq: Vec<ZmqSource>,
+}
+
+impl Drop for Feeders {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
 }
 
 impl ReplicaSource {
     /// Starts listening; must run inside a tokio runtime.
-    pub(crate) async fn start(input: ReplicaInput) -> Result<Self> {
+    pub(crate) async fn start(input: ReplicaInput) -> Result<LiveFeed> {
         let clock = LiveClock::start();
         let (sender, updates) = mpsc::channel(CHANNEL_BOUND);
         let (stop, _) = watch::channel(false);
@@ -81,11 +90,7 @@ impl ReplicaSource {
                 let started = start_zmq_sources(sources, block_size, &state)?;
                 let described: Vec<String> = sources.iter().map(describe_zmq_source).collect();
                 let _ = sender
-                    .send(status(
-                        &clock,
-                        true,
-                        format!("replica of {}", described.join(", ")),
-                    ))
+                    .send(clock.status(true, format!("replica of {}", described.join(", "))))
                     .await;
                 (format!("of {} ZMQ engines", sources.len()), started)
             }
@@ -107,30 +112,12 @@ impl ReplicaSource {
             }
         };
         tasks.push(tokio::spawn(read_state(state, sender, clock)));
-        Ok(Self {
-            label,
-            updates,
-            clock,
+        let feeders = Feeders {
             stop,
             tasks,
             _zmq: zmq,
-        })
-    }
-}
-
-impl Drop for ReplicaSource {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
-}
-
-fn status(clock: &LiveClock, connected: bool, text: String) -> TimedUpdate {
-    TimedUpdate {
-        at_ms: clock.now_ms(),
-        update: Update::Status(SourceStatus { connected, text }),
+        };
+        Ok(LiveFeed::new(updates, clock, label, feeders))
     }
 }
 
@@ -170,7 +157,7 @@ async fn nats_forever(
         let error = match connect_nats(&url, &subject, jetstream.as_deref()).await {
             Ok(source) => {
                 let text = format!("replica of {url}, subject {subject}");
-                if sender.send(status(&clock, true, text)).await.is_err() {
+                if sender.send(clock.status(true, text)).await.is_err() {
                     return;
                 }
                 backoff = BACKOFF_START;
@@ -187,7 +174,7 @@ async fn nats_forever(
             Err(error) => format!("{error:#}"),
         };
         let text = format!("retrying in {:.1} s: {error}", backoff.as_secs_f64());
-        if sender.send(status(&clock, false, text)).await.is_err() {
+        if sender.send(clock.status(false, text)).await.is_err() {
             return;
         }
         tokio::select! {
@@ -195,26 +182,5 @@ async fn nats_forever(
             _ = stop.wait_for(|stop| *stop) => return,
         }
         backoff = (backoff * 2).min(BACKOFF_MAX);
-    }
-}
-
-impl Source for ReplicaSource {
-    fn next(&mut self) -> Next<'_> {
-        Box::pin(async move {
-            match self.updates.recv().await {
-                Some(update) => SourceEvent::Update(update),
-                None => SourceEvent::End,
-            }
-        })
-    }
-
-    fn control(&mut self, _control: Control) {}
-
-    fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
-    }
-
-    fn label(&self) -> String {
-        self.label.clone()
     }
 }

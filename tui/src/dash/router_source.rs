@@ -1,13 +1,13 @@
 //! `kvtwin dash --router URL`: a running router's `/v1/stream` as a dashboard source.
 //!
-//! Owns: [`RouterSource`] (a task that connects, reads stream messages into deltas, and
+//! Owns: [`RouterSource`] (a [`LiveFeed`] from a task that connects, reads stream messages into deltas, and
 //! on any failure says so in the status line and connects again with backoff).
 //! Never: poll the router's other endpoints, or parse SSE or JSON itself
 //! (`kvtwin_plane::service::stream_client` does).
 
-use super::model::{Control, SourceStatus, TimedUpdate, Update};
+use super::model::{TimedUpdate, Update};
 use super::plane_delta::delta_of_message;
-use super::source::{LiveClock, Next, Source, SourceEvent};
+use super::source::{LiveClock, LiveFeed};
 use anyhow::{bail, Result};
 use kvtwin_plane::service::stream_client::StreamClient;
 use std::time::Duration;
@@ -24,41 +24,32 @@ const BACKOFF_MAX: Duration = Duration::from_secs(8);
 const CHANNEL_BOUND: usize = 64;
 
 /// A router's stream.
-pub(crate) struct RouterSource {
-    url: String,
-    updates: mpsc::Receiver<TimedUpdate>,
-    clock: LiveClock,
-    task: JoinHandle<()>,
+pub(crate) struct RouterSource;
+
+/// Stops the reading task when the feed goes.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl RouterSource {
     /// Starts reading `url` (`http://HOST:PORT`); must run inside a tokio runtime.
-    pub(crate) fn start(url: &str) -> Result<Self> {
+    pub(crate) fn start(url: &str) -> Result<LiveFeed> {
         if !url.starts_with("http://") {
             bail!("{url:?} is not a router URL: http://HOST:PORT, e.g. http://127.0.0.1:8080");
         }
         let clock = LiveClock::start();
         let (sender, updates) = mpsc::channel(CHANNEL_BOUND);
         let task = tokio::spawn(read_forever(url.to_string(), sender, clock));
-        Ok(Self {
-            url: url.to_string(),
+        Ok(LiveFeed::new(
             updates,
             clock,
-            task,
-        })
-    }
-}
-
-impl Drop for RouterSource {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-fn status(clock: &LiveClock, connected: bool, text: String) -> TimedUpdate {
-    TimedUpdate {
-        at_ms: clock.now_ms(),
-        update: Update::Status(SourceStatus { connected, text }),
+            url.to_string(),
+            AbortOnDrop(task),
+        ))
     }
 }
 
@@ -69,7 +60,7 @@ async fn read_forever(url: String, sender: mpsc::Sender<TimedUpdate>, clock: Liv
         let error = match StreamClient::connect(&url).await {
             Ok(mut client) => {
                 if sender
-                    .send(status(&clock, true, format!("connected to {url}")))
+                    .send(clock.status(true, format!("connected to {url}")))
                     .await
                     .is_err()
                 {
@@ -96,31 +87,10 @@ async fn read_forever(url: String, sender: mpsc::Sender<TimedUpdate>, clock: Liv
         };
         // What the user acts on first: a narrow status line cuts the end off.
         let text = format!("retrying in {:.1} s: {url}: {error}", backoff.as_secs_f64());
-        if sender.send(status(&clock, false, text)).await.is_err() {
+        if sender.send(clock.status(false, text)).await.is_err() {
             return;
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
-    }
-}
-
-impl Source for RouterSource {
-    fn next(&mut self) -> Next<'_> {
-        Box::pin(async move {
-            match self.updates.recv().await {
-                Some(update) => SourceEvent::Update(update),
-                None => SourceEvent::End,
-            }
-        })
-    }
-
-    fn control(&mut self, _control: Control) {}
-
-    fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
-    }
-
-    fn label(&self) -> String {
-        self.url.clone()
     }
 }

@@ -1,16 +1,19 @@
 //! The one trait every dashboard source implements, and the replay of a recording.
 //!
-//! Owns: [`Source`] and [`SourceEvent`] (what the terminal loop awaits), [`ReplaySource`]
+//! Owns: [`Source`] and [`SourceEvent`] (what the terminal loop awaits), [`LiveFeed`]
+//! (the source side of a live source: updates its tasks send on the wall clock),
+//! [`ReplaySource`]
 //! (a [`Recording`] played at any speed, paused, stepped and seeked on the recording's
 //! own clock).
 //! Never: draw, or fold updates into state (the app does). A source's `next` must be
 //! cancel-safe: the terminal loop drops it whenever a key or a tick comes first.
 
-use super::model::{Control, TimedUpdate};
+use super::model::{Control, SourceStatus, TimedUpdate, Update};
 use super::record::Recording;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// What a source yields.
@@ -58,6 +61,63 @@ impl LiveClock {
     /// Milliseconds since the start.
     pub(crate) fn now_ms(&self) -> u64 {
         self.start.elapsed().as_millis() as u64
+    }
+
+    /// A status line now.
+    pub(crate) fn status(&self, connected: bool, text: String) -> TimedUpdate {
+        TimedUpdate {
+            at_ms: self.now_ms(),
+            update: Update::Status(SourceStatus { connected, text }),
+        }
+    }
+}
+
+/// A live source as the loop sees it: what its tasks send, on the wall clock. Keys
+/// cannot pause the world, so controls are ignored.
+pub(crate) struct LiveFeed {
+    updates: mpsc::Receiver<TimedUpdate>,
+    clock: LiveClock,
+    label: String,
+    /// Stops the tasks and threads that feed it when dropped.
+    _feeders: Box<dyn Send>,
+}
+
+impl LiveFeed {
+    /// A feed of what comes on `updates`, stamped by `clock`; `feeders` is dropped
+    /// with it.
+    pub(crate) fn new(
+        updates: mpsc::Receiver<TimedUpdate>,
+        clock: LiveClock,
+        label: String,
+        feeders: impl Send + 'static,
+    ) -> Self {
+        Self {
+            updates,
+            clock,
+            label,
+            _feeders: Box::new(feeders),
+        }
+    }
+}
+
+impl Source for LiveFeed {
+    fn next(&mut self) -> Next<'_> {
+        Box::pin(async move {
+            match self.updates.recv().await {
+                Some(update) => SourceEvent::Update(update),
+                None => SourceEvent::End,
+            }
+        })
+    }
+
+    fn control(&mut self, _control: Control) {}
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn label(&self) -> String {
+        self.label.clone()
     }
 }
 

@@ -131,3 +131,17 @@ pub(crate) fn wait_worker(address: &str, worker: u64, last_event_id: u64) -> Val
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Runs `kvtwin` with `args`; its stdout (it must succeed).
+pub(crate) fn kvtwin(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kvtwin {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // Each test file uses its own subset.
 
+use kvtwin_plane::service::http::{self, SharedState};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -42,4 +43,27 @@ pub(crate) fn http(
 /// Parses a JSON body.
 pub(crate) fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|error| panic!("{error}: {body}"))
+}
+
+/// A server over `state` on a free port, on its own runtime thread; stops when the
+/// sender drops.
+pub(crate) fn start(state: SharedState) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        runtime
+            .block_on(http::serve(listener, state, async {
+                let _ = stopped.await;
+            }))
+            .unwrap();
+    });
+    (addr, stop)
 }
