@@ -8,7 +8,7 @@
 //! updates), or do I/O.
 
 use super::filter::{Filter, Subject};
-use super::model::{TimedUpdate, WorkerKey, TIER_NAMES};
+use super::model::{saturating_sum, TimedUpdate, WorkerKey, TIER_NAMES};
 use super::state::World;
 
 #[cfg(doc)]
@@ -314,7 +314,7 @@ impl App {
         let tier = self.filter.tier();
         let blocks = |s: &Subject| match tier {
             Some(tier) => s.blocks[tier],
-            None => s.blocks.iter().sum(),
+            None => saturating_sum(s.blocks),
         };
         let by = |a: &Subject, b: &Subject| match self.sort {
             SortColumn::Worker => a.key.cmp(&b.key),

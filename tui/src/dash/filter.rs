@@ -13,7 +13,7 @@
 //! Never: panic on any input (a proptest holds it to that), or look at the app's state
 //! beyond the figures it is handed.
 
-use super::model::{WorkerKey, TIER_NAMES};
+use super::model::{saturating_sum, WorkerKey, TIER_NAMES};
 
 /// The fields a term may name, for error messages.
 const FIELDS: &str = "worker, rank, tier, blocks, device, host, disk, remote, events, age, \
@@ -396,7 +396,7 @@ impl Filter {
             Number::Rank => n(u64::from(s.key.dp_rank)),
             Number::Blocks => match self.tier {
                 Some(tier) => n(s.blocks[tier]),
-                None => n(s.blocks.iter().sum()),
+                None => n(saturating_sum(s.blocks)),
             },
             Number::Tier(tier) => n(s.blocks[tier]),
             Number::Events => Some(s.events_per_s),

@@ -28,4 +28,6 @@ pub(crate) mod ui;
 mod views;
 
 #[cfg(test)]
+mod robust;
+#[cfg(test)]
 mod snapshots;

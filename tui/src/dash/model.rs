@@ -14,6 +14,12 @@ use serde::{Deserialize, Serialize};
 /// Tiers in display order (as `kvtwin::tier::Tier::index`).
 pub(crate) const TIER_NAMES: [&str; 4] = ["device", "host", "disk", "remote"];
 
+/// The sum of `values`, stopping at `u64::MAX`: figures come from outside (a router,
+/// a recording), and no value of theirs may overflow the app.
+pub(crate) fn saturating_sum(values: impl IntoIterator<Item = u64>) -> u64 {
+    values.into_iter().fold(0, u64::saturating_add)
+}
+
 /// A worker rank.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,

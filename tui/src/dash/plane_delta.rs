@@ -5,7 +5,7 @@
 //! Owns: [`delta_of_message`].
 //! Never: decide what changed (the router's cursor did).
 
-use super::model::{Candidate, Counters, Delta, RouteRow, WorkerKey, WorkerRow};
+use super::model::{saturating_sum, Candidate, Counters, Delta, RouteRow, WorkerKey, WorkerRow};
 use kvtwin_plane::service::stream::{StreamMessage, TierCounts};
 
 fn tiers(counts: &TierCounts) -> [u64; 4] {
@@ -50,10 +50,10 @@ pub(crate) fn delta_of_message(message: &StreamMessage) -> Delta {
             batches: counters.batches,
             // As the rows count them: gaps in a source's batch sequence and in a
             // rank's event ids, each occurrence once.
-            gaps: counters.gaps + counters.event_id_gaps,
+            gaps: counters.gaps.saturating_add(counters.event_id_gaps),
             lost_batches: counters.lost_batches,
             restarts: counters.restarts,
-            dropped: counters.dropped.values().sum(),
+            dropped: saturating_sum(counters.dropped.values().copied()),
             routes: counters.routes,
             lookup_blocks: counters.route_query_blocks,
             hit_blocks: counters.route_hit_blocks,

@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::filter::{Status, Subject};
 use super::model::{
-    Counters, Delta, LinkRow, RouteRow, SimSignals, SourceStatus, TimedUpdate, Update, WorkerKey,
-    WorkerRow, WorkerState,
+    saturating_sum, Counters, Delta, LinkRow, RouteRow, SimSignals, SourceStatus, TimedUpdate,
+    Update, WorkerKey, WorkerRow, WorkerState,
 };
 use super::series::{History, RateWindow, Totals};
 
@@ -146,8 +146,11 @@ impl World {
         if let Some(counters) = delta.counters {
             self.counters = Some(counters);
         }
-        self.routes_seen += delta.routes.len() as u64 + delta.routes_missed;
-        self.routes_missed += delta.routes_missed;
+        self.routes_seen = self
+            .routes_seen
+            .saturating_add(delta.routes.len() as u64)
+            .saturating_add(delta.routes_missed);
+        self.routes_missed = self.routes_missed.saturating_add(delta.routes_missed);
         for route in delta.routes {
             if self.routes.len() == ROUTES_MAX {
                 self.routes.pop_front();
@@ -226,7 +229,7 @@ impl World {
                 hit_blocks: c.hit_blocks,
             },
             None => Totals {
-                events: self.workers.values().map(|e| e.row.events).sum(),
+                events: saturating_sum(self.workers.values().map(|e| e.row.events)),
                 routes: self.routes_seen,
                 lookup_blocks: 0,
                 hit_blocks: 0,
@@ -242,10 +245,10 @@ impl World {
         let mut any = [false; 4];
         for entry in self.workers.values() {
             for tier in 0..4 {
-                blocks[tier] += entry.row.blocks[tier];
+                blocks[tier] = blocks[tier].saturating_add(entry.row.blocks[tier]);
                 if let Some(capacity) = entry.row.capacity[tier] {
-                    known[tier].0 += entry.row.blocks[tier];
-                    known[tier].1 += capacity;
+                    known[tier].0 = known[tier].0.saturating_add(entry.row.blocks[tier]);
+                    known[tier].1 = known[tier].1.saturating_add(capacity);
                     any[tier] = true;
                 }
             }
@@ -264,7 +267,7 @@ impl World {
             for entry in self.workers.values() {
                 match entry.row.capacity[tier] {
                     Some(c) => {
-                        total += c;
+                        total = total.saturating_add(c);
                         any = true;
                     }
                     None if entry.row.blocks[tier] > 0 => return None,
