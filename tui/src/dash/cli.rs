@@ -16,6 +16,7 @@ use crate::service::{parse_zmq_source, ZmqSourceArg};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kvtwin_sim::scenario::Scenario;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -123,6 +124,9 @@ impl DashArgs {
 /// Runs `kvtwin dash`.
 pub(crate) fn dash(args: &DashArgs) -> Result<()> {
     args.validate()?;
+    if !args.once && !std::io::stdout().is_terminal() {
+        bail!("standard output is not a terminal: run kvtwin dash in one, or add --once for a plain-text frame");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
