@@ -96,7 +96,11 @@ fn worker_row(i: usize, t_ms: u64, capacities: bool) -> WorkerRow {
         };
         *held = mix(seed ^ tier as u64, t_s / 5) % cap;
     }
-    let active_until = if i % 50 == 0 { 200_000 } else { u64::MAX };
+    let active_until = if i.is_multiple_of(50) {
+        200_000
+    } else {
+        u64::MAX
+    };
     let events = (t_ms.min(active_until) / 100) * (50 + seed % 200);
     WorkerRow {
         key: WorkerKey {
@@ -116,9 +120,13 @@ fn worker_row(i: usize, t_ms: u64, capacities: bool) -> WorkerRow {
         },
         events,
         last_event_id: Some(events),
-        gaps: if i % 37 == 0 { 1 + t_s / 60 } else { 0 },
-        out_of_order: u64::from(i % 101 == 0),
-        reconnects: u64::from(i % 73 == 0),
+        gaps: if i.is_multiple_of(37) {
+            1 + t_s / 60
+        } else {
+            0
+        },
+        out_of_order: u64::from(i.is_multiple_of(101)),
+        reconnects: u64::from(i.is_multiple_of(73)),
         ..WorkerRow::default()
     }
 }
