@@ -7,6 +7,7 @@
 
 mod bench;
 mod bench_cuda;
+mod bench_dash;
 mod bench_relay;
 mod bench_sim;
 mod calibrate;
@@ -115,6 +116,9 @@ enum Bench {
     /// Push synthetic vLLM events through ZMQ → relay → NATS → router on loopback (its
     /// own nats-server) and report block events per second and the added latency.
     Relay(bench_relay::RelayArgs),
+    /// Time the dashboard: frames per view and size, update ingest, the replica path at
+    /// the event rate, key press to frame and replay speed; one JSON line.
+    Dash(bench_dash::DashBenchArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -150,6 +154,7 @@ fn main() -> Result<()> {
         Command::Bench(Bench::Sim(args)) => bench_sim::run(&args),
         Command::Bench(Bench::Cuda(args)) => bench_cuda::run(&args),
         Command::Bench(Bench::Relay(args)) => bench_relay::run(&args),
+        Command::Bench(Bench::Dash(args)) => bench_dash::run(&args),
         Command::Router(args) => service::router(&args),
         Command::Dash(args) => dash::cli::dash(&args),
         Command::Relay(args) => service::relay(&args),
