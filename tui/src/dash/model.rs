@@ -14,6 +14,12 @@ use serde::{Deserialize, Serialize};
 /// Tiers in display order (as `kvtwin::tier::Tier::index`).
 pub(crate) const TIER_NAMES: [&str; 4] = ["device", "host", "disk", "remote"];
 
+/// Whether `value` is its type's default: such fields are left out of a recording's
+/// lines (read back as the default), which keeps a thousand workers' rows small.
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
 /// The sum of `values`, stopping at `u64::MAX`: figures come from outside (a router,
 /// a recording), and no value of theirs may overflow the app.
 pub(crate) fn saturating_sum(values: impl IntoIterator<Item = u64>) -> u64 {
@@ -28,7 +34,7 @@ pub(crate) struct WorkerKey {
     /// The worker id.
     pub(crate) worker: u64,
     /// The data-parallel rank.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) dp_rank: u32,
 }
 
@@ -65,48 +71,48 @@ pub(crate) struct WorkerRow {
     /// Which worker rank.
     pub(crate) key: WorkerKey,
     /// Where it stands.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) state: WorkerState,
     /// Blocks held per tier (index: [`TIER_NAMES`]).
     pub(crate) blocks: [u64; 4],
     /// Capacity per tier, where known; `None` for a tier it lacks or a source that
     /// cannot know.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) capacity: [Option<u64>; 4],
     /// KV events applied (router) or published (simulator), cumulative.
     pub(crate) events: u64,
     /// The last event id applied.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) last_event_id: Option<u64>,
     /// Event ids skipped.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) gaps: u64,
     /// Event ids at or below the last one.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) out_of_order: u64,
     /// Times its stream reconnected.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) reconnects: u64,
     /// Batches refused for a block size other than the router's.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) block_size_mismatches: u64,
     /// Batches neither its stream nor replay supplied.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) lost_batches: u64,
     /// Publisher restarts (each cleared what it held).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) restarts: u64,
     /// Requests waiting (simulator).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) queued: Option<u64>,
     /// Requests on it (simulator).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) running: Option<u64>,
     /// Requests routed to it, cumulative (simulator).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) routed: Option<u64>,
     /// Requests it finished, cumulative (simulator).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) completed: Option<u64>,
 }
 
@@ -116,31 +122,31 @@ pub(crate) struct Counters {
     /// Block events applied (router) or published (simulator).
     pub(crate) events_applied: u64,
     /// Event batches received.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) batches: u64,
     /// Gaps in the sources' sequences.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) gaps: u64,
     /// Batches lost for good.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) lost_batches: u64,
     /// Publisher restarts.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) restarts: u64,
     /// Messages, batches or events dropped, all reasons.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) dropped: u64,
     /// Requests routed.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) routes: u64,
     /// Prompt blocks looked up (routing queries, or the simulator's served prompts).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) lookup_blocks: u64,
     /// Of those, blocks found cached: hit ratio = `hit_blocks / lookup_blocks`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) hit_blocks: u64,
     /// 99th percentile time to apply a batch, seconds (router).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) apply_latency_p99_s: Option<f64>,
 }
 
@@ -183,7 +189,7 @@ pub(crate) struct LinkRow {
     /// Bytes carried so far.
     pub(crate) bytes: u64,
     /// Busy time over time so far, 0 to 1, where known.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) utilisation: Option<f64>,
 }
 
@@ -237,34 +243,34 @@ pub(crate) struct SimSignals {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Delta {
     /// The rows are every worker rank there is (rows not given are gone).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) full: bool,
     /// Worker rows that changed.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) workers: Vec<WorkerRow>,
     /// Worker ranks that went away.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) removed: Vec<WorkerKey>,
     /// The counters, when they changed.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) counters: Option<Counters>,
     /// Routing decisions since the last delta, oldest first.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) routes: Vec<RouteRow>,
     /// Decisions the source could not keep for us (its record overran).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) routes_missed: u64,
     /// Every link's traffic, when the source knows links (the whole set each time).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) links: Vec<LinkRow>,
     /// The simulator's signals.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) sim: Option<SimSignals>,
     /// Things that happened (faults, commands), oldest first.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) notes: Vec<String>,
     /// The engines' block size, when the source knows it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) block_size: Option<u32>,
 }
 
