@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{kvtwin, listening_on, wait_worker, Process};
+use common::{kvtwin, listening_on, start_jetstream_relay, wait_worker, Process};
 use kvtwin_plane::nats::NatsServer;
 use kvtwin_plane::service::synthetic::{SyntheticConfig, SyntheticEngine};
 use kvtwin_plane::wire::EngineFormat;
@@ -172,20 +172,7 @@ fn a_replica_on_nats_replays_the_stream_and_an_absent_server_is_retried() {
         Some("tcp://127.0.0.1:*"),
     ))
     .unwrap();
-    let relay = Process::start(&[
-        "relay",
-        "--zmq",
-        publisher.endpoint(),
-        "--replay",
-        publisher.replay_endpoint().unwrap(),
-        "--nats",
-        &url,
-        "--worker-id",
-        "8",
-        "--jetstream",
-        "kv",
-    ]);
-    relay.wait_line("kvtwin relay: worker 8");
+    let relay = start_jetstream_relay(&publisher, &url, 8, &[]);
     let mut engine = SyntheticEngine::new(SyntheticConfig::small(8));
     let options = EngineFormat::Vllm0_33.options();
     let mut events = 0;

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{http, listening_on, wait_worker, Process};
+use common::{http, listening_on, start_jetstream_relay, wait_worker, Process};
 use kvtwin_plane::nats::NatsServer;
 use kvtwin_plane::service::synthetic::{SyntheticConfig, SyntheticEngine};
 use kvtwin_plane::wire::{EngineBatch, EngineEvent, EngineFormat};
@@ -118,21 +118,7 @@ fn a_relay_and_a_router_meet_over_jetstream_and_the_relay_reports_on_ctrl_c() {
         Some("tcp://127.0.0.1:*"),
     ))
     .unwrap();
-    let relay = Process::start(&[
-        "relay",
-        "--zmq",
-        publisher.endpoint(),
-        "--replay",
-        publisher.replay_endpoint().unwrap(),
-        "--nats",
-        &url,
-        "--worker-id",
-        "3",
-        "--jetstream",
-        "kv",
-        "--envelope",
-    ]);
-    relay.wait_line("kvtwin relay: worker 3");
+    let relay = start_jetstream_relay(&publisher, &url, 3, &["--envelope"]);
     let (batches, events) = batches();
     publish(&mut publisher, &batches);
     // Started after the events were stored: it rebuilds them from the stream.

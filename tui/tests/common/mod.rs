@@ -145,3 +145,31 @@ pub(crate) fn kvtwin(args: &[&str]) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// `kvtwin relay` from `publisher`'s engine (its replay socket too) to the JetStream
+/// stream `kv` at `url` as `worker`, with `extra` flags; started when it says so.
+pub(crate) fn start_jetstream_relay(
+    publisher: &kvtwin_plane::zmq::ZmqPublisher,
+    url: &str,
+    worker: u64,
+    extra: &[&str],
+) -> Process {
+    let worker = worker.to_string();
+    let mut args = vec![
+        "relay",
+        "--zmq",
+        publisher.endpoint(),
+        "--replay",
+        publisher.replay_endpoint().unwrap(),
+        "--nats",
+        url,
+        "--worker-id",
+        &worker,
+        "--jetstream",
+        "kv",
+    ];
+    args.extend(extra);
+    let relay = Process::start(&args);
+    relay.wait_line(&format!("kvtwin relay: worker {worker}"));
+    relay
+}
