@@ -3,11 +3,13 @@
 //! the Mooncake conversation trace) to the 4th decimal, at every capacity listed; so does
 //! the full simulator run as one worker with a device cache of that many 512-token blocks
 //! holding prompts (generated tokens take no blocks, and partial last blocks are cached,
-//! as in the reference), no lower tiers and instant compute.
+//! as in the reference), no lower tiers and instant compute; and so does the one-pass LRU
+//! curve (`cache::curve`), which equals `replay` at every listed capacity.
 
 mod common;
 
 use kvtwin::pool::EvictionPolicyKind;
+use kvtwin_sim::cache::curve::HitCurve;
 use kvtwin_sim::cache::replay;
 use kvtwin_sim::cluster::simulate;
 use kvtwin_sim::scenario::Scenario;
@@ -96,6 +98,29 @@ fn pool_reproduces_the_mooncake_lru_reference() {
     };
     for (capacity, expected_blocks, expected_tokens) in rows {
         let row = replay(&requests, capacity, 512, EvictionPolicyKind::Lru).unwrap();
+        assert!(
+            (row.hit_blocks - expected_blocks).abs() < 5e-5,
+            "capacity {capacity}: hit_blocks {:.6} vs {expected_blocks}",
+            row.hit_blocks
+        );
+        assert!(
+            (row.hit_tokens - expected_tokens).abs() < 5e-5,
+            "capacity {capacity}: hit_tokens {:.6} vs {expected_tokens}",
+            row.hit_tokens
+        );
+    }
+}
+
+#[test]
+fn one_pass_lru_curve_equals_per_capacity_replays_on_the_mooncake_trace() {
+    let Some((rows, requests)) = reference("the Mooncake curve test") else {
+        return;
+    };
+    let curve = HitCurve::lru(&requests, 512);
+    for (capacity, expected_blocks, expected_tokens) in rows {
+        let replayed = replay(&requests, capacity, 512, EvictionPolicyKind::Lru).unwrap();
+        let row = curve.row(capacity);
+        assert_eq!(row, replayed, "capacity {capacity}");
         assert!(
             (row.hit_blocks - expected_blocks).abs() < 5e-5,
             "capacity {capacity}: hit_blocks {:.6} vs {expected_blocks}",

@@ -63,9 +63,20 @@ enum Command {
         /// A Mooncake-format trace.
         #[arg(long)]
         trace: PathBuf,
-        /// Capacities to try, in blocks, comma separated.
-        #[arg(long, value_delimiter = ',', required = true)]
+        /// Capacities to try, in blocks, comma separated (optional with `--curve`).
+        #[arg(long, value_delimiter = ',', required_unless_present = "curve")]
         capacity_blocks: Vec<usize>,
+        /// LRU's hits at every capacity from one pass (stack distances): the same rows as
+        /// the replays, at once. Without `--capacity-blocks`, prints the curve at 1, 2, 4,
+        /// ... blocks up to where hits stop growing, the capacity that reaches 80 % of the
+        /// reachable hits, and the marginal hit blocks per GiB.
+        #[arg(long)]
+        curve: bool,
+        /// Bytes of KV per block, for the GiB figures of the whole curve; default: block
+        /// tokens × 131,072 (Llama-3-8B in fp16: 32 layers × 8 KV heads × 128 dims × K and
+        /// V × 2 bytes; 64 MiB for 512-token blocks, as in the Mooncake reference).
+        #[arg(long)]
+        block_bytes: Option<u64>,
         /// Tokens per block.
         #[arg(long, default_value_t = 512)]
         block_tokens: usize,
@@ -146,10 +157,25 @@ fn main() -> Result<()> {
         Command::Cache {
             trace,
             capacity_blocks,
+            curve,
+            block_bytes,
             block_tokens,
             policy,
             json,
-        } => cache_sizes(&trace, &capacity_blocks, block_tokens, policy, json),
+        } => {
+            if curve {
+                cache_curve(
+                    &trace,
+                    &capacity_blocks,
+                    block_tokens,
+                    block_bytes,
+                    policy,
+                    json,
+                )
+            } else {
+                cache_sizes(&trace, &capacity_blocks, block_tokens, policy, json)
+            }
+        }
         Command::Bench(Bench::Router { workload, threads }) => bench::router(&workload, threads),
         Command::Bench(Bench::Sim(args)) => bench_sim::run(&args),
         Command::Bench(Bench::Cuda(args)) => bench_cuda::run(&args),
@@ -276,6 +302,12 @@ fn cache_sizes(
                 .with_context(|| format!("capacity {capacity}"))?,
         );
     }
+    print_rows(&rows, json);
+    Ok(())
+}
+
+/// `kvtwin cache`'s rows: a table, or `{"rows":[...]}` on one line.
+fn print_rows(rows: &[cache::CacheRow], json: bool) {
     if json {
         let rows: Vec<String> = rows
             .iter()
@@ -299,5 +331,103 @@ fn cache_sizes(
             );
         }
     }
+}
+
+/// KV bytes per token of Llama-3-8B in fp16 (see `--block-bytes`).
+const LLAMA3_8B_KV_BYTES_PER_TOKEN: u64 = 131_072;
+
+/// Share of the reachable hits that defines the printed knee.
+const KNEE_FRACTION: f64 = 0.8;
+
+/// `kvtwin cache --curve`: the listed rows, or the whole curve with its knee.
+fn cache_curve(
+    trace: &Path,
+    capacities: &[usize],
+    block_tokens: usize,
+    block_bytes: Option<u64>,
+    policy: Policy,
+    json: bool,
+) -> Result<()> {
+    if matches!(policy, Policy::Priority) {
+        bail!(
+            "--curve computes LRU's stack distances; --policy priority has no inclusion \
+             property, so replay each capacity without --curve"
+        );
+    }
+    if block_tokens == 0 {
+        bail!("--block-tokens must be at least 1");
+    }
+    if let Some(&zero) = capacities.iter().find(|c| **c == 0) {
+        bail!("capacity {zero}: a cache needs at least one block");
+    }
+    let requests =
+        read_mooncake_trace(trace).with_context(|| format!("reading trace {}", trace.display()))?;
+    let curve = cache::curve::HitCurve::lru(&requests, block_tokens);
+    if !capacities.is_empty() {
+        let rows: Vec<cache::CacheRow> = capacities.iter().map(|c| curve.row(*c)).collect();
+        print_rows(&rows, json);
+        return Ok(());
+    }
+    let block_bytes = block_bytes.unwrap_or(block_tokens as u64 * LLAMA3_8B_KV_BYTES_PER_TOKEN);
+    let gib = |blocks: usize| blocks as f64 * block_bytes as f64 / (1u64 << 30) as f64;
+    let rows: Vec<cache::CacheRow> = curve
+        .doubling_capacities()
+        .into_iter()
+        .map(|c| curve.row(c))
+        .collect();
+    let knee = curve.knee(KNEE_FRACTION);
+    let saturation = curve.saturation_blocks();
+    if json {
+        let rows: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{{\"capacity_blocks\":{},\"hit_blocks\":{:.6},\"hit_tokens\":{:.6}}}",
+                    r.capacity_blocks, r.hit_blocks, r.hit_tokens
+                )
+            })
+            .collect();
+        println!(
+            "{{\"rows\":[{}],\"saturation_blocks\":{saturation},\"block_bytes\":{block_bytes},\
+             \"knee\":{{\"fraction\":{},\"capacity_blocks\":{}}}}}",
+            rows.join(","),
+            knee.fraction,
+            knee.capacity_blocks
+        );
+        return Ok(());
+    }
+    println!(
+        "{:>15} {:>10} {:>10} {:>10} {:>22}",
+        "capacity_blocks", "hit_blocks", "hit_tokens", "GiB", "marginal_pp_per_GiB"
+    );
+    let mut previous = curve.row(0);
+    for row in &rows {
+        // Percentage points of hit blocks gained per GiB added since the previous row.
+        let marginal = 100.0 * (row.hit_blocks - previous.hit_blocks)
+            / (gib(row.capacity_blocks) - gib(previous.capacity_blocks));
+        println!(
+            "{:>15} {:>10.4} {:>10.4} {:>10.1} {:>22.4}",
+            row.capacity_blocks,
+            row.hit_blocks,
+            row.hit_tokens,
+            gib(row.capacity_blocks),
+            marginal
+        );
+        previous = *row;
+    }
+    let reachable = curve.row(saturation);
+    println!(
+        "hits stop growing at {saturation} blocks ({:.1} GiB): hit_blocks {:.4}, hit_tokens {:.4}",
+        gib(saturation),
+        reachable.hit_blocks,
+        reachable.hit_tokens
+    );
+    println!(
+        "{:.0} % of the reachable hits at {} blocks ({:.1} GiB; hit_blocks {:.4}); {block_bytes} bytes per block",
+        knee.fraction * 100.0,
+        knee.capacity_blocks,
+        gib(knee.capacity_blocks),
+        curve.row(knee.capacity_blocks).hit_blocks
+    );
     Ok(())
 }
