@@ -78,17 +78,28 @@ fn the_simulator_as_one_worker_reproduces_the_mooncake_lru_reference() {
         let scenario = Scenario::parse(&text, Path::new("oracle.ron")).unwrap();
         let report = simulate(&scenario, &requests).unwrap();
         assert_eq!(report.completed, 12_031, "capacity {capacity}");
-        assert!(
-            (report.hit_ratio - expected_blocks).abs() < 5e-5,
-            "capacity {capacity}: hit_blocks {:.6} vs {expected_blocks}",
-            report.hit_ratio
-        );
-        assert!(
-            (report.hit_token_ratio - expected_tokens).abs() < 5e-5,
-            "capacity {capacity}: hit_tokens {:.6} vs {expected_tokens}",
-            report.hit_token_ratio
+        assert_reference(
+            capacity,
+            (report.hit_ratio, report.hit_token_ratio),
+            (expected_blocks, expected_tokens),
         );
     }
+}
+
+/// Asserts hit ratios (blocks, tokens) equal the reference's to 4 decimals.
+fn assert_reference(
+    capacity: usize,
+    (blocks, tokens): (f64, f64),
+    (ref_blocks, ref_tokens): (f64, f64),
+) {
+    assert!(
+        (blocks - ref_blocks).abs() < 5e-5,
+        "capacity {capacity}: hit_blocks {blocks:.6} vs {ref_blocks}"
+    );
+    assert!(
+        (tokens - ref_tokens).abs() < 5e-5,
+        "capacity {capacity}: hit_tokens {tokens:.6} vs {ref_tokens}"
+    );
 }
 
 #[test]
@@ -98,15 +109,10 @@ fn pool_reproduces_the_mooncake_lru_reference() {
     };
     for (capacity, expected_blocks, expected_tokens) in rows {
         let row = replay(&requests, capacity, 512, EvictionPolicyKind::Lru).unwrap();
-        assert!(
-            (row.hit_blocks - expected_blocks).abs() < 5e-5,
-            "capacity {capacity}: hit_blocks {:.6} vs {expected_blocks}",
-            row.hit_blocks
-        );
-        assert!(
-            (row.hit_tokens - expected_tokens).abs() < 5e-5,
-            "capacity {capacity}: hit_tokens {:.6} vs {expected_tokens}",
-            row.hit_tokens
+        assert_reference(
+            capacity,
+            (row.hit_blocks, row.hit_tokens),
+            (expected_blocks, expected_tokens),
         );
     }
 }
@@ -121,15 +127,10 @@ fn one_pass_lru_curve_equals_per_capacity_replays_on_the_mooncake_trace() {
         let replayed = replay(&requests, capacity, 512, EvictionPolicyKind::Lru).unwrap();
         let row = curve.row(capacity);
         assert_eq!(row, replayed, "capacity {capacity}");
-        assert!(
-            (row.hit_blocks - expected_blocks).abs() < 5e-5,
-            "capacity {capacity}: hit_blocks {:.6} vs {expected_blocks}",
-            row.hit_blocks
-        );
-        assert!(
-            (row.hit_tokens - expected_tokens).abs() < 5e-5,
-            "capacity {capacity}: hit_tokens {:.6} vs {expected_tokens}",
-            row.hit_tokens
+        assert_reference(
+            capacity,
+            (row.hit_blocks, row.hit_tokens),
+            (expected_blocks, expected_tokens),
         );
     }
 }

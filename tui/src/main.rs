@@ -306,19 +306,24 @@ fn cache_sizes(
     Ok(())
 }
 
+/// `kvtwin cache`'s rows as the JSON objects of its `"rows"` list, comma separated.
+fn rows_json(rows: &[cache::CacheRow]) -> String {
+    let rows: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"capacity_blocks\":{},\"hit_blocks\":{:.6},\"hit_tokens\":{:.6}}}",
+                r.capacity_blocks, r.hit_blocks, r.hit_tokens
+            )
+        })
+        .collect();
+    rows.join(",")
+}
+
 /// `kvtwin cache`'s rows: a table, or `{"rows":[...]}` on one line.
 fn print_rows(rows: &[cache::CacheRow], json: bool) {
     if json {
-        let rows: Vec<String> = rows
-            .iter()
-            .map(|r| {
-                format!(
-                    "{{\"capacity_blocks\":{},\"hit_blocks\":{:.6},\"hit_tokens\":{:.6}}}",
-                    r.capacity_blocks, r.hit_blocks, r.hit_tokens
-                )
-            })
-            .collect();
-        println!("{{\"rows\":[{}]}}", rows.join(","));
+        println!("{{\"rows\":[{}]}}", rows_json(rows));
     } else {
         println!(
             "{:>15} {:>10} {:>10}",
@@ -378,21 +383,11 @@ fn cache_curve(
     let knee = curve.knee(KNEE_FRACTION);
     let saturation = curve.saturation_blocks();
     if json {
-        let rows: Vec<String> = rows
-            .iter()
-            .map(|r| {
-                format!(
-                    "{{\"capacity_blocks\":{},\"hit_blocks\":{:.6},\"hit_tokens\":{:.6}}}",
-                    r.capacity_blocks, r.hit_blocks, r.hit_tokens
-                )
-            })
-            .collect();
+        let rows = rows_json(&rows);
         println!(
             "{{\"rows\":[{}],\"saturation_blocks\":{saturation},\"block_bytes\":{block_bytes},\
              \"knee\":{{\"fraction\":{},\"capacity_blocks\":{}}}}}",
-            rows.join(","),
-            knee.fraction,
-            knee.capacity_blocks
+            rows, knee.fraction, knee.capacity_blocks
         );
         return Ok(());
     }
