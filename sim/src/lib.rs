@@ -8,7 +8,8 @@
 //! scenarios ([`scenario`], RON, read by [`ron_file`] like every RON input), the
 //! steppable cluster and its report ([`cluster`]), the checkers that judge a cluster
 //! from outside ([`checkers`]), trace replay through one pool for cache sizing
-//! ([`cache`]); validation scripts run on any two hardwares through one `Manager`, and
+//! ([`cache`]); capacity planning over many runs ([`plan`]: sweeps, the SLO-and-cost
+//! search); validation scripts run on any two hardwares through one `Manager`, and
 //! their comparison ([`validation`]).
 //!
 //! Invariant: a scenario and a seed fully determine a run: no wall clock, no unseeded
@@ -23,6 +24,7 @@ pub mod compute;
 pub mod fabric;
 pub mod hardware;
 pub mod links;
+pub mod plan;
 pub mod queue;
 pub mod ron_file;
 pub mod scenario;

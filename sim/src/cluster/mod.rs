@@ -61,8 +61,8 @@ mod tests;
 
 pub use observe::{FaultNote, Observation, RouteRecord};
 pub use report::{
-    BlockSources, DisaggregationReport, EventCounts, FaultReport, LinkReport, OutputBlocksReport,
-    Percentiles, Report, RoutingReport,
+    BlockSources, DisaggregationReport, EventCounts, FaultReport, Latency, LinkReport,
+    OutputBlocksReport, Percentiles, Report, RoutingReport,
 };
 pub use snapshot::{
     ClusterSnapshot, LatencySnapshot, LinkSnapshot, RouterSnapshot, TierBlocks, WorkerRates,

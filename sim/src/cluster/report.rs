@@ -84,7 +84,7 @@ impl BlockSources {
 }
 
 /// Latency statistics in milliseconds (predictions of the model).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct Percentiles {
     /// Mean.
     pub mean_ms: f64,
@@ -485,7 +485,32 @@ impl fmt::Display for Report {
     }
 }
 
+/// One of the run's latencies, for [`Cluster::latency_quantiles`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Latency {
+    /// Time to first token.
+    Ttft,
+    /// Time per output token after the first.
+    Tpot,
+    /// Arrival to last token.
+    EndToEnd,
+}
+
 impl Cluster<'_> {
+    /// The nearest-rank quantiles `qs` (each in 0 < q ≤ 1) of one latency so far, in
+    /// milliseconds (all 0 before any sample): the points of its CDF, for plots and
+    /// sweep files. Sorting the samples changes nothing observable.
+    pub fn latency_quantiles(&mut self, latency: Latency, qs: &[f64]) -> Vec<f64> {
+        let samples = match latency {
+            Latency::Ttft => &mut self.tally.ttft,
+            Latency::Tpot => &mut self.tally.tpot,
+            Latency::EndToEnd => &mut self.tally.e2e,
+        };
+        qs.iter()
+            .map(|q| samples.quantile(*q) as f64 / 1e6)
+            .collect()
+    }
+
     /// The report of the run so far (all of it, once [`Cluster::step`] returned
     /// `false`), with the end-of-run checks of [`crate::checkers`].
     pub fn into_report(self) -> Report {
