@@ -1,0 +1,533 @@
+//! The planner's search: the cheapest point of a space that meets an SLO, found with far
+//! fewer runs than the space has points.
+//!
+//! Owns: [`search`] over [`Points`] with any [`Evaluate`] (the simulator, or a table in
+//! tests), and its [`Outcome`]: the optimum, every run it made, and what it skipped.
+//! Never: run a simulation itself or print.
+//!
+//! The search rests on the model's monotonicity: within a category (the non-monotone
+//! dimensions fixed), more workers or more blocks in any tier never makes a latency
+//! worse, so a point that meets the SLO makes every point above it meet it, and one that
+//! fails makes every point below it fail. Cost grows along the same dimensions. Then:
+//! 1. Screening: per category, bisect workers at the largest cache on a prefix of the
+//!    workload, to guess the fewest workers that can meet the SLO; confirm on all of it,
+//!    walking from the guess to the true boundary (the point there meets the SLO, the one
+//!    below does not, both on the full workload).
+//! 2. From that many workers up, while a level's cheapest point could still beat the best
+//!    found: for each setting of the other cache dimensions (cheapest first), bisect the
+//!    last cache dimension for the smallest that meets the SLO, over the points cheaper
+//!    than the best so far only. A point already implied by an earlier run (above a pass,
+//!    below a failure) is not run again.
+//!
+//! Only full runs decide; screening only says where to start. So with a monotone model
+//! the result is the exhaustive sweep's optimum (the least [`PlanPoint::key`] among the
+//! points that meet the SLO), which the tests check against a brute force.
+
+use super::slo::{Slo, Verdict};
+use super::space::{PlanPoint, Points};
+use super::summary::RunSummary;
+use std::collections::BTreeMap;
+
+/// Runs a point: on the whole workload (`fraction` 1) or on its first `fraction`.
+pub trait Evaluate {
+    /// Why a run failed.
+    type Error;
+    /// The summary of `point`'s run.
+    fn evaluate(&mut self, point: &PlanPoint, fraction: f64) -> Result<RunSummary, Self::Error>;
+}
+
+impl<E: Evaluate> Evaluate for &mut E {
+    type Error = E::Error;
+    fn evaluate(&mut self, point: &PlanPoint, fraction: f64) -> Result<RunSummary, Self::Error> {
+        (**self).evaluate(point, fraction)
+    }
+}
+
+/// One full run the search made.
+#[derive(Clone, Debug)]
+pub struct Run {
+    /// Its summary.
+    pub summary: RunSummary,
+    /// The SLO judged on it.
+    pub verdict: Verdict,
+}
+
+/// What the search found and did.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// The optimum (a point index), or `None` when no point meets the SLO.
+    pub chosen: Option<usize>,
+    /// Every full run, by point index.
+    pub runs: BTreeMap<usize, Run>,
+    /// Screening runs (on the prefix), by point index.
+    pub screens: BTreeMap<usize, RunSummary>,
+    /// Valid points decided without a run, by monotonicity.
+    pub inferred: usize,
+    /// Valid points never decided: dearer than the optimum.
+    pub pruned: usize,
+    /// Points that are not valid configurations.
+    pub invalid: usize,
+}
+
+impl Outcome {
+    /// The full run nearest to meeting the SLO when none does: the one whose worst
+    /// bound is exceeded by the smallest share (fewest unserved requests first).
+    pub fn closest(&self) -> Option<usize> {
+        self.runs
+            .iter()
+            .min_by(|(_, a), (_, b)| {
+                a.verdict.unserved.cmp(&b.verdict.unserved).then(
+                    b.verdict
+                        .binding()
+                        .margin()
+                        .total_cmp(&a.verdict.binding().margin()),
+                )
+            })
+            .map(|(i, _)| *i)
+    }
+}
+
+/// What the search knows about one point.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Known {
+    Meets,
+    Fails,
+}
+
+struct State<'p, E: Evaluate> {
+    points: &'p Points,
+    slo: &'p Slo,
+    evaluate: E,
+    screen_fraction: f64,
+    /// Full-run results per category: (point index, result).
+    known: Vec<Vec<(usize, Known)>>,
+    best: Option<usize>,
+    outcome: Outcome,
+}
+
+impl<E: Evaluate> State<'_, E> {
+    fn point(&self, index: usize) -> &PlanPoint {
+        &self.points.points[index]
+    }
+
+    /// What monotonicity implies about `index` from the runs so far.
+    fn implied(&self, index: usize) -> Option<Known> {
+        let p = self.point(index);
+        self.known[p.category].iter().find_map(|(other, known)| {
+            let q = self.point(*other);
+            match known {
+                Known::Meets if q.below(p) => Some(Known::Meets),
+                Known::Fails if p.below(q) => Some(Known::Fails),
+                _ => None,
+            }
+        })
+    }
+
+    /// Whether `index` meets the SLO on the full workload: implied, or run.
+    fn decide(&mut self, index: usize) -> Result<bool, E::Error> {
+        if let Some(known) = self.implied(index) {
+            return Ok(known == Known::Meets);
+        }
+        let points = self.points;
+        let summary = self.evaluate.evaluate(&points.points[index], 1.0)?;
+        let verdict = self.slo.judge(&summary);
+        let meets = verdict.holds();
+        let category = self.point(index).category;
+        self.known[category].push((index, if meets { Known::Meets } else { Known::Fails }));
+        self.outcome.runs.insert(index, Run { summary, verdict });
+        if meets
+            && self
+                .best
+                .is_none_or(|b| self.point(index).before(self.point(b)))
+        {
+            self.best = Some(index);
+        }
+        Ok(meets)
+    }
+
+    /// Whether `index` could still beat the best found.
+    fn affordable(&self, index: usize) -> bool {
+        self.best
+            .is_none_or(|b| self.point(index).before(self.point(b)))
+    }
+
+    /// The index of the point of `category` at `levels`, if it is a valid one.
+    fn valid(&self, category: usize, levels: [usize; 4]) -> Option<usize> {
+        let p = self.points.at(category, levels);
+        p.invalid
+            .is_none()
+            .then(|| index_of(self.points, category, levels))
+    }
+
+    /// Finds the lowest worker level whose largest-cache point meets the SLO (screened,
+    /// then confirmed on the full workload), so that every level below is known to fail
+    /// at once. The largest cache is the most of each cache dimension any valid point of
+    /// the category has; levels where that point is not valid are left to the rest of
+    /// the search.
+    fn fewest_workers(&mut self, category: usize) -> Result<(), E::Error> {
+        let mut top = [0; 4];
+        for p in &self.points.points {
+            if p.category == category && p.invalid.is_none() {
+                for (top, level) in top.iter_mut().zip(p.levels).skip(1) {
+                    *top = (*top).max(level);
+                }
+            }
+        }
+        let line: Vec<(usize, usize)> = (0..self.points.levels[0])
+            .filter_map(|w| {
+                self.valid(category, [w, top[1], top[2], top[3]])
+                    .map(|i| (w, i))
+            })
+            .collect();
+        if line.is_empty() {
+            return Ok(());
+        }
+        // Screen: bisect on the prefix for the first level that meets the SLO.
+        let (mut lo, mut hi) = (0, line.len());
+        if self.screen_fraction < 1.0 {
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                let points = self.points;
+                let summary = self
+                    .evaluate
+                    .evaluate(&points.points[line[mid].1], self.screen_fraction)?;
+                let meets = self.slo.judge(&summary).holds();
+                self.outcome.screens.insert(line[mid].1, summary);
+                if meets {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+        } else {
+            lo = line.len() / 2;
+        }
+        // Confirm on the full workload, walking to the boundary.
+        let mut at = lo.min(line.len() - 1);
+        if self.decide(line[at].1)? {
+            while at > 0 && self.decide(line[at - 1].1)? {
+                at -= 1;
+            }
+        } else {
+            at += 1;
+            while at < line.len() && !self.decide(line[at].1)? {
+                at += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// At worker level `w`: for each setting of the outer cache dimensions, bisect the
+    /// innermost varied one among the points that could still beat the best.
+    fn cheapest_at(&mut self, category: usize, w: usize) -> Result<(), E::Error> {
+        let [_, nd, nh, nk] = self.points.levels;
+        // The innermost cache dimension the space varies is bisected; the others are
+        // enumerated (all are 1 level when not varied).
+        let inner = if nk > 1 {
+            3
+        } else if nh > 1 {
+            2
+        } else {
+            1
+        };
+        let mut outer: Vec<[usize; 4]> = Vec::new();
+        for d in 0..nd {
+            for h in 0..nh {
+                for k in 0..nk {
+                    let mut levels = [w, d, h, k];
+                    levels[inner] = 0;
+                    if !outer.contains(&levels) {
+                        outer.push(levels);
+                    }
+                }
+            }
+        }
+        // Cheapest first, so that the best found early prunes the rest.
+        outer.sort_by(|a, b| {
+            let (pa, pb) = (self.points.at(category, *a), self.points.at(category, *b));
+            pa.key().0.total_cmp(&pb.key().0).then(a.cmp(b))
+        });
+        for base in outer {
+            let line: Vec<usize> = (0..self.points.levels[inner])
+                .filter_map(|level| {
+                    let mut levels = base;
+                    levels[inner] = level;
+                    self.valid(category, levels)
+                })
+                .filter(|i| self.affordable(*i))
+                .collect();
+            if line.is_empty() || !self.decide(*line.last().expect("not empty"))? {
+                continue;
+            }
+            // The last point meets the SLO: bisect for the first that does.
+            let (mut lo, mut hi) = (0, line.len() - 1);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if self.decide(line[mid])? {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The index of `levels` of `category` in [`Points::points`].
+fn index_of(points: &Points, category: usize, levels: [usize; 4]) -> usize {
+    let [w, d, h, k] = levels;
+    let [nw, nd, nh, nk] = points.levels;
+    (((category * nw + w) * nd + d) * nh + h) * nk + k
+}
+
+/// The cheapest point of `points` meeting `slo` (see the module doc), running points
+/// through `evaluate`; screening runs use the first `screen_fraction` of the workload
+/// (1: no screening).
+pub fn search<E: Evaluate>(
+    points: &Points,
+    slo: &Slo,
+    evaluate: E,
+    screen_fraction: f64,
+) -> Result<Outcome, E::Error> {
+    let mut state = State {
+        points,
+        slo,
+        evaluate,
+        screen_fraction,
+        known: vec![Vec::new(); points.categories.len()],
+        best: None,
+        outcome: Outcome::default(),
+    };
+    for category in 0..points.categories.len() {
+        state.fewest_workers(category)?;
+        // Levels below the fewest workers fail by implication: their lines cost no run.
+        for w in 0..points.levels[0] {
+            // Only a level whose cheapest valid point could beat the best is searched.
+            let affordable = points.points.iter().enumerate().any(|(i, p)| {
+                p.category == category
+                    && p.levels[0] == w
+                    && p.invalid.is_none()
+                    && state.affordable(i)
+            });
+            if affordable {
+                state.cheapest_at(category, w)?;
+            }
+        }
+    }
+    let mut outcome = state.outcome;
+    outcome.chosen = state.best;
+    for (index, point) in points.points.iter().enumerate() {
+        if point.invalid.is_some() {
+            outcome.invalid += 1;
+        } else if !outcome.runs.contains_key(&index) {
+            let implied = state.known[point.category].iter().any(|(other, known)| {
+                let q = &points.points[*other];
+                match known {
+                    Known::Meets => q.below(point),
+                    Known::Fails => point.below(q),
+                }
+            });
+            if implied {
+                outcome.inferred += 1;
+            } else {
+                outcome.pruned += 1;
+            }
+        }
+    }
+    Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Percentiles;
+    use crate::plan::prices::GpuShape;
+    use crate::plan::space::Shape;
+    use crate::plan::summary::TierHits;
+    use proptest::prelude::*;
+
+    /// A monotone model: latency falls with every level, scaled per category.
+    #[derive(Clone, Debug)]
+    struct Model {
+        /// Per category: base latency and per-dimension gains.
+        categories: Vec<(f64, [f64; 4])>,
+        /// Screening runs are off by this factor (a prefix is not the whole).
+        screen_error: f64,
+    }
+
+    impl Model {
+        fn latency(&self, p: &PlanPoint) -> f64 {
+            let (base, gain) = self.categories[p.category];
+            let speed: f64 = (0..4).map(|d| 1.0 + gain[d] * p.levels[d] as f64).product();
+            base / speed
+        }
+    }
+
+    struct Table<'m> {
+        model: &'m Model,
+        full: usize,
+    }
+
+    impl Evaluate for Table<'_> {
+        type Error = std::convert::Infallible;
+        fn evaluate(
+            &mut self,
+            point: &PlanPoint,
+            fraction: f64,
+        ) -> Result<RunSummary, Self::Error> {
+            assert!(point.invalid.is_none(), "an invalid point was run");
+            let mut latency = self.model.latency(point);
+            if fraction < 1.0 {
+                latency *= self.model.screen_error;
+            } else {
+                self.full += 1;
+            }
+            Ok(summary(latency))
+        }
+    }
+
+    fn summary(ttft_p99_ms: f64) -> RunSummary {
+        RunSummary {
+            workers: 1,
+            requests: 1,
+            completed: 1,
+            rejected_too_large: 0,
+            hit_ratio: 0.0,
+            hit_token_ratio: 0.0,
+            hit_ratio_by_tier: TierHits::default(),
+            ttft: Percentiles {
+                p99_ms: ttft_p99_ms,
+                ..Percentiles::default()
+            },
+            tpot: Percentiles::default(),
+            end_to_end: Percentiles::default(),
+            queueing: Percentiles::default(),
+            ttft_cdf_ms: Vec::new(),
+            tpot_cdf_ms: Vec::new(),
+            output_tokens_per_s: 0.0,
+            simulated_s: 0.0,
+            waits_for_blocks: 0,
+            preemptions: 0,
+        }
+    }
+
+    /// A space of `categories` × `levels`, priced per worker by category (GPU) plus
+    /// `memory` per host and disk level; `invalid` marks points by index.
+    fn space(
+        gpu_prices: &[f64],
+        levels: [usize; 4],
+        memory: [f64; 2],
+        invalid: &[usize],
+    ) -> Points {
+        let mut points = Vec::new();
+        for (category, gpu) in gpu_prices.iter().enumerate() {
+            for w in 0..levels[0] {
+                for d in 0..levels[1] {
+                    for h in 0..levels[2] {
+                        for k in 0..levels[3] {
+                            let workers = w + 1;
+                            let usd_per_hour = workers as f64
+                                * (gpu + memory[0] * h as f64 + memory[1] * k as f64);
+                            let index = points.len();
+                            points.push(PlanPoint {
+                                category,
+                                levels: [w, d, h, k],
+                                sets: Vec::new(),
+                                shape: Shape {
+                                    workers,
+                                    prefill_workers: 0,
+                                    gpu: GpuShape {
+                                        name: "g".into(),
+                                        count: 1,
+                                        weight_bytes: 0,
+                                    },
+                                    blocks: [d, h, k, 0],
+                                    bytes_per_block: 1,
+                                },
+                                usd_per_hour,
+                                invalid: invalid.contains(&index).then(|| "no".to_string()),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Points {
+            category_axes: Vec::new(),
+            monotone_axes: Vec::new(),
+            categories: gpu_prices.iter().map(|p| p.to_string()).collect(),
+            levels,
+            points,
+        }
+    }
+
+    /// The exhaustive answer: the least key among valid points that meet the bound.
+    fn brute_force(points: &Points, model: &Model, bound: f64) -> Option<usize> {
+        (0..points.points.len())
+            .filter(|i| {
+                let p = &points.points[*i];
+                p.invalid.is_none() && model.latency(p) <= bound
+            })
+            .reduce(|a, b| {
+                if points.points[b].before(&points.points[a]) {
+                    b
+                } else {
+                    a
+                }
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn the_search_finds_the_exhaustive_optimum(
+            gpu_prices in proptest::collection::vec(0.5f64..4.0, 1..4),
+            levels in (1usize..7, 1usize..4, 1usize..6, 1usize..3),
+            memory in (0.0f64..0.6, 0.0f64..0.2),
+            bases in proptest::collection::vec((50.0f64..800.0, 0.0f64..1.0, 0.0f64..0.5, 0.0f64..0.8, 0.0f64..0.4), 3),
+            screen_error in 0.5f64..2.0,
+            bound in 20.0f64..300.0,
+            invalid in proptest::collection::vec(0usize..500, 0..20),
+        ) {
+            let levels = [levels.0, levels.1, levels.2, levels.3];
+            let points = space(&gpu_prices, levels, [memory.0, memory.1], &invalid);
+            let model = Model {
+                categories: bases.iter().map(|b| (b.0, [b.1, b.2, b.3, b.4])).collect(),
+                screen_error,
+            };
+            let slo = Slo::parse(&format!("ttft_p99_ms={bound}")).unwrap();
+            let table = Table { model: &model, full: 0 };
+            let outcome = search(&points, &slo, table, 0.25).unwrap();
+            prop_assert_eq!(outcome.chosen, brute_force(&points, &model, bound));
+            let valid = points.points.iter().filter(|p| p.invalid.is_none()).count();
+            prop_assert_eq!(outcome.runs.len() + outcome.inferred + outcome.pruned, valid);
+            if outcome.chosen.is_none() {
+                prop_assert!(outcome.closest().is_some() || outcome.runs.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn a_realistic_space_needs_a_fraction_of_its_points() {
+        // 2 GPUs × 5 worker counts × 4 device × 5 host sizes = 200 points; GPUs cost far
+        // more than DRAM, as they do.
+        let points = space(&[2.99, 3.79], [5, 4, 5, 1], [0.05, 0.0], &[]);
+        let model = Model {
+            categories: vec![
+                (900.0, [0.9, 0.15, 0.3, 0.0]),
+                (700.0, [0.9, 0.15, 0.3, 0.0]),
+            ],
+            screen_error: 1.1,
+        };
+        let slo = Slo::parse("ttft_p99_ms=150").unwrap();
+        let mut table = Table {
+            model: &model,
+            full: 0,
+        };
+        let outcome = search(&points, &slo, &mut table, 0.25).unwrap();
+        assert_eq!(outcome.chosen, brute_force(&points, &model, 150.0));
+        let runs = outcome.runs.len() + outcome.screens.len();
+        assert!(runs * 4 <= points.points.len(), "{runs} runs");
+        assert_eq!(table.full, outcome.runs.len());
+    }
+}
