@@ -12,6 +12,8 @@ mod bench_relay;
 mod bench_sim;
 mod calibrate;
 mod dash;
+mod plan;
+mod plan_output;
 mod service;
 
 use anyhow::{bail, Context, Result};
@@ -87,6 +89,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The cheapest configuration of a design space that meets an SLO (latency bounds),
+    /// with the Pareto fronts of cost, latency and throughput.
+    Plan(plan::PlanArgs),
     /// Measure this machine through the host backend and write a hardware profile.
     Calibrate(calibrate::CalibrateArgs),
     /// Run a transfer script on the host backend and on the simulator; compare them.
@@ -183,6 +188,7 @@ fn main() -> Result<()> {
         Command::Bench(Bench::Dash(args)) => bench_dash::run(&args),
         Command::Router(args) => service::router(&args),
         Command::Dash(args) => dash::cli::dash(&args),
+        Command::Plan(args) => plan::plan(&args),
         Command::Relay(args) => service::relay(&args),
         Command::Calibrate(args) => calibrate::calibrate(&args),
         Command::Validate(args) => calibrate::validate(&args),

@@ -338,6 +338,38 @@ pub fn search<E: Evaluate>(
     Ok(outcome)
 }
 
+/// The optimum of runs already made for every valid point (an exhaustive sweep read
+/// back): the least [`PlanPoint::key`] among the runs that meet `slo`. Points without a
+/// run are counted as pruned.
+pub fn exhaustive(points: &Points, slo: &Slo, summaries: BTreeMap<usize, RunSummary>) -> Outcome {
+    let mut outcome = Outcome::default();
+    for (index, summary) in summaries {
+        let verdict = slo.judge(&summary);
+        outcome.runs.insert(index, Run { summary, verdict });
+    }
+    for (index, point) in points.points.iter().enumerate() {
+        if point.invalid.is_some() {
+            outcome.invalid += 1;
+            outcome.runs.remove(&index);
+        } else if !outcome.runs.contains_key(&index) {
+            outcome.pruned += 1;
+        }
+    }
+    outcome.chosen = outcome
+        .runs
+        .iter()
+        .filter(|(_, run)| run.verdict.holds())
+        .map(|(index, _)| *index)
+        .reduce(|a, b| {
+            if points.points[b].before(&points.points[a]) {
+                b
+            } else {
+                a
+            }
+        });
+    outcome
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

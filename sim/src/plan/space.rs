@@ -424,7 +424,10 @@ fn enumerate(
         let mut label = Vec::new();
         let mut category_sets = Vec::new();
         for (axis, &pick) in category_axes.iter().zip(&picks) {
-            label.push(axis.labels[pick].clone());
+            // A dimension of one value tells the categories nothing apart.
+            if axis.values.len() > 1 {
+                label.push(axis.labels[pick].clone());
+            }
             category_sets.push(format!("{}={}", axis.path, axis.values[pick]));
         }
         categories.push(if label.is_empty() {

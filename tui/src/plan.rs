@@ -1,0 +1,235 @@
+//! `kvtwin plan`: the cheapest configuration of a design space that meets an SLO.
+//!
+//! Owns: the flags, loading the scenario, space, prices and workload, the simulator as
+//! the search's [`Evaluate`], reading an exhaustive sweep back (`--from-sweep`), and the
+//! output: the chosen point with its margins and binding constraint, the two Pareto
+//! fronts, as text, `--json` or `--csv`.
+//! Never: decide anything itself: the search, the SLO and the fronts are
+//! `kvtwin_sim::plan`'s.
+
+use crate::plan_output::{self, Report};
+use anyhow::{bail, Context, Result};
+use kvtwin_sim::plan::prices::Prices;
+use kvtwin_sim::plan::run::{run_point, Workload};
+use kvtwin_sim::plan::search::{self, Evaluate};
+use kvtwin_sim::plan::slo::Slo;
+use kvtwin_sim::plan::space::{PlanPoint, Points, Space};
+use kvtwin_sim::plan::summary::RunSummary;
+use kvtwin_sim::scenario::{Scenario, WorkloadSpec};
+use kvtwin_sim::workload::read_mooncake_trace;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// `kvtwin plan`.
+#[derive(clap::Args)]
+pub(crate) struct PlanArgs {
+    /// The scenario every point starts from (its hardware, worker, cluster, workload).
+    scenario: PathBuf,
+    /// Upper bounds, e.g. `ttft_p99_ms=2000,tpot_p99_ms=60` (latency metrics of
+    /// TTFT, TPOT, e2e and queueing: mean, p50, p90, p99).
+    #[arg(long)]
+    slo: String,
+    /// The design space (RON): gpu, prefill_workers, routing, set (tried as they are);
+    /// workers, device_blocks, host_blocks, disk_blocks (monotone, bisected).
+    #[arg(long)]
+    space: PathBuf,
+    /// Prices (RON): gpu_usd_per_hour by GPU, dram_usd_per_gb_hour, ssd_usd_per_gb_hour;
+    /// default: on-demand list prices of late 2025 (see `kvtwin_sim::plan::prices`).
+    #[arg(long)]
+    prices: Option<PathBuf>,
+    /// Replaces the scenario's workload with a Mooncake-format trace.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Share of the workload (its first arrivals) screening runs use; 1: no screening.
+    #[arg(long, default_value_t = 0.25)]
+    screen: f64,
+    /// Prints one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Prints every run made as CSV (with the chosen one and the fronts marked).
+    #[arg(long, conflicts_with = "json")]
+    csv: bool,
+    /// Prints the `kvtwin sweep` arguments whose grid is this space, and stops.
+    #[arg(long)]
+    print_grid: bool,
+    /// Judges an exhaustive `kvtwin sweep` of the space (its output file) instead of
+    /// searching: every point's run is read from it.
+    #[arg(long, conflicts_with = "print_grid")]
+    from_sweep: Option<PathBuf>,
+}
+
+/// The simulator, as the search runs points.
+struct Simulator<'a> {
+    base: &'a Scenario,
+    workload: &'a Workload,
+    points: &'a Points,
+    slo: &'a Slo,
+}
+
+impl Evaluate for Simulator<'_> {
+    type Error = anyhow::Error;
+
+    fn evaluate(&mut self, point: &PlanPoint, fraction: f64) -> Result<RunSummary> {
+        let (_, summary) = run_point(
+            self.base,
+            &point.sets,
+            self.base.seed,
+            self.workload,
+            fraction,
+        )
+        .with_context(|| format!("running {}", point.sets.join(" ")))?;
+        let verdict = self.slo.judge(&summary);
+        let binding = verdict.binding();
+        eprintln!(
+            "kvtwin plan: {} {}: {} {:.1} ms {}",
+            if fraction < 1.0 { "screen" } else { "run   " },
+            plan_output::describe(self.points, point),
+            binding.metric,
+            binding.value,
+            if verdict.holds() { "meets" } else { "fails" }
+        );
+        Ok(summary)
+    }
+}
+
+/// The workload of a plan: `--trace`, the scenario's own trace (relative to its file), or
+/// its synthetic requests.
+pub(crate) fn load_workload(
+    scenario: &Scenario,
+    scenario_path: &Path,
+    trace: Option<&Path>,
+) -> Result<Workload> {
+    let trace = match (trace, &scenario.workload) {
+        (Some(trace), _) => trace.to_path_buf(),
+        (None, WorkloadSpec::MooncakeTrace { path }) => {
+            scenario_path.parent().unwrap_or(Path::new(".")).join(path)
+        }
+        (None, _) => return Ok(Workload::Synthetic),
+    };
+    let requests = read_mooncake_trace(&trace)
+        .with_context(|| format!("reading trace {}", trace.display()))?;
+    Ok(Workload::Trace(Arc::from(requests)))
+}
+
+/// `kvtwin plan`.
+pub(crate) fn plan(args: &PlanArgs) -> Result<()> {
+    let base = Scenario::load(&args.scenario)
+        .with_context(|| format!("loading scenario {}", args.scenario.display()))?;
+    let slo = Slo::parse(&args.slo)?;
+    if !(args.screen > 0.0 && args.screen <= 1.0) {
+        bail!(
+            "--screen {}: a share of the workload, above 0 and at most 1",
+            args.screen
+        );
+    }
+    let (prices, prices_file) = match &args.prices {
+        Some(path) => (Prices::load(path)?, path.display().to_string()),
+        None => (Prices::default(), "the default prices".to_string()),
+    };
+    let space_file = args.space.display().to_string();
+    let space = Space::load(&args.space)?;
+    let points = space.points(&base, &prices, &space_file, &prices_file)?;
+    if args.print_grid {
+        let grid: Vec<String> = points
+            .grid()
+            .iter()
+            .map(|g| format!("--grid '{g}'"))
+            .collect();
+        println!("{}", grid.join(" "));
+        return Ok(());
+    }
+    let outcome = match &args.from_sweep {
+        Some(file) => search::exhaustive(&points, &slo, read_sweep(file, &points)?),
+        None => {
+            let workload = load_workload(&base, &args.scenario, args.trace.as_deref())?;
+            let simulator = Simulator {
+                base: &base,
+                workload: &workload,
+                points: &points,
+                slo: &slo,
+            };
+            search::search(&points, &slo, simulator, args.screen)?
+        }
+    };
+    let report = Report::new(
+        &points,
+        &slo,
+        &outcome,
+        args.screen,
+        args.from_sweep.is_some(),
+    );
+    if args.json {
+        println!("{}", report.json());
+    } else if args.csv {
+        print!("{}", report.csv());
+    } else {
+        print!("{}", report.text());
+    }
+    if outcome.chosen.is_none() {
+        bail!("no point of the space meets the SLO ({})", slo.describe());
+    }
+    Ok(())
+}
+
+/// The runs of an exhaustive sweep, by the point of `points` whose overrides they have.
+fn read_sweep(file: &Path, points: &Points) -> Result<BTreeMap<usize, RunSummary>> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("reading sweep {}", file.display()))?;
+    // Overrides as sorted (path, JSON text) pairs: the same whatever their order.
+    let canonical = |overrides: &BTreeMap<String, serde_json::Value>| -> Vec<(String, String)> {
+        overrides
+            .iter()
+            .map(|(path, value)| (path.clone(), value.to_string()))
+            .collect()
+    };
+    let mut by_overrides: BTreeMap<Vec<(String, String)>, usize> = BTreeMap::new();
+    for (index, point) in points.points.iter().enumerate() {
+        let overrides = point
+            .sets
+            .iter()
+            .filter_map(|set| set.split_once('='))
+            .map(|(path, raw)| {
+                let value = serde_json::from_str(raw)
+                    .unwrap_or_else(|_| serde_json::Value::String(raw.to_string()));
+                (path.to_string(), value)
+            })
+            .collect();
+        by_overrides.insert(canonical(&overrides), index);
+    }
+    let mut summaries = BTreeMap::new();
+    for (number, line) in text.lines().enumerate() {
+        let at = || format!("{}:{}", file.display(), number + 1);
+        let value: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{}: not JSON", at()))?;
+        let overrides: BTreeMap<String, serde_json::Value> =
+            serde_json::from_value(value.get("overrides").cloned().unwrap_or_default())
+                .with_context(|| format!("{}: no \"overrides\" object", at()))?;
+        let Some(&index) = by_overrides.get(&canonical(&overrides)) else {
+            bail!(
+                "{}: overrides {} are no point of the space (a sweep of another grid? \
+                 `kvtwin plan --print-grid` gives this space's)",
+                at(),
+                serde_json::Value::from(serde_json::Map::from_iter(overrides))
+            );
+        };
+        if let Some(summary) = value.get("summary") {
+            let summary: RunSummary = serde_json::from_value(summary.clone())
+                .with_context(|| format!("{}: malformed \"summary\"", at()))?;
+            summaries.insert(index, summary);
+        }
+    }
+    let missing = points
+        .points
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| p.invalid.is_none() && !summaries.contains_key(i))
+        .count();
+    if missing > 0 {
+        bail!(
+            "{}: {missing} valid points of the space have no run in the sweep",
+            file.display()
+        );
+    }
+    Ok(summaries)
+}
