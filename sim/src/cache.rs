@@ -1,15 +1,17 @@
 //! Cache sizing: replay a trace through one `BlockPool` (no timing) and count prefix hits.
 //!
 //! Owns: [`replay`] and [`CacheRow`]; [`curve`] gives LRU's hits at every capacity in one
-//! pass. The semantics are those of
-//! `shared/data/mooncake/README.md`: a request's hits are its leading blocks found in the
-//! cache; then its blocks are touched from the last to the first (a cached block becomes
-//! most recent, a missing one is inserted, evicting the least recent), so a parent always
-//! ends up more recent than its children and eviction takes leaves first. This is exactly
-//! how kvtwin's pool behaves when a request's blocks are released leaf first.
+//! pass, [`shards`] estimates them from a spatial sample of the blocks. The semantics are
+//! those of `shared/data/mooncake/README.md`: a request's hits are its leading blocks
+//! found in the cache; then its blocks are touched from the last to the first (a cached
+//! block becomes most recent, a missing one is inserted, evicting the least recent), so a
+//! parent always ends up more recent than its children and eviction takes leaves first.
+//! This is exactly how kvtwin's pool behaves when a request's blocks are released leaf
+//! first.
 //! Never: model time or other tiers (the simulator does).
 
 pub mod curve;
+pub mod shards;
 
 use crate::workload::Request;
 use kvtwin::pool::{BlockPool, EvictionPolicyKind, PoolConfig, PoolConfigError};

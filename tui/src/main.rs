@@ -14,6 +14,7 @@ mod calibrate;
 mod dash;
 mod plan;
 mod plan_output;
+mod plot;
 mod service;
 
 use anyhow::{bail, Context, Result};
@@ -88,6 +89,18 @@ enum Command {
         /// Prints one JSON object instead of a table.
         #[arg(long)]
         json: bool,
+        /// With `--curve`: estimates the curve from this share of the blocks (0 < R <= 1),
+        /// sampled by a fixed hash of each block's sequence hash (SHARDS).
+        #[arg(long, requires = "curve", value_name = "R")]
+        sample_rate: Option<f64>,
+        /// With `--sample-rate`: also computes the exact curve and prints the mean
+        /// absolute error of hit_blocks and hit_tokens over the printed capacities.
+        #[arg(long, requires = "sample_rate")]
+        compare_exact: bool,
+        /// With `--curve`: writes the hit-ratio curve (against GiB, log scale) as
+        /// DIR/cache-curve.svg and DIR/cache-curve.png.
+        #[arg(long, requires = "curve", value_name = "DIR")]
+        plot: Option<PathBuf>,
     },
     /// The cheapest configuration of a design space that meets an SLO (latency bounds),
     /// with the Pareto fronts of cost, latency and throughput.
@@ -167,8 +180,16 @@ fn main() -> Result<()> {
             block_tokens,
             policy,
             json,
+            sample_rate,
+            compare_exact,
+            plot,
         } => {
             if curve {
+                let extras = CurveExtras {
+                    sample_rate,
+                    compare_exact,
+                    plot,
+                };
                 cache_curve(
                     &trace,
                     &capacity_blocks,
@@ -176,6 +197,7 @@ fn main() -> Result<()> {
                     block_bytes,
                     policy,
                     json,
+                    &extras,
                 )
             } else {
                 cache_sizes(&trace, &capacity_blocks, block_tokens, policy, json)
@@ -350,7 +372,45 @@ const LLAMA3_8B_KV_BYTES_PER_TOKEN: u64 = 131_072;
 /// Share of the reachable hits that defines the printed knee.
 const KNEE_FRACTION: f64 = 0.8;
 
-/// `kvtwin cache --curve`: the listed rows, or the whole curve with its knee.
+/// `--curve`'s options beyond the exact curve: sampling, its check, and a chart.
+struct CurveExtras {
+    sample_rate: Option<f64>,
+    compare_exact: bool,
+    plot: Option<PathBuf>,
+}
+
+/// The curve `kvtwin cache --curve` prints: exact, or estimated from a sample.
+enum Curve {
+    Exact(cache::curve::HitCurve),
+    Sampled(cache::shards::SampledCurve),
+}
+
+impl Curve {
+    fn row(&self, capacity_blocks: usize) -> cache::CacheRow {
+        match self {
+            Curve::Exact(curve) => curve.row(capacity_blocks),
+            Curve::Sampled(curve) => curve.row(capacity_blocks),
+        }
+    }
+
+    fn saturation_blocks(&self) -> usize {
+        match self {
+            Curve::Exact(curve) => curve.saturation_blocks(),
+            Curve::Sampled(curve) => curve.saturation_blocks(),
+        }
+    }
+
+    fn knee(&self, fraction: f64) -> cache::curve::Knee {
+        match self {
+            Curve::Exact(curve) => curve.knee(fraction),
+            Curve::Sampled(curve) => curve.knee(fraction),
+        }
+    }
+}
+
+/// `kvtwin cache --curve`: the listed rows, or the whole curve with its knee; sampled
+/// with `--sample-rate` (and checked against the exact one with `--compare-exact`),
+/// drawn with `--plot`.
 fn cache_curve(
     trace: &Path,
     capacities: &[usize],
@@ -358,6 +418,7 @@ fn cache_curve(
     block_bytes: Option<u64>,
     policy: Policy,
     json: bool,
+    extras: &CurveExtras,
 ) -> Result<()> {
     if matches!(policy, Policy::Priority) {
         bail!(
@@ -371,28 +432,98 @@ fn cache_curve(
     if let Some(&zero) = capacities.iter().find(|c| **c == 0) {
         bail!("capacity {zero}: a cache needs at least one block");
     }
+    let rate = extras
+        .sample_rate
+        .map(|r| cache::shards::SampleRate::new(r).with_context(|| format!("--sample-rate {r}")))
+        .transpose()?;
     let requests =
         read_mooncake_trace(trace).with_context(|| format!("reading trace {}", trace.display()))?;
-    let curve = cache::curve::HitCurve::lru(&requests, block_tokens);
-    if !capacities.is_empty() {
-        let rows: Vec<cache::CacheRow> = capacities.iter().map(|c| curve.row(*c)).collect();
-        print_rows(&rows, json);
-        return Ok(());
-    }
+    let timed = |what: &str, started: std::time::Instant| {
+        eprintln!(
+            "kvtwin: {what} in {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    };
+    let exact = if rate.is_none() || extras.compare_exact || extras.plot.is_some() {
+        let started = std::time::Instant::now();
+        let exact = cache::curve::HitCurve::lru(&requests, block_tokens);
+        if extras.compare_exact {
+            timed("exact curve", started);
+        }
+        Some(exact)
+    } else {
+        None
+    };
+    let curve = match (rate, &exact) {
+        (Some(rate), _) => {
+            let started = std::time::Instant::now();
+            let sampled = cache::shards::SampledCurve::lru(
+                &requests,
+                block_tokens,
+                rate,
+                cache::shards::Adjustment::FixedRate,
+            );
+            if extras.compare_exact {
+                timed(&format!("sampled curve ({})", percent(rate.get())), started);
+            }
+            Curve::Sampled(sampled)
+        }
+        (None, Some(exact)) => Curve::Exact(exact.clone()),
+        (None, None) => unreachable!("the exact curve is computed whenever nothing is sampled"),
+    };
     let block_bytes = block_bytes.unwrap_or(block_tokens as u64 * LLAMA3_8B_KV_BYTES_PER_TOKEN);
     let gib = |blocks: usize| blocks as f64 * block_bytes as f64 / (1u64 << 30) as f64;
-    let rows: Vec<cache::CacheRow> = curve
-        .doubling_capacities()
-        .into_iter()
-        .map(|c| curve.row(c))
-        .collect();
+    if let (Some(dir), Some(exact)) = (&extras.plot, &exact) {
+        plot_curve(dir, exact, &curve, gib)?;
+    }
+    let listed = !capacities.is_empty();
+    let capacities = if listed {
+        capacities.to_vec()
+    } else {
+        cache::curve::doubling_capacities(curve.saturation_blocks())
+    };
+    let rows: Vec<cache::CacheRow> = capacities.iter().map(|c| curve.row(*c)).collect();
+    // The sampled rate and, with --compare-exact, the error over the printed capacities.
+    let mut notes = Vec::new();
+    if let Curve::Sampled(sampled) = &curve {
+        notes.push((
+            format!("\"sample_rate\":{}", sampled.rate().get()),
+            format!(
+                "sampled {} of the blocks ({} references kept)",
+                percent(sampled.rate().get()),
+                sampled.sampled_blocks()
+            ),
+        ));
+    }
+    if let (true, Some(exact)) = (extras.compare_exact, &exact) {
+        let exact_rows: Vec<cache::CacheRow> = capacities.iter().map(|c| exact.row(*c)).collect();
+        let (blocks, tokens) = cache::shards::mean_absolute_error(&rows, &exact_rows);
+        notes.push((
+            format!("\"mae\":{{\"hit_blocks\":{blocks:.6},\"hit_tokens\":{tokens:.6}}}"),
+            format!(
+                "mean absolute error against the exact curve over these {} capacities: \
+                 hit_blocks {blocks:.4}, hit_tokens {tokens:.4}",
+                capacities.len()
+            ),
+        ));
+    }
+    let json_notes: String = notes.iter().map(|(j, _)| format!(",{j}")).collect();
+    if listed {
+        if json {
+            println!("{{\"rows\":[{}]{json_notes}}}", rows_json(&rows));
+        } else {
+            print_rows(&rows, false);
+            notes.iter().for_each(|(_, text)| println!("{text}"));
+        }
+        return Ok(());
+    }
     let knee = curve.knee(KNEE_FRACTION);
     let saturation = curve.saturation_blocks();
     if json {
         let rows = rows_json(&rows);
         println!(
             "{{\"rows\":[{}],\"saturation_blocks\":{saturation},\"block_bytes\":{block_bytes},\
-             \"knee\":{{\"fraction\":{},\"capacity_blocks\":{}}}}}",
+             \"knee\":{{\"fraction\":{},\"capacity_blocks\":{}}}{json_notes}}}",
             rows, knee.fraction, knee.capacity_blocks
         );
         return Ok(());
@@ -430,5 +561,101 @@ fn cache_curve(
         gib(knee.capacity_blocks),
         curve.row(knee.capacity_blocks).hit_blocks
     );
+    notes.iter().for_each(|(_, text)| println!("{text}"));
+    Ok(())
+}
+
+/// A sampling rate as a percentage with three significant digits (rates are multiples
+/// of 1/2^24, so 1 % is 0.99999905 %).
+fn percent(rate: f64) -> String {
+    let percent = 100.0 * rate;
+    let decimals = (2 - percent.log10().floor() as i32).clamp(0, 6) as usize;
+    let text = format!("{percent:.decimals$}");
+    let text = if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        &text
+    };
+    format!("{text} %")
+}
+
+/// `--plot DIR`: hit blocks and hit tokens (in %) against GiB, exact and (when sampled)
+/// estimated, at four capacities per doubling, with the exact curve's 80 % knee.
+fn plot_curve(
+    dir: &Path,
+    exact: &cache::curve::HitCurve,
+    curve: &Curve,
+    gib: impl Fn(usize) -> f64,
+) -> Result<()> {
+    let saturation = exact.saturation_blocks().max(curve.saturation_blocks());
+    let mut capacities: Vec<usize> = (0..)
+        .map(|i| 2f64.powf(f64::from(i) / 4.0).round() as usize)
+        .take_while(|c| *c < saturation)
+        .collect();
+    capacities.dedup();
+    capacities.push(saturation);
+    let series = |name: &str, row: &dyn Fn(usize) -> cache::CacheRow, tokens: bool| plot::Series {
+        name: name.to_string(),
+        points: capacities
+            .iter()
+            .map(|c| {
+                let row = row(*c);
+                (
+                    gib(*c),
+                    100.0
+                        * if tokens {
+                            row.hit_tokens
+                        } else {
+                            row.hit_blocks
+                        },
+                )
+            })
+            .collect(),
+    };
+    let exact_row = |c: usize| exact.row(c);
+    let mut all = vec![
+        series("hit_blocks (exact)", &exact_row, false),
+        series("hit_tokens (exact)", &exact_row, true),
+    ];
+    if let Curve::Sampled(sampled) = curve {
+        let rate = percent(sampled.rate().get());
+        let sampled_row = |c: usize| sampled.row(c);
+        all.push(series(
+            &format!("hit_blocks (sampled, {rate})"),
+            &sampled_row,
+            false,
+        ));
+        all.push(series(
+            &format!("hit_tokens (sampled, {rate})"),
+            &sampled_row,
+            true,
+        ));
+    }
+    let knee = exact.knee(KNEE_FRACTION);
+    all.push(plot::Series {
+        name: format!(
+            "{:.0} % of reachable hits: {:.1} GiB",
+            KNEE_FRACTION * 100.0,
+            gib(knee.capacity_blocks)
+        ),
+        points: vec![
+            (gib(knee.capacity_blocks), 0.0),
+            (
+                gib(knee.capacity_blocks),
+                100.0 * exact.row(knee.capacity_blocks).hit_blocks,
+            ),
+        ],
+    });
+    let axes = plot::Axes {
+        title: "LRU prefix-cache hit ratio by capacity",
+        x_label: "cache capacity (GiB)",
+        y_label: "hit ratio (%)",
+        x_log: true,
+        y_log: false,
+    };
+    let paths = plot::lines(dir, "cache-curve", &axes, &all)?;
+    for path in paths {
+        eprintln!("kvtwin: wrote {}", path.display());
+    }
     Ok(())
 }

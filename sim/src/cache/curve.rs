@@ -49,19 +49,20 @@ pub struct Knee {
 
 /// A Fenwick tree of 0/1 marks over reference times: a block's mark sits at the time of
 /// its latest touch, so the marks at or after that time count the distinct blocks touched
-/// since, i.e. its depth in the LRU stack.
-struct Marks {
+/// since, i.e. its depth in the LRU stack. Shared with [`super::shards`], which runs the
+/// same stack over the sampled references only.
+pub(super) struct Marks {
     tree: Vec<i64>,
 }
 
 impl Marks {
-    fn new(len: usize) -> Self {
+    pub(super) fn new(len: usize) -> Self {
         Self {
             tree: vec![0; len + 1],
         }
     }
 
-    fn add(&mut self, time: usize, delta: i64) {
+    pub(super) fn add(&mut self, time: usize, delta: i64) {
         let mut i = time + 1;
         while i < self.tree.len() {
             self.tree[i] += delta;
@@ -70,7 +71,7 @@ impl Marks {
     }
 
     /// Sum of the marks at times `0..=time`.
-    fn prefix(&self, time: usize) -> i64 {
+    pub(super) fn prefix(&self, time: usize) -> i64 {
         let mut i = time + 1;
         let mut sum = 0;
         while i > 0 {
@@ -185,13 +186,18 @@ impl HitCurve {
 
     /// Capacities for a printed curve: 1, 2, 4, ... below saturation, then saturation.
     pub fn doubling_capacities(&self) -> Vec<usize> {
-        let saturation = self.saturation_blocks().max(1);
-        let mut capacities: Vec<usize> = std::iter::successors(Some(1usize), |c| c.checked_mul(2))
-            .take_while(|c| *c < saturation)
-            .collect();
-        capacities.push(saturation);
-        capacities
+        doubling_capacities(self.saturation_blocks())
     }
+}
+
+/// 1, 2, 4, ... below `saturation_blocks`, then `saturation_blocks` (at least 1).
+pub fn doubling_capacities(saturation_blocks: usize) -> Vec<usize> {
+    let saturation = saturation_blocks.max(1);
+    let mut capacities: Vec<usize> = std::iter::successors(Some(1usize), |c| c.checked_mul(2))
+        .take_while(|c| *c < saturation)
+        .collect();
+    capacities.push(saturation);
+    capacities
 }
 
 #[cfg(test)]
