@@ -14,6 +14,7 @@ mod calibrate;
 mod dash;
 mod plan;
 mod plan_output;
+mod plan_plot;
 mod plot;
 mod service;
 

@@ -50,6 +50,11 @@ pub(crate) struct PlanArgs {
     /// Prints every run made as CSV (with the chosen one and the fronts marked).
     #[arg(long, conflicts_with = "json")]
     csv: bool,
+    /// Writes plots (SVG and PNG) into this folder: both Pareto fronts, the TTFT and
+    /// TPOT CDFs of the chosen point and the cost front, and occupancy per tier over time
+    /// for the chosen point (one more run).
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Prints the `kvtwin sweep` arguments whose grid is this space, and stops.
     #[arg(long)]
     print_grid: bool,
@@ -139,10 +144,15 @@ pub(crate) fn plan(args: &PlanArgs) -> Result<()> {
         println!("{}", grid.join(" "));
         return Ok(());
     }
+    // Read once: the search runs it, and so does the occupancy plot.
+    let workload = if args.from_sweep.is_none() || args.plot.is_some() {
+        load_workload(&base, &args.scenario, args.trace.as_deref())?
+    } else {
+        Workload::Synthetic
+    };
     let outcome = match &args.from_sweep {
         Some(file) => search::exhaustive(&points, &slo, read_sweep(file, &points)?),
         None => {
-            let workload = load_workload(&base, &args.scenario, args.trace.as_deref())?;
             let simulator = Simulator {
                 base: &base,
                 workload: &workload,
@@ -165,6 +175,11 @@ pub(crate) fn plan(args: &PlanArgs) -> Result<()> {
         print!("{}", report.csv());
     } else {
         print!("{}", report.text());
+    }
+    if let Some(dir) = &args.plot {
+        for file in crate::plan_plot::plot(dir, &report, &base, &workload)? {
+            eprintln!("kvtwin plan: wrote {}", file.display());
+        }
     }
     if outcome.chosen.is_none() {
         bail!("no point of the space meets the SLO ({})", slo.describe());

@@ -117,6 +117,21 @@ impl<'a> Report<'a> {
         self.rows.iter().find(|r| r.point == index)
     }
 
+    /// What the search found and did.
+    pub(crate) fn outcome(&self) -> &Outcome {
+        self.outcome
+    }
+
+    /// The space's points.
+    pub(crate) fn points(&self) -> &Points {
+        self.points
+    }
+
+    /// The SLO.
+    pub(crate) fn slo(&self) -> &Slo {
+        self.slo
+    }
+
     fn verdict(&self, index: usize) -> &Verdict {
         &self.outcome.runs[&index].verdict
     }

@@ -1,0 +1,169 @@
+//! `kvtwin plan --plot DIR`: the planner's pictures.
+//!
+//! Owns: what is drawn for a plan: the two Pareto fronts (cost against the SLO's first
+//! metric; tokens/s/gpu against tokens/s/user), one series and one front per category;
+//! the TTFT and TPOT CDFs of the chosen point and the other points on the cost front; and
+//! occupancy per tier over time for the chosen point (one more run, sampled).
+//! Never: draw (`plot` does) or decide what is chosen (the search did).
+
+use crate::plan_output::{describe, Report};
+use crate::plot::{self, Axes, Series};
+use anyhow::{Context, Result};
+use kvtwin_sim::plan::pareto::{front, Better, Row};
+use kvtwin_sim::plan::run::{configure, Workload};
+use kvtwin_sim::plan::summary::CDF_PERCENTS;
+use kvtwin_sim::plan::timeline::run_with_occupancy;
+use kvtwin_sim::scenario::Scenario;
+use std::path::{Path, PathBuf};
+
+/// Lines in one CDF chart at most (the chosen point and the cheapest of the front).
+const CDF_SERIES: usize = 6;
+
+/// Occupancy samples over the run of the chosen point.
+const OCCUPANCY_SAMPLES: usize = 300;
+
+/// Rows per category (in category order), as markers, and each category's front.
+fn by_category(
+    report: &Report,
+    xy: impl Fn(&Row) -> (f64, f64),
+    x: Better,
+    y: Better,
+) -> (Vec<Series>, Vec<Series>) {
+    let mut labels: Vec<&str> = Vec::new();
+    for row in &report.rows {
+        if !labels.contains(&row.config.as_str()) {
+            labels.push(&row.config);
+        }
+    }
+    let mut markers = Vec::new();
+    let mut fronts = Vec::new();
+    for label in labels {
+        let points: Vec<(f64, f64)> = report
+            .rows
+            .iter()
+            .filter(|r| r.config == label)
+            .map(&xy)
+            .filter(|(a, b)| a.is_finite() && b.is_finite())
+            .collect();
+        let on = front(&points, x, y);
+        fronts.push(Series {
+            name: format!("{label} front"),
+            points: on.iter().map(|i| points[*i]).collect(),
+        });
+        markers.push(Series {
+            name: label.to_string(),
+            points,
+        });
+    }
+    (markers, fronts)
+}
+
+/// Writes the plan's plots into `dir`; returns the files written.
+pub(crate) fn plot(
+    dir: &Path,
+    report: &Report,
+    base: &Scenario,
+    workload: &Workload,
+) -> Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    let outcome = report.outcome();
+    let points = report.points();
+    let metric = report.slo().bounds[0].0.clone();
+    let bound = report.slo().bounds[0].1;
+    let metric_of = |row: &Row| {
+        outcome.runs[&row.point]
+            .summary
+            .metric(&metric)
+            .unwrap_or(f64::NAN)
+    };
+    let (markers, fronts) = by_category(
+        report,
+        |r| (r.usd_per_hour, metric_of(r)),
+        Better::Lower,
+        Better::Lower,
+    );
+    let title = format!("cost against {metric} (SLO {bound} ms), runs made");
+    let y_label = format!("{metric} (ms, log)");
+    written.extend(plot::scatter(
+        dir,
+        "pareto-cost",
+        &Axes {
+            title: &title,
+            x_label: "cost (US$ per hour)",
+            y_label: &y_label,
+            x_log: false,
+            y_log: true,
+        },
+        &markers,
+        &fronts,
+    )?);
+    let (markers, fronts) = by_category(
+        report,
+        |r| (r.tokens_per_s_per_user, r.tokens_per_s_per_gpu),
+        Better::Higher,
+        Better::Higher,
+    );
+    written.extend(plot::scatter(
+        dir,
+        "pareto-throughput",
+        &Axes {
+            title: "throughput per GPU against speed per user, runs made",
+            x_label: "tokens/s/user (1000 / mean TPOT)",
+            y_label: "tokens/s/gpu (output tokens)",
+            x_log: false,
+            y_log: false,
+        },
+        &markers,
+        &fronts,
+    )?);
+    // The chosen point first, then the cheapest others of the cost front.
+    let mut shown: Vec<usize> = outcome.chosen.into_iter().collect();
+    for index in report.front_cost.iter().map(|i| report.rows[*i].point) {
+        if shown.len() < CDF_SERIES && !shown.contains(&index) {
+            shown.push(index);
+        }
+    }
+    let cdf = |pick: fn(&kvtwin_sim::plan::summary::RunSummary) -> &Vec<f64>| -> Vec<Series> {
+        shown
+            .iter()
+            .map(|index| {
+                let summary = &outcome.runs[index].summary;
+                let name = describe(points, &points.points[*index]);
+                Series {
+                    name: if Some(*index) == outcome.chosen {
+                        format!("chosen: {name}")
+                    } else {
+                        name
+                    },
+                    points: pick(summary).iter().copied().zip(CDF_PERCENTS).collect(),
+                }
+            })
+            .collect()
+    };
+    if !shown.is_empty() {
+        written.extend(plot::cdfs(
+            dir,
+            "cdf-ttft",
+            "TTFT: the chosen point and the cost front",
+            "time to first token (ms)",
+            &cdf(|s| &s.ttft_cdf_ms),
+        )?);
+        written.extend(plot::cdfs(
+            dir,
+            "cdf-tpot",
+            "TPOT: the chosen point and the cost front",
+            "time per output token (ms)",
+            &cdf(|s| &s.tpot_cdf_ms),
+        )?);
+    }
+    if let Some(index) = outcome.chosen.or_else(|| outcome.closest()) {
+        let point = &points.points[index];
+        let scenario = configure(base, &point.sets, base.seed)?;
+        let requests = workload.requests(&scenario);
+        let (_, _, samples) = run_with_occupancy(&scenario, &requests, OCCUPANCY_SAMPLES)
+            .context("running the chosen point for its occupancy")?;
+        let title = format!("blocks in use per tier: {}", describe(points, point));
+        written.extend(plot::occupancy(dir, "occupancy", &title, &samples)?);
+    }
+    Ok(written)
+}
