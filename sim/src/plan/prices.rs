@@ -9,9 +9,11 @@
 //! The defaults are on-demand list prices in US dollars, late 2025, rounded; check your
 //! own provider's and pass them with `--prices`:
 //! - GPUs, per GPU-hour: H100 SXM 2.99 and A100 SXM 80 GB 1.79 (Lambda's on-demand
-//!   8-GPU instances, per GPU), H200 3.79 (the H100's price plus the HBM3e premium seen
-//!   in neoclouds' lists). A compute model without a GPU (`dynosim`, `Linear`) is priced
-//!   as one `default_gpu`.
+//!   8-GPU instances, per GPU), H200 3.79 (the H100's price plus the 0.90–1.20 $/h
+//!   premium H200s carried in neoclouds' lists of late 2025, e.g. deploybase.ai's "H100
+//!   vs H200", September 2025). Quotes for one GPU span 0.5 to 15 $/h with commitment,
+//!   availability and platform, so these only rank configurations; pass yours. A compute
+//!   model without a GPU (`dynosim`, `Linear`) is priced as one `default_gpu`.
 //! - DRAM: 0.0036 per GB-hour, the difference between AWS us-east-1 r7i.xlarge (32 GiB,
 //!   0.2646 $/h) and c7i.xlarge (8 GiB, 0.1785 $/h), the same vCPUs, over 24 GiB.
 //! - SSD: 0.00011 per GB-hour, AWS EBS gp3 at 0.08 per GB-month (730 hours); local NVMe
@@ -231,6 +233,12 @@ mod tests {
         let unknown_field = Prices::load(&path).unwrap_err().to_string();
         assert!(unknown_field.contains("p.ron:1:"), "{unknown_field}");
         Prices::default().check("defaults").unwrap();
+    }
+
+    #[test]
+    fn the_shipped_prices_file_holds_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plans/prices.ron");
+        assert_eq!(Prices::load(&path).unwrap(), Prices::default());
     }
 
     #[test]
