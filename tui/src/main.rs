@@ -92,7 +92,12 @@ enum Command {
         json: bool,
         /// With `--curve`: estimates the curve from this share of the blocks (0 < R <= 1),
         /// sampled by a fixed hash of each block's sequence hash (SHARDS).
-        #[arg(long, requires = "curve", value_name = "R")]
+        #[arg(
+            long,
+            requires = "curve",
+            value_name = "R",
+            allow_negative_numbers = true
+        )]
         sample_rate: Option<f64>,
         /// With `--sample-rate`: also computes the exact curve and prints the mean
         /// absolute error of hit_blocks and hit_tokens over the printed capacities.
@@ -383,7 +388,8 @@ struct CurveExtras {
 /// The curve `kvtwin cache --curve` prints: exact, or estimated from a sample.
 enum Curve {
     Exact(cache::curve::HitCurve),
-    Sampled(cache::shards::SampledCurve),
+    // Boxed: its per-stratum arrays make it ten times the size of the exact one.
+    Sampled(Box<cache::shards::SampledCurve>),
 }
 
 impl Curve {
@@ -462,12 +468,12 @@ fn cache_curve(
                 &requests,
                 block_tokens,
                 rate,
-                cache::shards::Adjustment::FixedRate,
+                cache::shards::Estimator::Stratified,
             );
             if extras.compare_exact {
                 timed(&format!("sampled curve ({})", percent(rate.get())), started);
             }
-            Curve::Sampled(sampled)
+            Curve::Sampled(Box::new(sampled))
         }
         (None, Some(exact)) => Curve::Exact(exact.clone()),
         (None, None) => unreachable!("the exact curve is computed whenever nothing is sampled"),
@@ -492,7 +498,7 @@ fn cache_curve(
             format!(
                 "sampled {} of the blocks ({} references kept)",
                 percent(sampled.rate().get()),
-                sampled.sampled_blocks()
+                sampled.kept_blocks()
             ),
         ));
     }
@@ -635,7 +641,7 @@ fn plot_curve(
     let knee = exact.knee(KNEE_FRACTION);
     all.push(plot::Series {
         name: format!(
-            "{:.0} % of reachable hits: {:.1} GiB",
+            "{:.0} % of reachable hits (exact): {:.1} GiB",
             KNEE_FRACTION * 100.0,
             gib(knee.capacity_blocks)
         ),

@@ -296,11 +296,20 @@ impl<'a> Drawable<'a> {
     {
         root.fill(&WHITE)?;
         let (x, y) = (self.x.clone(), self.y.clone());
+        // Log axes get their own ticks: plotters' own start at the first power of ten,
+        // leaving everything below it unlabelled.
+        let log = |range: Range<f64>| {
+            let (bold, light) = log_ticks(&range);
+            range
+                .log_scale()
+                .with_key_points(bold)
+                .with_light_points(light)
+        };
         match (self.axes.x_log, self.axes.y_log) {
             (false, false) => self.draw(&root, x, y)?,
-            (true, false) => self.draw(&root, x.log_scale(), y)?,
-            (false, true) => self.draw(&root, x, y.log_scale())?,
-            (true, true) => self.draw(&root, x.log_scale(), y.log_scale())?,
+            (true, false) => self.draw(&root, log(x), y)?,
+            (false, true) => self.draw(&root, x, log(y))?,
+            (true, true) => self.draw(&root, log(x), log(y))?,
         }
         root.present()?;
         Ok(())
@@ -449,6 +458,32 @@ fn range_of(values: impl Iterator<Item = f64>, log: bool) -> Option<Range<f64>> 
     let start = lo - 0.05 * span;
     let start = if lo >= 0.0 { start.max(0.0) } else { start };
     Some(start..hi + 0.05 * span)
+}
+
+/// Labelled and light ticks of a log axis over `range` (positive): 1, 2, 5 × 10^k over
+/// two or three decades, powers of ten over more, every digit over one; light lines at
+/// every digit × 10^k.
+fn log_ticks(range: &Range<f64>) -> (Vec<f64>, Vec<f64>) {
+    let (lo, hi) = (range.start, range.end);
+    let decades = (hi / lo).log10();
+    let digits: &[f64] = if decades > 3.5 {
+        &[1.0]
+    } else if decades > 1.2 {
+        &[1.0, 2.0, 5.0]
+    } else {
+        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
+    };
+    let ticks = |digits: &[f64]| -> Vec<f64> {
+        let (first, last) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
+        (first..=last)
+            .flat_map(|k| digits.iter().map(move |d| d * 10f64.powi(k)))
+            .filter(|v| (lo..=hi).contains(v))
+            .collect()
+    };
+    (
+        ticks(digits),
+        ticks(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]),
+    )
 }
 
 /// A tick label: at most three significant decimals, no trailing zeros, and powers of
@@ -707,6 +742,17 @@ mod tests {
         )
         .unwrap();
         check_files(&paths, &["one"]);
+    }
+
+    #[test]
+    fn log_axes_are_labelled_below_their_first_power_of_ten() {
+        let (bold, light) = log_ticks(&(25.0..560.0));
+        assert_eq!(bold, vec![50.0, 100.0, 200.0, 500.0]);
+        assert_eq!(light.first(), Some(&30.0));
+        let (bold, _) = log_ticks(&(0.05..12_800.0));
+        assert_eq!(bold, vec![0.1, 1.0, 10.0, 100.0, 1_000.0, 10_000.0]);
+        let (bold, _) = log_ticks(&(2.5..9.0));
+        assert_eq!(bold, vec![3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]);
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! The LRU hit-ratio curve estimated from a spatial sample of the blocks, in the manner of
 //! SHARDS (Waldspurger et al., FAST'15).
 //!
-//! Owns: [`SampledCurve`] (built by [`SampledCurve::lru`]), [`SampleRate`] and
-//! [`Adjustment`].
+//! Owns: [`SampledCurve`] (built by [`SampledCurve::lru`]), [`SampleRate`],
+//! [`Estimator`] and [`mean_absolute_error`].
 //!
 //! A reference is kept when its key's hash, modulo `P` = 2^24, is below `T`, so the rate
 //! is `R = T / P`. The kept references run through the same LRU stack as in
@@ -10,6 +10,12 @@
 //! distance `d` stands for a distance of `d / R`, and each kept reference for `1 / R`
 //! references. The hash is fixed (a SplitMix64 finalizer with a fixed seed), so a curve
 //! is a pure function of the trace and the rate.
+//!
+//! How sampled counts become whole-trace estimates is an [`Estimator`]: plain SHARDS,
+//! SHARDS-adj, and two refinements the Mooncake trace needed to get within 0.01 (mean
+//! absolute error of the hit ratio) at 1 %: the roots, the hottest blocks, kept exactly,
+//! and the other blocks post-stratified by position (the default). BENCHMARKS.md has the
+//! figures of each.
 //!
 //! The key is the block's sequence hash, and that keeps the prefix semantics of
 //! [`super::curve`] exact on the sample. A sequence hash chains the hashes of every block
@@ -93,13 +99,9 @@ impl SampleRate {
         self.threshold as f64 / MODULUS as f64
     }
 
-    fn keeps(self, key: SequenceHash) -> bool {
-        mix(key.get() ^ SAMPLE_SEED) % MODULUS < self.threshold
-    }
-
-    /// The sampled distance that stands for `capacity_blocks`: `floor(C × R)`.
-    fn sampled_capacity(self, capacity_blocks: usize) -> usize {
-        (capacity_blocks as u128 * self.threshold as u128 / MODULUS as u128) as usize
+    /// Whether the spatial filter with hash seed `seed` keeps `key`.
+    fn keeps_with(self, key: SequenceHash, seed: u64) -> bool {
+        mix(key.get() ^ seed) % MODULUS < self.threshold
     }
 
     /// `count / R`: a sampled count scaled to the whole trace.
@@ -119,41 +121,80 @@ fn mix(mut x: u64) -> u64 {
 
 /// How sampled counts become whole-trace counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Adjustment {
-    /// Plain SHARDS: every count scaled by `1 / R`.
-    None,
+pub enum Estimator {
+    /// Plain SHARDS: every block sampled, every count scaled by `1 / R`.
+    Shards,
     /// SHARDS-adj: the sample holds `R × N` references in expectation and some other
-    /// number in fact; the difference is added at the smallest sampled distance, so the
-    /// sample's misses (not its hits) are what gets scaled.
+    /// number in fact; the difference is added at the smallest distance (it stands for
+    /// the references of hot blocks the sample missed, or took too many of), so the
+    /// sample's misses more than its hits are what gets scaled.
+    ShardsAdj,
+    /// SHARDS-adj over the blocks below the roots, with every root (a block at position
+    /// 0) kept and counted once. A request that holds a block holds its parent, so
+    /// references never grow down a prefix tree and the roots are the hottest blocks:
+    /// in the Mooncake conversation trace one root is in all 12,031 requests (4.2 % of the
+    /// references, 11 % of the hits). Sampled, such a block counts `1 / R` times or not
+    /// at all, and that one coin flip is most of SHARDS's error; kept, it costs one stack
+    /// entry per distinct root.
+    ExactRoots,
+    /// As `ExactRoots`, with the other blocks post-stratified by position (1, 2–3, 4–7,
+    /// ..., 128 and deeper): each stratum's hits are its sampled hit share times its
+    /// exact reference count. That is SHARDS-adj per stratum with the rate the stratum
+    /// actually got, and it removes the spread in how many blocks of each depth the
+    /// hash happened to keep (the miss share depends strongly on depth).
     #[default]
-    FixedRate,
+    Stratified,
+}
+
+/// Strata of references: 0 holds the roots kept exactly; 1..STRATA sampled blocks.
+const STRATA: usize = 9;
+
+impl Estimator {
+    /// The stratum of a block at `position` (0: a root).
+    fn stratum(self, position: usize) -> usize {
+        match self {
+            Estimator::Shards | Estimator::ShardsAdj => 1,
+            Estimator::ExactRoots if position == 0 => 0,
+            Estimator::ExactRoots => 1,
+            Estimator::Stratified => match position {
+                0 => 0,
+                p => 1 + (p.ilog2() as usize).min(STRATA - 2),
+            },
+        }
+    }
 }
 
 /// LRU's hits at every capacity, estimated from the references whose block is sampled.
+///
+/// A kept reference's distance is estimated as `roots + sampled / R`, the kept roots and
+/// the other kept blocks above it in the stack (itself included); it is stored times
+/// `T` (`roots × T + sampled × 2^24`) so that every comparison is in integers and rate
+/// 1 is exact.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SampledCurve {
     rate: SampleRate,
-    adjustment: Adjustment,
-    /// `hit_blocks_at[d]`: kept references that hit with a sampled stack of `d` blocks.
-    hit_blocks_at: Vec<u64>,
-    /// As `hit_blocks_at`, in prompt tokens.
-    hit_tokens_at: Vec<u64>,
-    /// Kept references, and the prompt tokens they would add if they all hit.
-    sampled_blocks: u64,
-    sampled_tokens: u64,
-    /// The whole trace's references and prompt tokens (counted exactly: it costs nothing).
+    estimator: Estimator,
+    /// Per stratum: estimated distances × T of the kept references that hit at some
+    /// capacity, sorted, and the running sums of their prompt tokens (from 0).
+    distances: [Vec<u64>; STRATA],
+    hit_tokens_upto: [Vec<u64>; STRATA],
+    /// Per stratum: kept references, and the prompt tokens they would add if they all hit.
+    kept_blocks: [u64; STRATA],
+    kept_tokens: [u64; STRATA],
+    /// As `kept_*`, over every reference of the trace in the stratum.
+    population_blocks: [u64; STRATA],
+    population_tokens: [u64; STRATA],
+    /// Every reference and prompt token of the trace.
     all_blocks: u64,
     all_tokens: u64,
-    /// The prompt tokens all references would add if they all hit: `all_tokens` less
-    /// what no block covers (a prompt longer than its blocks).
-    all_block_tokens: u64,
 }
 
-/// One kept reference: its block, and the prompt tokens it adds to its request's hit
-/// tokens when it hits.
+/// One kept reference: its block, the prompt tokens it adds to its request's hit tokens
+/// when it hits, and its stratum.
 struct Kept {
     key: SequenceHash,
     tokens: u64,
+    stratum: usize,
 }
 
 impl SampledCurve {
@@ -163,83 +204,114 @@ impl SampledCurve {
         requests: &[Request],
         block_tokens: usize,
         rate: SampleRate,
-        adjustment: Adjustment,
+        estimator: Estimator,
+    ) -> Self {
+        Self::lru_seeded(requests, block_tokens, rate, estimator, SAMPLE_SEED)
+    }
+
+    /// [`Self::lru`] with another seed of the spatial hash: for measuring the spread of
+    /// the estimate over samples.
+    fn lru_seeded(
+        requests: &[Request],
+        block_tokens: usize,
+        rate: SampleRate,
+        estimator: Estimator,
+        seed: u64,
     ) -> Self {
         let block_tokens = block_tokens as u64;
-        let (mut all_blocks, mut all_tokens, mut all_block_tokens) = (0u64, 0u64, 0u64);
-        // The sampled stream first, so the stack's tree is sized to it (about R × N).
+        let (mut all_blocks, mut all_tokens) = (0u64, 0u64);
+        let mut population_blocks = [0u64; STRATA];
+        let mut population_tokens = [0u64; STRATA];
+        // The kept stream first, so the stack's trees are sized to it (about R × N).
         let mut kept: Vec<Kept> = Vec::new();
         let mut request_ends: Vec<usize> = Vec::with_capacity(requests.len());
         for request in requests {
             all_blocks += request.blocks.len() as u64;
             all_tokens += request.input_tokens;
             let tokens = |hits: u64| (hits * block_tokens).min(request.input_tokens);
-            all_block_tokens += tokens(request.blocks.len() as u64);
             for (i, identity) in request.blocks.iter().enumerate() {
-                if rate.keeps(identity.sequence_hash) {
-                    let i = i as u64;
+                let tokens = tokens(i as u64 + 1) - tokens(i as u64);
+                let stratum = estimator.stratum(i);
+                population_blocks[stratum] += 1;
+                population_tokens[stratum] += tokens;
+                if stratum == 0 || rate.keeps_with(identity.sequence_hash, seed) {
                     kept.push(Kept {
                         key: identity.sequence_hash,
-                        tokens: tokens(i + 1) - tokens(i),
+                        tokens,
+                        stratum,
                     });
                 }
             }
             request_ends.push(kept.len());
         }
-        let mut marks = Marks::new(kept.len());
-        let mut total_marks: i64 = 0;
+        // Marks at each kept block's latest touch (see `Marks`), one tree for the roots
+        // kept exactly ([0]) and one for sampled blocks ([1]): they weigh 1 and 1 / R.
+        let weight = |stratum: usize| usize::from(stratum > 0);
+        let mut marks = [Marks::new(kept.len()), Marks::new(kept.len())];
+        let mut total_marks = [0i64; 2];
         // Looked up, never iterated: nothing observable depends on its order.
         let mut last_touch: FxHashMap<SequenceHash, usize> = FxHashMap::default();
-        let mut new_blocks_at: Vec<u64> = vec![0];
-        let mut new_tokens_at: Vec<u64> = vec![0];
-        let sampled_tokens = kept.iter().map(|k| k.tokens).sum();
+        let mut hits: [Vec<(u64, u64)>; STRATA] = Default::default();
         let (mut start, mut now) = (0usize, 0usize);
         for end in request_ends {
             let blocks = &kept[start..end];
-            // Lookups see the sampled stack as it was before this request touches it.
-            let mut prefix_max = 0usize;
+            // Lookups see the kept stack as it was before this request touches it.
+            let mut prefix_max = 0u64;
             for block in blocks {
                 let Some(&time) = last_touch.get(&block.key) else {
                     break;
                 };
-                let depth = (total_marks - marks.prefix(time) + 1) as usize;
-                prefix_max = prefix_max.max(depth);
-                if new_blocks_at.len() <= prefix_max {
-                    new_blocks_at.resize(prefix_max + 1, 0);
-                    new_tokens_at.resize(prefix_max + 1, 0);
+                let mut above = [0u64; 2];
+                for w in 0..2 {
+                    above[w] = (total_marks[w] - marks[w].prefix(time)) as u64;
                 }
-                new_blocks_at[prefix_max] += 1;
-                new_tokens_at[prefix_max] += block.tokens;
+                above[weight(block.stratum)] += 1;
+                let distance = above[0] * rate.threshold + above[1] * MODULUS;
+                // Estimated distances keep the exact ones' order along a prefix (a
+                // parent's blocks above are a subset of its child's), so this is the
+                // block's own distance; the maximum states the rule, as in `curve`.
+                prefix_max = prefix_max.max(distance);
+                hits[block.stratum].push((prefix_max, block.tokens));
             }
             for block in blocks.iter().rev() {
+                let w = weight(block.stratum);
                 match last_touch.insert(block.key, now) {
-                    Some(time) => marks.add(time, -1),
-                    None => total_marks += 1,
+                    Some(time) => marks[w].add(time, -1),
+                    None => total_marks[w] += 1,
                 }
-                marks.add(now, 1);
+                marks[w].add(now, 1);
                 now += 1;
             }
             start = end;
         }
-        let accumulate = |counts: Vec<u64>| {
-            counts
-                .into_iter()
-                .scan(0u64, |sum, c| {
-                    *sum += c;
+        let mut distances: [Vec<u64>; STRATA] = Default::default();
+        let mut hit_tokens_upto: [Vec<u64>; STRATA] = Default::default();
+        for (stratum, mut hits) in hits.into_iter().enumerate() {
+            hits.sort_unstable();
+            distances[stratum] = hits.iter().map(|h| h.0).collect();
+            hit_tokens_upto[stratum] = std::iter::once(0)
+                .chain(hits.iter().scan(0u64, |sum, h| {
+                    *sum += h.1;
                     Some(*sum)
-                })
-                .collect::<Vec<u64>>()
-        };
+                }))
+                .collect();
+        }
+        let (mut kept_blocks, mut kept_tokens) = ([0u64; STRATA], [0u64; STRATA]);
+        for block in &kept {
+            kept_blocks[block.stratum] += 1;
+            kept_tokens[block.stratum] += block.tokens;
+        }
         Self {
             rate,
-            adjustment,
-            hit_blocks_at: accumulate(new_blocks_at),
-            hit_tokens_at: accumulate(new_tokens_at),
-            sampled_blocks: kept.len() as u64,
-            sampled_tokens,
+            estimator,
+            distances,
+            hit_tokens_upto,
+            kept_blocks,
+            kept_tokens,
+            population_blocks,
+            population_tokens,
             all_blocks,
             all_tokens,
-            all_block_tokens,
         }
     }
 
@@ -248,15 +320,15 @@ impl SampledCurve {
         self.rate
     }
 
-    /// References kept in the sample.
-    pub fn sampled_blocks(&self) -> u64 {
-        self.sampled_blocks
+    /// References kept in the sample (roots kept exactly included).
+    pub fn kept_blocks(&self) -> u64 {
+        self.kept_blocks.iter().sum()
     }
 
     /// The estimated smallest capacity at which hits stop growing.
     pub fn saturation_blocks(&self) -> usize {
-        let sampled = self.hit_blocks_at.len() - 1;
-        self.rate.scale(sampled as f64).ceil() as usize
+        let largest = self.distances.iter().filter_map(|d| d.last()).max();
+        largest.map_or(0, |d| d.div_ceil(self.rate.threshold) as usize)
     }
 
     /// Capacities for a printed curve: 1, 2, 4, ... below the estimated saturation, then
@@ -269,42 +341,79 @@ impl SampledCurve {
     /// 0..=1) of the hit blocks at saturation.
     pub fn knee(&self, fraction: f64) -> Knee {
         let fraction = fraction.clamp(0.0, 1.0);
-        let saturated = self.hit_blocks_at.len() - 1;
-        let target = fraction * self.sampled_hits(saturated).0;
-        // The first sampled distance that reaches the target (about R × the distinct
-        // blocks to scan), then the smallest capacity that stands for it, ceil(d / R).
-        let depth = (0..=saturated)
-            .find(|&d| self.sampled_hits(d).0 >= target)
-            .unwrap_or(saturated);
-        let capacity_blocks =
-            (depth as u128 * MODULUS as u128).div_ceil(self.rate.threshold as u128) as usize;
+        let saturation = self.saturation_blocks();
+        let target = fraction * self.hits(saturation).0;
+        // Hits never shrink as capacity grows: bisect for the first that reaches it.
+        let (mut lo, mut hi) = (0usize, saturation);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.hits(mid).0 >= target {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
         Knee {
             fraction,
-            capacity_blocks,
+            capacity_blocks: lo,
         }
-    }
-
-    /// Hit references and their tokens in sampled units at sampled distance `depth`,
-    /// adjusted but not yet scaled.
-    fn sampled_hits(&self, depth: usize) -> (f64, f64) {
-        let depth = depth.min(self.hit_blocks_at.len() - 1);
-        let (mut blocks, mut tokens) = (
-            self.hit_blocks_at[depth] as f64,
-            self.hit_tokens_at[depth] as f64,
-        );
-        if depth >= 1 && self.adjustment == Adjustment::FixedRate {
-            // Expected minus actual sampled references, in sampled units: R × N − N_s.
-            let expected = |all: u64| all as f64 * self.rate.get();
-            blocks += expected(self.all_blocks) - self.sampled_blocks as f64;
-            tokens += expected(self.all_block_tokens) - self.sampled_tokens as f64;
-        }
-        (blocks.max(0.0), tokens.max(0.0))
     }
 
     /// Estimated hit block references and hit prompt tokens at `capacity_blocks`.
     fn hits(&self, capacity_blocks: usize) -> (f64, f64) {
-        let (blocks, tokens) = self.sampled_hits(self.rate.sampled_capacity(capacity_blocks));
-        (self.rate.scale(blocks), self.rate.scale(tokens))
+        let limit = capacity_blocks as u128 * self.rate.threshold as u128;
+        let mut blocks = [0f64; STRATA];
+        let mut tokens = [0f64; STRATA];
+        for stratum in 0..STRATA {
+            let n = self.distances[stratum].partition_point(|&d| u128::from(d) <= limit);
+            blocks[stratum] = n as f64;
+            tokens[stratum] = self.hit_tokens_upto[stratum][n] as f64;
+        }
+        let sampled = 1..STRATA;
+        let sum = |values: &[f64; STRATA]| values[sampled.clone()].iter().sum::<f64>();
+        let total = |values: &[u64; STRATA]| values[sampled.clone()].iter().sum::<u64>() as f64;
+        let (estimate_blocks, estimate_tokens) = match self.estimator {
+            Estimator::Shards => (self.rate.scale(sum(&blocks)), self.rate.scale(sum(&tokens))),
+            Estimator::ShardsAdj | Estimator::ExactRoots => {
+                // Expected minus actual sampled references, in sample units: R × N − N_s,
+                // at the smallest distance (so from capacity 1 on).
+                let adjust = |hits: f64, population: &[u64; STRATA], kept: &[u64; STRATA]| {
+                    let adjustment = if capacity_blocks >= 1 {
+                        total(population) * self.rate.get() - total(kept)
+                    } else {
+                        0.0
+                    };
+                    self.rate.scale((hits + adjustment).max(0.0))
+                };
+                (
+                    adjust(sum(&blocks), &self.population_blocks, &self.kept_blocks),
+                    adjust(sum(&tokens), &self.population_tokens, &self.kept_tokens),
+                )
+            }
+            Estimator::Stratified => {
+                // A stratum the hash left empty takes the pooled share of the others.
+                let stratified =
+                    |hits: &[f64; STRATA], population: &[u64; STRATA], kept: &[u64; STRATA]| {
+                        let pooled = sum(hits) / total(kept).max(1.0);
+                        sampled
+                            .clone()
+                            .map(|s| {
+                                let share = if kept[s] == 0 {
+                                    pooled
+                                } else {
+                                    hits[s] / kept[s] as f64
+                                };
+                                share * population[s] as f64
+                            })
+                            .sum::<f64>()
+                    };
+                (
+                    stratified(&blocks, &self.population_blocks, &self.kept_blocks),
+                    stratified(&tokens, &self.population_tokens, &self.kept_tokens),
+                )
+            }
+        };
+        (blocks[0] + estimate_blocks, tokens[0] + estimate_tokens)
     }
 
     /// The estimate of the row `replay` gives at `capacity_blocks` (capacity 0: no hits).
@@ -404,7 +513,10 @@ mod tests {
             .flat_map(|r| r.blocks.iter().map(|b| b.sequence_hash))
             .collect();
         let rate = SampleRate::new(0.1).unwrap();
-        let kept = blocks.iter().filter(|b| rate.keeps(**b)).count();
+        let kept = blocks
+            .iter()
+            .filter(|b| rate.keeps_with(**b, SAMPLE_SEED))
+            .count();
         let share = kept as f64 / blocks.len() as f64;
         assert!(
             (share - 0.1).abs() < 0.02,
@@ -416,8 +528,12 @@ mod tests {
     #[test]
     fn sampled_rows_never_shrink_as_capacity_grows() {
         let requests = conversations(300, 8);
-        for adjustment in [Adjustment::None, Adjustment::FixedRate] {
-            let curve = SampledCurve::lru(&requests, 4, SampleRate::new(0.05).unwrap(), adjustment);
+        for estimator in [
+            Estimator::Shards,
+            Estimator::ShardsAdj,
+            Estimator::ExactRoots,
+        ] {
+            let curve = SampledCurve::lru(&requests, 4, SampleRate::new(0.05).unwrap(), estimator);
             let mut previous = curve.row(0);
             assert_eq!((previous.hit_blocks, previous.hit_tokens), (0.0, 0.0));
             for capacity in 1..=curve.saturation_blocks() + 50 {
@@ -434,11 +550,11 @@ mod tests {
     fn the_same_trace_and_rate_give_the_same_curve() {
         let requests = conversations(200, 6);
         let rate = SampleRate::new(0.1).unwrap();
-        let a = SampledCurve::lru(&requests, 4, rate, Adjustment::FixedRate);
-        let b = SampledCurve::lru(&requests, 4, rate, Adjustment::FixedRate);
+        let a = SampledCurve::lru(&requests, 4, rate, Estimator::ShardsAdj);
+        let b = SampledCurve::lru(&requests, 4, rate, Estimator::ShardsAdj);
         assert_eq!(a, b);
-        let other = SampledCurve::lru(&requests, 4, SampleRate::new(0.2).unwrap(), a.adjustment);
-        assert_ne!(a.sampled_blocks(), other.sampled_blocks());
+        let other = SampledCurve::lru(&requests, 4, SampleRate::new(0.2).unwrap(), a.estimator);
+        assert_ne!(a.kept_blocks(), other.kept_blocks());
     }
 
     #[test]
@@ -451,7 +567,7 @@ mod tests {
             &requests,
             4,
             SampleRate::new(0.1).unwrap(),
-            Adjustment::FixedRate,
+            Estimator::ShardsAdj,
         );
         let rows: Vec<CacheRow> = capacities.iter().map(|c| sampled.row(*c)).collect();
         let (blocks, tokens) = mean_absolute_error(&rows, &exact_rows);
@@ -470,8 +586,8 @@ mod tests {
         #[test]
         fn rate_one_equals_the_exact_curve_at_every_capacity(requests in small_traces()) {
             let exact = HitCurve::lru(&requests, 4);
-            for adjustment in [Adjustment::None, Adjustment::FixedRate] {
-                let sampled = SampledCurve::lru(&requests, 4, SampleRate::ALL, adjustment);
+            for estimator in [Estimator::Shards, Estimator::ShardsAdj, Estimator::ExactRoots, Estimator::Stratified] {
+                let sampled = SampledCurve::lru(&requests, 4, SampleRate::ALL, estimator);
                 prop_assert_eq!(sampled.saturation_blocks(), exact.saturation_blocks());
                 prop_assert_eq!(sampled.doubling_capacities(), exact.doubling_capacities());
                 for fraction in [0.0, 0.5, 0.8, 1.0] {
@@ -483,5 +599,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn stratified_estimates_spread_less_than_plain_shards_over_seeds() {
+        // Hot roots shared by every request and conversations of many depths, as in
+        // the Mooncake trace.
+        let requests = conversations(1_000, 10);
+        let exact = HitCurve::lru(&requests, 4);
+        let capacities = exact.doubling_capacities();
+        let exact_rows: Vec<CacheRow> = capacities.iter().map(|c| exact.row(*c)).collect();
+        let rate = SampleRate::new(0.05).unwrap();
+        let mean_error = |estimator: Estimator| {
+            let errors: f64 = (1..=16u64)
+                .map(|seed| {
+                    let curve = SampledCurve::lru_seeded(&requests, 4, rate, estimator, seed);
+                    let rows: Vec<CacheRow> = capacities.iter().map(|c| curve.row(*c)).collect();
+                    mean_absolute_error(&rows, &exact_rows).0
+                })
+                .sum();
+            errors / 16.0
+        };
+        let (plain, stratified) = (
+            mean_error(Estimator::Shards),
+            mean_error(Estimator::Stratified),
+        );
+        assert!(stratified < plain, "stratified {stratified}, plain {plain}");
     }
 }
