@@ -83,10 +83,6 @@ pub(crate) fn lines(
 
 /// Points of each series as markers, plus `fronts` drawn as lines (a Pareto front per
 /// series, in the colour of the series at the same index), legend for both.
-#[allow(
-    dead_code,
-    reason = "the design-space commands draw it; until they land, tests do"
-)]
 pub(crate) fn scatter(
     dir: &Path,
     stem: &str,
@@ -104,10 +100,6 @@ pub(crate) fn scatter(
 }
 
 /// CDFs: each series' points are (value, percent 0..=100); y axis "percent of requests".
-#[allow(
-    dead_code,
-    reason = "the design-space commands draw it; until they land, tests do"
-)]
 pub(crate) fn cdfs(
     dir: &Path,
     stem: &str,
@@ -133,10 +125,6 @@ pub(crate) fn cdfs(
 }
 
 /// Occupancy per tier over time, percent of capacity, one line per tier that has capacity.
-#[allow(
-    dead_code,
-    reason = "the design-space commands draw it; until they land, tests do"
-)]
 pub(crate) fn occupancy(
     dir: &Path,
     stem: &str,

@@ -43,6 +43,9 @@ impl<E: Evaluate> Evaluate for &mut E {
     }
 }
 
+/// Worker levels below which screening costs more runs than it saves.
+const MIN_SCREENED_LEVELS: usize = 4;
+
 /// One full run the search made.
 #[derive(Clone, Debug)]
 pub struct Run {
@@ -182,9 +185,10 @@ impl<E: Evaluate> State<'_, E> {
         if line.is_empty() {
             return Ok(());
         }
-        // Screen: bisect on the prefix for the first level that meets the SLO.
+        // Screen: bisect on the prefix for the first level that meets the SLO. A short
+        // line is cheaper to walk on the full workload than to screen first.
         let (mut lo, mut hi) = (0, line.len());
-        if self.screen_fraction < 1.0 {
+        if self.screen_fraction < 1.0 && line.len() >= MIN_SCREENED_LEVELS {
             while lo < hi {
                 let mid = (lo + hi) / 2;
                 let points = self.points;
