@@ -13,6 +13,7 @@ mod bench_sim;
 mod calibrate;
 mod dash;
 mod service;
+mod sweep;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -87,6 +88,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run every point of a grid of overrides (under K seeds) in parallel into a
+    /// JSON-lines file, resumable and shardable; `kvtwin sweep merge` joins shards.
+    Sweep(sweep::SweepArgs),
     /// Measure this machine through the host backend and write a hardware profile.
     Calibrate(calibrate::CalibrateArgs),
     /// Run a transfer script on the host backend and on the simulator; compare them.
@@ -181,6 +185,7 @@ fn main() -> Result<()> {
         Command::Bench(Bench::Cuda(args)) => bench_cuda::run(&args),
         Command::Bench(Bench::Relay(args)) => bench_relay::run(&args),
         Command::Bench(Bench::Dash(args)) => bench_dash::run(&args),
+        Command::Sweep(args) => sweep::run(&args),
         Command::Router(args) => service::router(&args),
         Command::Dash(args) => dash::cli::dash(&args),
         Command::Relay(args) => service::relay(&args),
