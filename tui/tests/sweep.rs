@@ -234,3 +234,51 @@ fn bad_flags_are_refused_naming_them() {
     let no_out = refused(&["sweep", &scenario, "--grid", "cluster.workers=1"]);
     assert!(no_out.contains("--out"), "{no_out}");
 }
+
+/// The Mooncake trace beside the repository, or `None` with a printed reason when
+/// `../shared` is absent and the run is not CI (CI always has it).
+fn trace() -> Option<PathBuf> {
+    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared");
+    if !shared.is_dir() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but ../shared is missing; the trace sweep test needs it"
+        );
+        eprintln!("skipping the trace sweep test: ../shared is not beside the repository");
+        return None;
+    }
+    Some(shared.join("data/mooncake/conversation_trace.jsonl"))
+}
+
+#[test]
+fn a_trace_scenario_sweeps_its_own_trace_found_beside_the_scenario() {
+    let Some(trace) = trace() else {
+        return;
+    };
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scenarios/conversation-trace.ron")
+        .display()
+        .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let (own, given) = (dir.path().join("own.jsonl"), dir.path().join("given.jsonl"));
+    let grid = ["--grid", "cluster.workers=16", "--jobs", "1"];
+    for (out, extra) in [
+        (&own, vec![]),
+        (&given, vec!["--trace", trace.to_str().unwrap()]),
+    ] {
+        let args = [
+            &["sweep", &scenario][..],
+            &grid,
+            &extra,
+            &["--out", out.to_str().unwrap()],
+        ];
+        let output = kvtwin(&args.concat());
+        assert!(output.status.success(), "{output:?}");
+    }
+    let file = read(&own);
+    assert_eq!(file, read(&given));
+    assert!(
+        file.contains("\"summary\":{\"workers\":16,\"requests\":12031,\"completed\":12031,"),
+        "{file}"
+    );
+}
