@@ -40,8 +40,8 @@ pub(crate) fn shared_prefix_chain(c: u64, len: usize) -> Vec<BlockIdentity> {
 /// writes, less its newline) of every `scenarios/*.ron` simulation, by file name.
 /// Users compare reports across versions, so a change to any of these must be deliberate:
 /// update the digest in the same commit and say there why the report changed.
-/// `KVTWIN_PRINT_DIGESTS=1 cargo test --test scenarios --test dynosim_agreement --
-/// --nocapture` prints the digests as they now stand.
+/// `KVTWIN_PRINT_DIGESTS=1 cargo test --test scenarios --test dynosim_agreement --test
+/// conversation_trace -- --nocapture` prints the digests as they now stand.
 pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
     (
         "cluster-disagg.ron",
@@ -54,6 +54,10 @@ pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
     (
         "cluster-kv.ron",
         "b689972b187acd0954e5a92f206e2033d4b487cb654b83c3170a7799b4b1e6ed",
+    ),
+    (
+        "conversation-trace.ron",
+        "7cee30304a08a27a8c5196444ca04d764b3c6046b27338ca4db790599c7ac8cd",
     ),
     (
         "default.ron",

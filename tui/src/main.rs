@@ -17,6 +17,7 @@ mod plan_output;
 mod plan_plot;
 mod plot;
 mod service;
+mod sweep;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -111,6 +112,9 @@ enum Command {
     /// The cheapest configuration of a design space that meets an SLO (latency bounds),
     /// with the Pareto fronts of cost, latency and throughput.
     Plan(plan::PlanArgs),
+    /// Run every point of a grid of overrides (under K seeds) in parallel into a
+    /// JSON-lines file, resumable and shardable; `kvtwin sweep merge` joins shards.
+    Sweep(sweep::SweepArgs),
     /// Measure this machine through the host backend and write a hardware profile.
     Calibrate(calibrate::CalibrateArgs),
     /// Run a transfer script on the host backend and on the simulator; compare them.
@@ -214,6 +218,7 @@ fn main() -> Result<()> {
         Command::Bench(Bench::Cuda(args)) => bench_cuda::run(&args),
         Command::Bench(Bench::Relay(args)) => bench_relay::run(&args),
         Command::Bench(Bench::Dash(args)) => bench_dash::run(&args),
+        Command::Sweep(args) => sweep::run(&args),
         Command::Router(args) => service::router(&args),
         Command::Dash(args) => dash::cli::dash(&args),
         Command::Plan(args) => plan::plan(&args),
