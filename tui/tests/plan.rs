@@ -4,12 +4,23 @@
 
 mod common;
 
+use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
 
 const SCENARIO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/cluster-kv.ron");
 
-const SLO: &str = "ttft_p99_ms=300,tpot_p99_ms=40";
+/// 2 GPUs × 5 worker counts × 4 device sizes × 5 host sizes = 200 points, on 80
+/// conversations of the cluster scenario's traffic.
+const SPACE: &str = r#"(
+    gpu: ["h100-llama3-8b", "a100-llama3-8b"],
+    set: [("workload.Conversations.conversations", ["80"])],
+    workers: [1, 2, 3, 4, 6],
+    device_blocks: [500, 1000, 2000, 4000],
+    host_blocks: [1000, 2000, 4000, 8000, 16000],
+)"#;
+
+const SLO: &str = "ttft_p99_ms=450,tpot_p99_ms=15";
 
 /// `kvtwin` with `args`: (success, stdout, stderr).
 fn run(args: &[&str]) -> (bool, String, String) {
@@ -28,6 +39,68 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
     path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn the_plan_is_the_exhaustive_sweeps_optimum_from_a_quarter_of_the_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let space = write(dir.path(), "space.ron", SPACE);
+    let plan = ["plan", SCENARIO, "--space", &space, "--slo", SLO];
+    // The sweep that covers the space: the grid `--print-grid` gives.
+    let grid = common::kvtwin(&[&plan[..], &["--print-grid"]].concat());
+    let mut sweep: Vec<String> = vec!["sweep".into(), SCENARIO.into()];
+    for axis in grid
+        .trim()
+        .split("--grid ")
+        .filter(|a| !a.trim().is_empty())
+    {
+        sweep.push("--grid".into());
+        sweep.push(axis.trim().trim_matches('\'').to_string());
+    }
+    let file = dir.path().join("sweep.jsonl");
+    sweep.extend(["--out".into(), file.to_str().unwrap().into()]);
+    let sweep: Vec<&str> = sweep.iter().map(String::as_str).collect();
+    common::kvtwin(&sweep);
+    let lines = std::fs::read_to_string(&file).unwrap().lines().count();
+    assert_eq!(lines, 200, "the sweep runs every point");
+
+    // Several SLOs over the one sweep: binding on TTFT, on TPOT, and on both.
+    for slo in [
+        "ttft_p99_ms=500,tpot_p99_ms=40",
+        "ttft_p99_ms=300,tpot_p99_ms=12",
+        SLO,
+    ] {
+        let plan = ["plan", SCENARIO, "--space", &space, "--slo", slo];
+        let exhaustive: Value = serde_json::from_str(&common::kvtwin(
+            &[
+                &plan[..],
+                &["--json", "--from-sweep", file.to_str().unwrap()],
+            ]
+            .concat(),
+        ))
+        .unwrap();
+        let searched: Value =
+            serde_json::from_str(&common::kvtwin(&[&plan[..], &["--json"]].concat())).unwrap();
+        let chosen = &searched["chosen"];
+        assert!(chosen.is_object(), "{slo}: {searched}");
+        assert_eq!(chosen["sets"], exhaustive["chosen"]["sets"], "{slo}");
+        assert_eq!(chosen["usd_per_hour"], exhaustive["chosen"]["usd_per_hour"]);
+        let simulations = searched["search"]["simulations"].as_u64().unwrap();
+        eprintln!(
+            "{slo}: kvtwin plan ran {simulations} simulations ({} screens) where the sweep ran \
+             {lines}; optimum {}",
+            searched["search"]["screens"], chosen["sets"]
+        );
+        assert!(
+            simulations * 4 <= lines as u64,
+            "{slo}: {simulations} simulations"
+        );
+        // Not the cheapest point of the space: the search had to find it.
+        assert!(
+            chosen["replicas"] != 1 || chosen["device_blocks"] != 500,
+            "{slo}: {chosen}"
+        );
+    }
 }
 
 #[test]
@@ -131,5 +204,34 @@ fn bad_input_names_its_field() {
     fails(
         &["--space", &good, "--slo", SLO, "--from-sweep", &sweep],
         &["other.jsonl:1", "no point of the space"],
+    );
+}
+
+#[test]
+fn the_shipped_design_space_fits_its_scenario() {
+    let scenario = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scenarios/conversation-trace.ron"
+    );
+    let space = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../plans/conversation-space.ron"
+    );
+    let prices = concat!(env!("CARGO_MANIFEST_DIR"), "/../plans/prices.ron");
+    let grid = common::kvtwin(&[
+        "plan",
+        scenario,
+        "--space",
+        space,
+        "--prices",
+        prices,
+        "--slo",
+        SLO,
+        "--print-grid",
+    ]);
+    assert_eq!(grid.matches("--grid").count(), 4, "{grid}");
+    assert!(
+        grid.contains("cluster.workers=4,6,8,10,12,16,20,24"),
+        "{grid}"
     );
 }
