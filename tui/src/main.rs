@@ -18,6 +18,7 @@ mod plan_plot;
 mod plot;
 mod service;
 mod sweep;
+mod sweep_plot;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};

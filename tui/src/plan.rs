@@ -15,11 +15,9 @@ use kvtwin_sim::plan::search::{self, Evaluate};
 use kvtwin_sim::plan::slo::Slo;
 use kvtwin_sim::plan::space::{PlanPoint, Points, Space};
 use kvtwin_sim::plan::summary::RunSummary;
-use kvtwin_sim::scenario::{Scenario, WorkloadSpec};
-use kvtwin_sim::workload::read_mooncake_trace;
+use kvtwin_sim::scenario::Scenario;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// `kvtwin plan`.
 #[derive(clap::Args)]
@@ -98,25 +96,6 @@ impl Evaluate for Simulator<'_> {
     }
 }
 
-/// The workload of a plan: `--trace`, the scenario's own trace (relative to its file), or
-/// its synthetic requests.
-pub(crate) fn load_workload(
-    scenario: &Scenario,
-    scenario_path: &Path,
-    trace: Option<&Path>,
-) -> Result<Workload> {
-    let trace = match (trace, &scenario.workload) {
-        (Some(trace), _) => trace.to_path_buf(),
-        (None, WorkloadSpec::MooncakeTrace { path }) => {
-            scenario_path.parent().unwrap_or(Path::new(".")).join(path)
-        }
-        (None, _) => return Ok(Workload::Synthetic),
-    };
-    let requests = read_mooncake_trace(&trace)
-        .with_context(|| format!("reading trace {}", trace.display()))?;
-    Ok(Workload::Trace(Arc::from(requests)))
-}
-
 /// `kvtwin plan`.
 pub(crate) fn plan(args: &PlanArgs) -> Result<()> {
     let base = Scenario::load(&args.scenario)
@@ -146,7 +125,7 @@ pub(crate) fn plan(args: &PlanArgs) -> Result<()> {
     }
     // Read once: the search runs it, and so does the occupancy plot.
     let workload = if args.from_sweep.is_none() || args.plot.is_some() {
-        load_workload(&base, &args.scenario, args.trace.as_deref())?
+        crate::sweep::workload_of(&base, &args.scenario, args.trace.as_deref())?
     } else {
         Workload::Synthetic
     };
@@ -175,6 +154,12 @@ pub(crate) fn plan(args: &PlanArgs) -> Result<()> {
         print!("{}", report.csv());
     } else {
         print!("{}", report.text());
+    }
+    if !outcome.violations.is_empty() && (args.json || args.csv) {
+        eprintln!(
+            "kvtwin plan: {} pairs of runs break monotonicity (see the text report)",
+            outcome.violations.len()
+        );
     }
     if let Some(dir) = &args.plot {
         for file in crate::plan_plot::plot(dir, &report, &base, &workload)? {
@@ -215,11 +200,9 @@ fn read_sweep(file: &Path, points: &Points) -> Result<BTreeMap<usize, RunSummary
     let mut summaries = BTreeMap::new();
     for (number, line) in text.lines().enumerate() {
         let at = || format!("{}:{}", file.display(), number + 1);
-        let value: serde_json::Value =
-            serde_json::from_str(line).with_context(|| format!("{}: not JSON", at()))?;
-        let overrides: BTreeMap<String, serde_json::Value> =
-            serde_json::from_value(value.get("overrides").cloned().unwrap_or_default())
-                .with_context(|| format!("{}: no \"overrides\" object", at()))?;
+        let line = kvtwin_sim::plan::sweep::parse_line(line)
+            .with_context(|| format!("{}: not a line of a sweep", at()))?;
+        let overrides: BTreeMap<String, serde_json::Value> = line.overrides.into_iter().collect();
         let Some(&index) = by_overrides.get(&canonical(&overrides)) else {
             bail!(
                 "{}: overrides {} are no point of the space (a sweep of another grid? \
@@ -228,9 +211,7 @@ fn read_sweep(file: &Path, points: &Points) -> Result<BTreeMap<usize, RunSummary
                 serde_json::Value::from(serde_json::Map::from_iter(overrides))
             );
         };
-        if let Some(summary) = value.get("summary") {
-            let summary: RunSummary = serde_json::from_value(summary.clone())
-                .with_context(|| format!("{}: malformed \"summary\"", at()))?;
+        if let Some(summary) = line.summary {
             summaries.insert(index, summary);
         }
     }

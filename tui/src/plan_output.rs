@@ -153,15 +153,35 @@ impl<'a> Report<'a> {
         };
         format!(
             "searched {total} points ({invalid}): ran {} simulations ({} screens on the first {:.0} % \
-             of the workload, {} on all of it); {} decided by monotonicity without a run, {} dearer \
-             than the optimum",
+             of the workload, {} on all of it, {} of them checking the optimum's neighbours); {} \
+             decided by monotonicity without a run, {} dearer than the optimum",
             o.runs.len() + o.screens.len(),
             o.screens.len(),
             self.screen * 100.0,
             o.runs.len(),
+            o.checks,
             o.inferred,
             o.pruned
         )
+    }
+
+    /// A warning when runs broke the search's premise, or `None`.
+    fn violations(&self) -> Option<String> {
+        let (low, high) = *self.outcome.violations.first()?;
+        let describe = |i: usize| describe(self.points, &self.points.points[i]);
+        Some(format!(
+            "warning: {} pairs of runs break monotonicity, e.g. {} meets the SLO and {} fails; \
+             {}",
+            self.outcome.violations.len(),
+            describe(low),
+            describe(high),
+            if self.from_sweep {
+                "the model is not monotone in this space"
+            } else {
+                "the search assumes it does not, so confirm with an exhaustive sweep \
+                 (kvtwin plan --print-grid gives its grid; then --from-sweep)"
+            }
+        ))
     }
 
     /// The human report.
@@ -169,6 +189,9 @@ impl<'a> Report<'a> {
         let mut out = String::new();
         let _ = writeln!(out, "SLO: {}", self.slo.describe());
         let _ = writeln!(out, "{}", self.effort());
+        if let Some(warning) = self.violations() {
+            let _ = writeln!(out, "{warning}");
+        }
         match self.outcome.chosen {
             Some(index) => {
                 let point = &self.points.points[index];
@@ -304,8 +327,10 @@ impl<'a> Report<'a> {
                 "full_runs": o.runs.len(),
                 "screens": o.screens.len(),
                 "screen_fraction": self.screen,
+                "checks": o.checks,
                 "inferred": o.inferred,
                 "pruned": o.pruned,
+                "monotone_violations": o.violations.len(),
             },
             "chosen": chosen,
             "closest": closest,

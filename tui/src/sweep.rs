@@ -56,6 +56,11 @@ pub(crate) struct SweepArgs {
     /// their files with `kvtwin sweep merge`.
     #[arg(long, value_name = "I/N")]
     shard: Option<String>,
+    /// Writes plots (SVG and PNG) of the finished sweep into this folder: p99 TTFT, p99
+    /// TPOT and hit ratio against the first --grid axis (when numeric), and TTFT and
+    /// TPOT CDFs of up to 8 runs.
+    #[arg(long, value_name = "DIR")]
+    plot: Option<PathBuf>,
     /// The JSON-lines file: one line per run, resumed if it exists.
     #[arg(long, required = true, value_name = "FILE.jsonl")]
     out: Option<PathBuf>,
@@ -147,6 +152,15 @@ pub(crate) fn run(args: &SweepArgs) -> Result<()> {
          core-second); {} of {mine} runs in {shown}, {failed} failed",
         finished.len()
     );
+    if let Some(dir) = &args.plot {
+        let lines: Vec<sweep::SweepLine> = finished
+            .values()
+            .filter_map(|line| sweep::parse_line(line).ok())
+            .collect();
+        for file in crate::sweep_plot::plot(dir, &lines)? {
+            eprintln!("kvtwin sweep: wrote {}", file.display());
+        }
+    }
     if failed > 0 {
         bail!("{failed} runs failed; their lines in {shown} say why");
     }
@@ -155,7 +169,11 @@ pub(crate) fn run(args: &SweepArgs) -> Result<()> {
 
 /// The requests every run shares: `--trace`, else the scenario's own trace (its path
 /// taken from the scenario file's folder), each read once; else generated per run.
-fn workload_of(base: &Scenario, scenario_path: &Path, trace: Option<&Path>) -> Result<Workload> {
+pub(crate) fn workload_of(
+    base: &Scenario,
+    scenario_path: &Path,
+    trace: Option<&Path>,
+) -> Result<Workload> {
     let path = match (trace, &base.workload) {
         (Some(trace), _) => trace.to_path_buf(),
         (None, WorkloadSpec::MooncakeTrace { path }) => {

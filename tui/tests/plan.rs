@@ -199,7 +199,7 @@ fn bad_input_names_its_field() {
     let sweep = write(
         dir.path(),
         "other.jsonl",
-        "{\"run\":0,\"runs\":1,\"overrides\":{\"cluster.workers\":7},\"seed\":1}\n",
+        "{\"run\":0,\"runs\":1,\"overrides\":{\"cluster.workers\":7},\"seed\":1,\"error\":\"x\"}\n",
     );
     fails(
         &["--space", &good, "--slo", SLO, "--from-sweep", &sweep],

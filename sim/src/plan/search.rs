@@ -19,6 +19,10 @@
 //!    than the best so far only. A point already implied by an earlier run (above a pass,
 //!    below a failure) is not run again.
 //!
+//! 3. Check: the points one level below the optimum on each monotone dimension, where
+//!    only implied, are run; if one meets the SLO the premise broke there, it becomes the
+//!    optimum and its own neighbours are checked.
+//!
 //! Only full runs decide; screening only says where to start. So with a monotone model
 //! the result is the exhaustive sweep's optimum (the least [`PlanPoint::key`] among the
 //! points that meet the SLO), which the tests check against a brute force.
@@ -64,15 +68,41 @@ pub struct Outcome {
     pub runs: BTreeMap<usize, Run>,
     /// Screening runs (on the prefix), by point index.
     pub screens: BTreeMap<usize, RunSummary>,
+    /// Of the full runs, those that checked the optimum's neighbours (see
+    /// [`search`]'s step 3).
+    pub checks: usize,
     /// Valid points decided without a run, by monotonicity.
     pub inferred: usize,
     /// Valid points never decided: dearer than the optimum.
     pub pruned: usize,
     /// Points that are not valid configurations.
     pub invalid: usize,
+    /// Pairs of runs (lower, higher) that break the search's premise: `lower` has at most
+    /// `higher`'s workers and blocks, yet meets the SLO where `higher` fails. Where there
+    /// are any, the model is not monotone in this space and a point the search ruled out
+    /// by implication may meet the SLO: check with an exhaustive sweep.
+    pub violations: Vec<(usize, usize)>,
 }
 
 impl Outcome {
+    /// Finds the [`Outcome::violations`] among the runs made.
+    fn find_violations(&mut self, points: &Points) {
+        self.violations.clear();
+        for (&low, low_run) in &self.runs {
+            if !low_run.verdict.holds() {
+                continue;
+            }
+            for (&high, high_run) in &self.runs {
+                if low != high
+                    && !high_run.verdict.holds()
+                    && points.points[low].below(&points.points[high])
+                {
+                    self.violations.push((low, high));
+                }
+            }
+        }
+    }
+
     /// The full run nearest to meeting the SLO when none does: the one whose worst
     /// bound is exceeded by the smallest share (fewest unserved requests first).
     pub fn closest(&self) -> Option<usize> {
@@ -131,6 +161,11 @@ impl<E: Evaluate> State<'_, E> {
         if let Some(known) = self.implied(index) {
             return Ok(known == Known::Meets);
         }
+        self.run(index)
+    }
+
+    /// Runs `index` on the full workload, whatever is implied; whether it meets the SLO.
+    fn run(&mut self, index: usize) -> Result<bool, E::Error> {
         let points = self.points;
         let summary = self.evaluate.evaluate(&points.points[index], 1.0)?;
         let verdict = self.slo.judge(&summary);
@@ -152,6 +187,36 @@ impl<E: Evaluate> State<'_, E> {
     fn affordable(&self, index: usize) -> bool {
         self.best
             .is_none_or(|b| self.point(index).before(self.point(b)))
+    }
+
+    /// Runs the points one level below the best on each monotone dimension that were
+    /// ruled out by implication only: if the premise holds they fail, and the best stands
+    /// confirmed by runs on every side; if one meets, the premise broke, it becomes the
+    /// best and its own neighbours are checked in turn.
+    fn check_neighbours(&mut self) -> Result<(), E::Error> {
+        let mut checked = Vec::new();
+        while let Some(best) = self.best {
+            if checked.contains(&best) {
+                break;
+            }
+            checked.push(best);
+            let p = self.point(best).clone();
+            for dim in 0..4 {
+                if p.levels[dim] == 0 {
+                    continue;
+                }
+                let mut levels = p.levels;
+                levels[dim] -= 1;
+                let Some(below) = self.valid(p.category, levels) else {
+                    continue;
+                };
+                if !self.outcome.runs.contains_key(&below) {
+                    self.outcome.checks += 1;
+                    self.run(below)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The index of the point of `category` at `levels`, if it is a valid one.
@@ -319,8 +384,10 @@ pub fn search<E: Evaluate>(
             }
         }
     }
+    state.check_neighbours()?;
     let mut outcome = state.outcome;
     outcome.chosen = state.best;
+    outcome.find_violations(points);
     for (index, point) in points.points.iter().enumerate() {
         if point.invalid.is_some() {
             outcome.invalid += 1;
@@ -359,6 +426,7 @@ pub fn exhaustive(points: &Points, slo: &Slo, summaries: BTreeMap<usize, RunSumm
             outcome.pruned += 1;
         }
     }
+    outcome.find_violations(points);
     outcome.chosen = outcome
         .runs
         .iter()
@@ -540,6 +608,45 @@ mod tests {
             if outcome.chosen.is_none() {
                 prop_assert!(outcome.closest().is_some() || outcome.runs.is_empty());
             }
+        }
+    }
+
+    #[test]
+    fn runs_that_break_monotonicity_are_reported() {
+        // Latency grows with workers (cache locality lost): the premise is false.
+        let points = space(&[1.0], [4, 1, 1, 1], [0.0, 0.0], &[]);
+        let model = Model {
+            categories: vec![(50.0, [-0.2, 0.0, 0.0, 0.0])],
+            screen_error: 1.0,
+        };
+        let slo = Slo::parse("ttft_p99_ms=55").unwrap();
+        let all: BTreeMap<usize, RunSummary> = (0..points.points.len())
+            .map(|i| {
+                let mut table = Table {
+                    model: &model,
+                    full: 0,
+                };
+                (i, table.evaluate(&points.points[i], 1.0).unwrap())
+            })
+            .collect();
+        let exhaustive = exhaustive(&points, &slo, all);
+        // One worker meets the SLO, more fail: every (1, more) pair is reported.
+        assert_eq!(exhaustive.chosen, Some(0));
+        assert_eq!(exhaustive.violations, vec![(0, 1), (0, 2), (0, 3)]);
+        // The search trusts the premise, so here it may miss the optimum; what it shows
+        // of the breach depends on the runs it made, and is reported the same way.
+        let searched = search(
+            &points,
+            &slo,
+            Table {
+                model: &model,
+                full: 0,
+            },
+            1.0,
+        )
+        .unwrap();
+        for (low, high) in &searched.violations {
+            assert!(searched.runs[low].verdict.holds() && !searched.runs[high].verdict.holds());
         }
     }
 
