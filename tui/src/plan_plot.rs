@@ -11,7 +11,7 @@ use crate::plot::{self, Axes, Series};
 use anyhow::{Context, Result};
 use kvtwin_sim::plan::pareto::{front, Better, Row};
 use kvtwin_sim::plan::run::{configure, Workload};
-use kvtwin_sim::plan::summary::CDF_PERCENTS;
+use kvtwin_sim::plan::summary::RunSummary;
 use kvtwin_sim::plan::timeline::run_with_occupancy;
 use kvtwin_sim::scenario::Scenario;
 use std::path::{Path, PathBuf};
@@ -138,43 +138,23 @@ pub(crate) fn plot(
             shown.push(index);
         }
     }
-    let cdf = |pick: fn(&kvtwin_sim::plan::summary::RunSummary) -> &Vec<f64>| -> Vec<Series> {
-        shown
-            .iter()
-            .map(|index| {
-                let summary = &outcome.runs[index].summary;
-                let name = describe(points, &points.points[*index]);
-                Series {
-                    name: if Some(*index) == outcome.chosen {
-                        format!("chosen: {name}")
-                    } else {
-                        name
-                    },
-                    // Up to p99: the maximum alone would stretch the axis tenfold.
-                    points: pick(summary)
-                        .iter()
-                        .copied()
-                        .zip(CDF_PERCENTS)
-                        .filter(|(_, percent)| *percent <= 99.0)
-                        .collect(),
-                }
-            })
-            .collect()
-    };
-    if !shown.is_empty() {
-        written.extend(plot::cdfs(
+    let runs: Vec<(String, &RunSummary)> = shown
+        .iter()
+        .map(|index| {
+            let name = describe(points, &points.points[*index]);
+            let name = if Some(*index) == outcome.chosen {
+                format!("chosen: {name}")
+            } else {
+                name
+            };
+            (name, &outcome.runs[index].summary)
+        })
+        .collect();
+    if !runs.is_empty() {
+        written.extend(plot::latency_cdfs(
             dir,
-            "cdf-ttft",
-            "TTFT up to p99: the chosen point and the cost front",
-            "time to first token (ms)",
-            &cdf(|s| &s.ttft_cdf_ms),
-        )?);
-        written.extend(plot::cdfs(
-            dir,
-            "cdf-tpot",
-            "TPOT up to p99: the chosen point and the cost front",
-            "time per output token (ms)",
-            &cdf(|s| &s.tpot_cdf_ms),
+            "the chosen point and the cost front",
+            &runs,
         )?);
     }
     if let Some(index) = outcome.chosen.or_else(|| outcome.closest()) {

@@ -11,6 +11,7 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use kvtwin::tier::Tier;
+use kvtwin_sim::plan::summary::{RunSummary, CDF_PERCENTS};
 use kvtwin_sim::plan::timeline::OccupancySample;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::Shift;
@@ -122,6 +123,43 @@ pub(crate) fn cdfs(
         y_range: Some(0.0..102.0),
     };
     chart.write(dir, stem)
+}
+
+/// The TTFT and TPOT CDFs of `runs` (label, summary) up to p99 (the maximum alone would
+/// stretch the axis tenfold), as `cdf-ttft` and `cdf-tpot`; `what` ends their titles.
+pub(crate) fn latency_cdfs(
+    dir: &Path,
+    what: &str,
+    runs: &[(String, &RunSummary)],
+) -> Result<Vec<PathBuf>> {
+    let series = |pick: fn(&RunSummary) -> &Vec<f64>| -> Vec<Series> {
+        runs.iter()
+            .map(|(name, summary)| Series {
+                name: name.clone(),
+                points: pick(summary)
+                    .iter()
+                    .copied()
+                    .zip(CDF_PERCENTS)
+                    .filter(|(_, percent)| *percent <= 99.0)
+                    .collect(),
+            })
+            .collect()
+    };
+    let mut written = cdfs(
+        dir,
+        "cdf-ttft",
+        &format!("TTFT up to p99: {what}"),
+        "time to first token (ms)",
+        &series(|s| &s.ttft_cdf_ms),
+    )?;
+    written.extend(cdfs(
+        dir,
+        "cdf-tpot",
+        &format!("TPOT up to p99: {what}"),
+        "time per output token (ms)",
+        &series(|s| &s.tpot_cdf_ms),
+    )?);
+    Ok(written)
 }
 
 /// Occupancy per tier over time, percent of capacity, one line per tier that has capacity.

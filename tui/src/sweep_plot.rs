@@ -7,7 +7,7 @@
 
 use crate::plot::{self, Axes, Series};
 use anyhow::{ensure, Result};
-use kvtwin_sim::plan::summary::{RunSummary, CDF_PERCENTS};
+use kvtwin_sim::plan::summary::RunSummary;
 use kvtwin_sim::plan::sweep::SweepLine;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -127,35 +127,11 @@ pub(crate) fn plot(dir: &Path, lines: &[SweepLine]) -> Result<Vec<PathBuf>> {
     // CDFs of runs spread over the sweep.
     let step = ran.len().div_ceil(CDF_RUNS).max(1);
     let shown: Vec<&(&SweepLine, &RunSummary)> = ran.iter().step_by(step).collect();
-    let cdf = |pick: fn(&RunSummary) -> &Vec<f64>| -> Vec<Series> {
-        shown
-            .iter()
-            .map(|(line, summary)| Series {
-                name: label(line, seeds),
-                // Up to p99: the maximum alone would stretch the axis tenfold.
-                points: pick(summary)
-                    .iter()
-                    .copied()
-                    .zip(CDF_PERCENTS)
-                    .filter(|(_, percent)| *percent <= 99.0)
-                    .collect(),
-            })
-            .collect()
-    };
-    let of = format!("{} of {} runs", shown.len(), ran.len());
-    written.extend(plot::cdfs(
-        dir,
-        "cdf-ttft",
-        &format!("TTFT up to p99, {of}"),
-        "time to first token (ms)",
-        &cdf(|s| &s.ttft_cdf_ms),
-    )?);
-    written.extend(plot::cdfs(
-        dir,
-        "cdf-tpot",
-        &format!("TPOT up to p99, {of}"),
-        "time per output token (ms)",
-        &cdf(|s| &s.tpot_cdf_ms),
-    )?);
+    let runs: Vec<(String, &RunSummary)> = shown
+        .iter()
+        .map(|(line, summary)| (label(line, seeds), *summary))
+        .collect();
+    let what = format!("{} of {} runs", shown.len(), ran.len());
+    written.extend(plot::latency_cdfs(dir, &what, &runs)?);
     Ok(written)
 }

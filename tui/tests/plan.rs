@@ -235,3 +235,65 @@ fn the_shipped_design_space_fits_its_scenario() {
         "{grid}"
     );
 }
+
+#[test]
+fn plan_and_sweep_draw_their_plots_as_svg_and_png() {
+    let dir = tempfile::tempdir().unwrap();
+    let space = write(
+        dir.path(),
+        "space.ron",
+        r#"(set: [("workload.Conversations.conversations", ["40"])], workers: [1, 2], host_blocks: [1000, 2000])"#,
+    );
+    let plots = dir.path().join("plan");
+    common::kvtwin(&[
+        "plan",
+        SCENARIO,
+        "--space",
+        &space,
+        "--slo",
+        "ttft_p99_ms=5000",
+        "--plot",
+        plots.to_str().unwrap(),
+    ]);
+    let sweep = dir.path().join("sweep");
+    common::kvtwin(&[
+        "sweep",
+        SCENARIO,
+        "--grid",
+        "cluster.workers=1,2",
+        "--grid",
+        "workload.Conversations.conversations=40",
+        "--out",
+        dir.path().join("s.jsonl").to_str().unwrap(),
+        "--plot",
+        sweep.to_str().unwrap(),
+    ]);
+    let expected: [(&Path, &[&str]); 2] = [
+        (
+            &plots,
+            &[
+                "pareto-cost-ttft_p99_ms",
+                "pareto-throughput",
+                "cdf-ttft",
+                "cdf-tpot",
+                "occupancy",
+            ],
+        ),
+        (
+            &sweep,
+            &["ttft-p99", "tpot-p99", "hit-ratio", "cdf-ttft", "cdf-tpot"],
+        ),
+    ];
+    for (folder, stems) in expected {
+        for stem in stems {
+            let png = std::fs::read(folder.join(format!("{stem}.png"))).unwrap();
+            assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "{stem}.png");
+            let svg = std::fs::read_to_string(folder.join(format!("{stem}.svg"))).unwrap();
+            assert!(
+                svg.contains("<svg") && svg.trim_end().ends_with("</svg>"),
+                "{stem}.svg"
+            );
+            assert!(svg.contains("<text"), "{stem}.svg has no labels");
+        }
+    }
+}

@@ -201,7 +201,7 @@ pub fn doubling_capacities(saturation_blocks: usize) -> Vec<usize> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cache::replay;
     use kvtwin::block::BlockIdentity;
@@ -209,7 +209,9 @@ mod tests {
     use kvtwin::pool::EvictionPolicyKind;
     use proptest::prelude::*;
 
-    fn request(ids: &[u64], input_tokens: u64) -> Request {
+    /// A request for the prefix `ids` of `input_tokens` tokens (the sampled curve's tests
+    /// use it too).
+    pub(crate) fn request(ids: &[u64], input_tokens: u64) -> Request {
         let locals: Vec<LocalBlockHash> = ids.iter().map(|i| LocalBlockHash::new(*i)).collect();
         Request {
             id: RequestId::new(0),

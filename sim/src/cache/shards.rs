@@ -456,22 +456,9 @@ pub fn mean_absolute_error(estimate: &[CacheRow], exact: &[CacheRow]) -> (f64, f
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::curve::tests::request;
     use crate::cache::curve::HitCurve;
-    use kvtwin::block::BlockIdentity;
-    use kvtwin::ids::{LocalBlockHash, RequestId, Timestamp};
     use proptest::prelude::*;
-
-    fn request(ids: &[u64], input_tokens: u64) -> Request {
-        let locals: Vec<LocalBlockHash> = ids.iter().map(|i| LocalBlockHash::new(*i)).collect();
-        Request {
-            id: RequestId::new(0),
-            arrival: Timestamp::ZERO,
-            blocks: BlockIdentity::chain(&locals),
-            input_tokens,
-            output_tokens: 1,
-            think_tokens: 0,
-        }
-    }
 
     /// A synthetic trace with shared prefixes at several depths: `conversations`
     /// conversations of growing prompts under a few system prompts.

@@ -448,7 +448,6 @@ mod tests {
     use crate::cluster::Percentiles;
     use crate::plan::prices::GpuShape;
     use crate::plan::space::Shape;
-    use crate::plan::summary::TierHits;
     use proptest::prelude::*;
 
     /// A monotone model: latency falls with every level, scaled per category.
@@ -496,23 +495,11 @@ mod tests {
             workers: 1,
             requests: 1,
             completed: 1,
-            rejected_too_large: 0,
-            hit_ratio: 0.0,
-            hit_token_ratio: 0.0,
-            hit_ratio_by_tier: TierHits::default(),
             ttft: Percentiles {
                 p99_ms: ttft_p99_ms,
                 ..Percentiles::default()
             },
-            tpot: Percentiles::default(),
-            end_to_end: Percentiles::default(),
-            queueing: Percentiles::default(),
-            ttft_cdf_ms: Vec::new(),
-            tpot_cdf_ms: Vec::new(),
-            output_tokens_per_s: 0.0,
-            simulated_s: 0.0,
-            waits_for_blocks: 0,
-            preemptions: 0,
+            ..RunSummary::default()
         }
     }
 

@@ -29,7 +29,8 @@ pub struct TierHits {
 }
 
 /// What one run did, in the figures planning needs. Field order is the JSON's.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// (`Default` is a run of nothing, for tests and tables.)
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunSummary {
     /// Workers in the cluster.
     pub workers: usize,
@@ -160,23 +161,9 @@ mod tests {
     #[test]
     fn every_listed_metric_resolves_and_others_do_not() {
         let mut summary = RunSummary {
-            workers: 1,
             requests: 3,
             completed: 2,
-            rejected_too_large: 0,
-            hit_ratio: 0.0,
-            hit_token_ratio: 0.0,
-            hit_ratio_by_tier: TierHits::default(),
-            ttft: Percentiles::default(),
-            tpot: Percentiles::default(),
-            end_to_end: Percentiles::default(),
-            queueing: Percentiles::default(),
-            ttft_cdf_ms: Vec::new(),
-            tpot_cdf_ms: Vec::new(),
-            output_tokens_per_s: 0.0,
-            simulated_s: 0.0,
-            waits_for_blocks: 0,
-            preemptions: 0,
+            ..RunSummary::default()
         };
         summary.ttft.p99_ms = 7.0;
         summary.queueing.mean_ms = 3.0;
