@@ -11,19 +11,8 @@ use std::process::Command;
 /// The reference's capacities.
 const CAPACITIES: &str = "1000,2000,5000,5859,6000,10000,20000,50000,97656,100000";
 
-/// The Mooncake trace, or `None` with a printed reason when `../shared` is absent and the
-/// run is not CI (CI always has it, so there its absence fails the test).
 fn trace() -> Option<PathBuf> {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared");
-    if !shared.is_dir() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but ../shared is missing; the cache curve test needs it"
-        );
-        eprintln!("skipping the cache curve test: ../shared is not beside the repository");
-        return None;
-    }
-    Some(shared.join("data/mooncake/conversation_trace.jsonl"))
+    common::mooncake_trace("the cache curve test")
 }
 
 #[test]

@@ -2,6 +2,8 @@
 //! shards joined by `merge`, a crash and a restart), and bad flags or parts are refused
 //! with a message naming them.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -235,19 +237,8 @@ fn bad_flags_are_refused_naming_them() {
     assert!(no_out.contains("--out"), "{no_out}");
 }
 
-/// The Mooncake trace beside the repository, or `None` with a printed reason when
-/// `../shared` is absent and the run is not CI (CI always has it).
 fn trace() -> Option<PathBuf> {
-    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared");
-    if !shared.is_dir() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but ../shared is missing; the trace sweep test needs it"
-        );
-        eprintln!("skipping the trace sweep test: ../shared is not beside the repository");
-        return None;
-    }
-    Some(shared.join("data/mooncake/conversation_trace.jsonl"))
+    common::mooncake_trace("the trace sweep test")
 }
 
 #[test]

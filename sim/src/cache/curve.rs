@@ -252,7 +252,8 @@ pub(crate) mod tests {
         );
     }
 
-    fn small_traces() -> impl Strategy<Value = Vec<Request>> {
+    /// Small traces with shared prefixes (the sampled curve's tests use them too).
+    pub(crate) fn small_traces() -> impl Strategy<Value = Vec<Request>> {
         // Few distinct ids per position so that prefixes are shared and capacities bite.
         let prompt = (prop::collection::vec(0u64..4, 1..6), 0u64..24).prop_map(|(ids, extra)| {
             let input_tokens = (ids.len() as u64 - 1) * 4 + 1 + extra % 4;

@@ -456,7 +456,7 @@ pub fn mean_absolute_error(estimate: &[CacheRow], exact: &[CacheRow]) -> (f64, f
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::curve::tests::request;
+    use crate::cache::curve::tests::{request, small_traces};
     use crate::cache::curve::HitCurve;
     use proptest::prelude::*;
 
@@ -559,14 +559,6 @@ mod tests {
         let rows: Vec<CacheRow> = capacities.iter().map(|c| sampled.row(*c)).collect();
         let (blocks, tokens) = mean_absolute_error(&rows, &exact_rows);
         assert!(blocks < 0.05 && tokens < 0.05, "MAE {blocks} {tokens}");
-    }
-
-    fn small_traces() -> impl Strategy<Value = Vec<Request>> {
-        let prompt = (prop::collection::vec(0u64..4, 1..6), 0u64..24).prop_map(|(ids, extra)| {
-            let input_tokens = (ids.len() as u64 - 1) * 4 + 1 + extra % 4;
-            request(&ids, input_tokens)
-        });
-        prop::collection::vec(prompt, 0..24)
     }
 
     proptest! {

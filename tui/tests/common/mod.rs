@@ -173,3 +173,19 @@ pub(crate) fn start_jetstream_relay(
     relay.wait_line(&format!("kvtwin relay: worker {worker}"));
     relay
 }
+
+/// The Mooncake conversation trace beside the repository, or `None` with a printed
+/// reason when `../shared` is absent and the run is not CI (CI always has it, so there
+/// its absence fails `test`).
+pub(crate) fn mooncake_trace(test: &str) -> Option<std::path::PathBuf> {
+    let shared = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared");
+    if !shared.is_dir() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but ../shared is missing; {test} needs it"
+        );
+        eprintln!("skipping {test}: ../shared is not beside the repository");
+        return None;
+    }
+    Some(shared.join("data/mooncake/conversation_trace.jsonl"))
+}
