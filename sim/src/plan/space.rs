@@ -33,7 +33,9 @@ pub struct Space {
     #[serde(default)]
     pub routing: Vec<Routing>,
     /// Any other scenario field by dotted path (as `kvtwin run --set`) and its values
-    /// (JSON, or plain strings), not assumed monotone.
+    /// (JSON, or plain strings), not assumed monotone: an eviction policy per tier
+    /// (`("worker.tiers.0.eviction", ["Lru", "Priority"])`), the onboard policy, the
+    /// scheduler's weights...
     #[serde(default)]
     pub set: Vec<(String, Vec<String>)>,
     /// Workers in the cluster (monotone).
