@@ -8,7 +8,8 @@
 //! scenarios ([`scenario`], RON, read by [`ron_file`] like every RON input), the
 //! steppable cluster and its report ([`cluster`]), the checkers that judge a cluster
 //! from outside ([`checkers`]), trace replay through one pool for cache sizing
-//! ([`cache`]); capacity planning over many runs ([`plan`]: sweeps, the SLO-and-cost
+//! ([`cache`]); traffic that changes over time ([`traffic`]: time-scaling, loops, rate
+//! curves); capacity planning over many runs ([`plan`]: sweeps, the SLO-and-cost
 //! search); validation scripts run on any two hardwares through one `Manager`, and
 //! their comparison ([`validation`]).
 //!
@@ -28,5 +29,6 @@ pub mod plan;
 pub mod queue;
 pub mod ron_file;
 pub mod scenario;
+pub mod traffic;
 pub mod validation;
 pub mod workload;
