@@ -1,7 +1,7 @@
 //! Traffic that changes: request streams time-scaled, looped and joined, and arrivals
 //! redrawn from a seeded rate curve (a diurnal cycle, steps, a burst).
 //!
-//! Owns: [`speedup`], [`concat`], [`repeat`] (whole streams: order, prompts and output
+//! Owns: [`speedup`], [`concat()`], [`repeat`] (whole streams: order, prompts and output
 //! lengths kept, ids renumbered in arrival order), [`RateCurve`] (requests per second
 //! over simulated time) and [`retime`] (arrivals drawn from a non-homogeneous Poisson
 //! process of a curve by thinning, seeded, so the same seed gives the same arrivals).
@@ -226,7 +226,7 @@ pub fn concat(streams: &[&[Request]], gap_ns: u64) -> Vec<Request> {
     renumbered(out.into_iter())
 }
 
-/// `requests` `times` times in a row ([`concat`] with `gap_ns`). With `fresh_prefixes`,
+/// `requests` `times` times in a row ([`concat()`] with `gap_ns`). With `fresh_prefixes`,
 /// copy `k` names its blocks anew (each local hash mixed with `k`), so that no copy hits
 /// an earlier copy's cache: the same shape of traffic, from new users.
 pub fn repeat(

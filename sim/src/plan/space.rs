@@ -4,7 +4,7 @@
 //! dotted path, which are tried as they are; workers and device, host and disk blocks
 //! per worker, which the search treats as monotone), its check against a scenario
 //! ([`Space::points`], errors naming the field), the [`PlanPoint`]s with what each costs
-//! ([`Shape`]), and the sweep grid that covers the same points ([`Space::grid`]).
+//! ([`Shape`]), and the sweep grid that covers the same points ([`Points::grid`]).
 //! Never: run anything or choose among the points.
 //!
 //! The monotone dimensions are the premise of the search: in the model, more workers or

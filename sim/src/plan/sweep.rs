@@ -3,7 +3,7 @@
 //! Owns: the grid ([`Grid`], from `--grid PATH=V1,V2,...` flags), the runs it stands for
 //! ([`Sweep`]: the cross product in flag order, first axis slowest, seeds innermost, each
 //! run numbered), shards of them ([`Shard`], `--shard I/N`), the line format of a sweep
-//! file ([`line`], [`parse_line`]), what a half-written file already holds ([`resume`])
+//! file ([`line()`], [`parse_line`]), what a half-written file already holds ([`resume`])
 //! and the joining of shards' files ([`merge`]).
 //! Invariants: a run's number, overrides and seed depend only on the flags, so every
 //! shard and every resumed invocation agrees on them; a line is written from the run and

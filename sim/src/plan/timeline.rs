@@ -29,7 +29,7 @@ pub struct OccupancySample {
 
 /// Runs `requests` through `scenario` and samples occupancy about `samples` times over
 /// the arrivals (then at the same step until the run ends). The report and summary are
-/// those of [`run`].
+/// those of [`run`](super::run::run).
 pub fn run_with_occupancy(
     scenario: &Scenario,
     requests: &[Request],
