@@ -189,11 +189,7 @@ fn read_sweep(file: &Path, points: &Points) -> Result<BTreeMap<usize, RunSummary
             .sets
             .iter()
             .filter_map(|set| set.split_once('='))
-            .map(|(path, raw)| {
-                let value = serde_json::from_str(raw)
-                    .unwrap_or_else(|_| serde_json::Value::String(raw.to_string()));
-                (path.to_string(), value)
-            })
+            .map(|(path, raw)| (path.to_string(), kvtwin_sim::plan::sweep::value_of(raw)))
             .collect();
         by_overrides.insert(canonical(&overrides), index);
     }

@@ -224,7 +224,7 @@ impl<E: Evaluate> State<'_, E> {
         let p = self.points.at(category, levels);
         p.invalid
             .is_none()
-            .then(|| index_of(self.points, category, levels))
+            .then(|| self.points.index(category, levels))
     }
 
     /// Finds the lowest worker level whose largest-cache point meets the SLO (screened,
@@ -343,13 +343,6 @@ impl<E: Evaluate> State<'_, E> {
     }
 }
 
-/// The index of `levels` of `category` in [`Points::points`].
-fn index_of(points: &Points, category: usize, levels: [usize; 4]) -> usize {
-    let [w, d, h, k] = levels;
-    let [nw, nd, nh, nk] = points.levels;
-    (((category * nw + w) * nd + d) * nh + h) * nk + k
-}
-
 /// The cheapest point of `points` meeting `slo` (see the module doc), running points
 /// through `evaluate`; screening runs use the first `screen_fraction` of the workload
 /// (1: no screening).
@@ -385,21 +378,14 @@ pub fn search<E: Evaluate>(
         }
     }
     state.check_neighbours()?;
-    let mut outcome = state.outcome;
+    let mut outcome = std::mem::take(&mut state.outcome);
     outcome.chosen = state.best;
     outcome.find_violations(points);
     for (index, point) in points.points.iter().enumerate() {
         if point.invalid.is_some() {
             outcome.invalid += 1;
         } else if !outcome.runs.contains_key(&index) {
-            let implied = state.known[point.category].iter().any(|(other, known)| {
-                let q = &points.points[*other];
-                match known {
-                    Known::Meets => q.below(point),
-                    Known::Fails => point.below(q),
-                }
-            });
-            if implied {
+            if state.implied(index).is_some() {
                 outcome.inferred += 1;
             } else {
                 outcome.pruned += 1;

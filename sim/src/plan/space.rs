@@ -205,9 +205,14 @@ pub struct Points {
 impl Points {
     /// The point of `category` at `levels`.
     pub fn at(&self, category: usize, levels: [usize; 4]) -> &PlanPoint {
+        &self.points[self.index(category, levels)]
+    }
+
+    /// The index in [`Points::points`] of the point of `category` at `levels`.
+    pub fn index(&self, category: usize, levels: [usize; 4]) -> usize {
         let [w, d, h, k] = levels;
-        let [_, nd, nh, nk] = self.levels;
-        &self.points[((((category * self.levels[0]) + w) * nd + d) * nh + h) * nk + k]
+        let [nw, nd, nh, nk] = self.levels;
+        (((category * nw + w) * nd + d) * nh + h) * nk + k
     }
 
     /// Every axis as `kvtwin sweep --grid PATH=V1,V2,...` arguments, categories first,

@@ -107,8 +107,9 @@ pub fn split_values(text: &str) -> Vec<&str> {
     items
 }
 
-/// The value `--set PATH=raw` puts in the scenario: JSON, or else `raw` as a string.
-fn value_of(raw: &str) -> Value {
+/// The value `--set PATH=raw` puts in the scenario: JSON, or else `raw` as a string
+/// (how a sweep line writes an override, and how `kvtwin plan --from-sweep` matches it).
+pub fn value_of(raw: &str) -> Value {
     serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string()))
 }
 
