@@ -9,7 +9,7 @@
 //! steppable cluster and its report ([`cluster`]), the checkers that judge a cluster
 //! from outside ([`checkers`]), trace replay through one pool for cache sizing
 //! ([`cache`]); traffic that changes over time ([`traffic`]: time-scaling, loops, rate
-//! curves); capacity planning over many runs ([`plan`]: sweeps, the SLO-and-cost
+//! curves); autoscaling what-ifs ([`autoscale`]: planners in the loop); capacity planning over many runs ([`plan`]: sweeps, the SLO-and-cost
 //! search); validation scripts run on any two hardwares through one `Manager`, and
 //! their comparison ([`validation`]).
 //!
@@ -18,6 +18,7 @@
 //! are predictions of the model, not measurements.
 //! Never: be a dependency of `kvtwin` itself.
 
+pub mod autoscale;
 pub mod cache;
 pub mod checkers;
 pub mod cluster;

@@ -6,8 +6,10 @@
 //! there.
 //! Never: run anything.
 
+use crate::autoscale::AutoscaleSpec;
 use crate::hardware::{HardwareProfile, Link};
 use crate::ron_file::{self, RonFileError};
+use crate::traffic::{TrafficError, TrafficSpec};
 use crate::workload::{ConversationSpec, ReasoningSpec, Request};
 use kvtwin::ids::WorkerId;
 use kvtwin::manager::{ManagerConfig, ManagerConfigError, OnboardPolicy, TierConfig};
@@ -328,6 +330,15 @@ pub struct Scenario {
     pub faults: Vec<Fault>,
     /// The requests.
     pub workload: WorkloadSpec,
+    /// How the requests are reshaped in time (looped, sped up, retimed from a rate
+    /// curve); absent, they arrive as the workload has them. Left out of the JSON form
+    /// when absent, so scenarios without it read and override as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic: Option<TrafficSpec>,
+    /// A planner that adds and removes workers as the run goes
+    /// ([`crate::autoscale`]); absent, the cluster keeps the workers it starts with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<AutoscaleSpec>,
 }
 
 /// A scenario could not be loaded.
@@ -370,6 +381,22 @@ pub enum ScenarioError {
         /// The file.
         path: PathBuf,
         /// What is wrong.
+        reason: String,
+    },
+    /// The traffic section cannot reshape the workload.
+    #[error("{path}: {source}", path = path.display())]
+    Traffic {
+        /// The file.
+        path: PathBuf,
+        /// Which field, and why.
+        source: TrafficError,
+    },
+    /// The autoscale section is not runnable.
+    #[error("{path}: autoscale: {reason}", path = path.display())]
+    Autoscale {
+        /// The file.
+        path: PathBuf,
+        /// Which field, and why.
         reason: String,
     },
     /// The worker configuration is not runnable.
@@ -441,6 +468,24 @@ impl Scenario {
                 )));
             }
         }
+        if let Some(traffic) = &self.traffic {
+            traffic.check().map_err(|source| ScenarioError::Traffic {
+                path: path.to_owned(),
+                source,
+            })?;
+        }
+        if let Some(autoscale) = &self.autoscale {
+            let pools = match &self.cluster.disaggregation {
+                Some(d) => vec![d.prefill_workers, self.cluster.workers - d.prefill_workers],
+                None => vec![self.cluster.workers],
+            };
+            autoscale
+                .check(&pools)
+                .map_err(|reason| ScenarioError::Autoscale {
+                    path: path.to_owned(),
+                    reason,
+                })?;
+        }
         for (index, fault) in self.faults.iter().enumerate() {
             let bad = |reason: &str| ScenarioError::Fault {
                 path: path.to_owned(),
@@ -466,6 +511,18 @@ impl Scenario {
                 source,
             })?;
         Ok(())
+    }
+}
+
+impl Scenario {
+    /// `requests` (in arrival order) reshaped by the traffic section; as they are
+    /// without one. The rate curve's draws have their own seed, from the scenario's.
+    pub fn shape_traffic(&self, requests: Vec<Request>) -> Result<Vec<Request>, TrafficError> {
+        match &self.traffic {
+            None => Ok(requests),
+            // "traffic" in ASCII: the curve draws apart from every other stream.
+            Some(traffic) => traffic.apply(requests, self.seed ^ 0x0074_7261_6666_6963),
+        }
     }
 }
 

@@ -306,6 +306,120 @@ pub fn retime(
     Ok(renumbered(out.into_iter()))
 }
 
+/// How a scenario's requests are reshaped in time before the run (the scenario's
+/// `traffic` field): looped, sped up, then retimed from a rate curve, in that order.
+/// Absent, the requests arrive as the workload has them, and no random number is drawn.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrafficSpec {
+    /// Times the workload plays in a row ([`repeat`]); 1: once.
+    pub repeat: usize,
+    /// Seconds between one copy's last arrival and the next copy's first.
+    pub repeat_gap_s: f64,
+    /// Whether each copy after the first names its prompt blocks anew (new users with
+    /// the same shape of traffic), so no copy hits an earlier copy's cache.
+    pub fresh_prefixes: bool,
+    /// Arrivals divided by this ([`speedup`]; 2: twice the rate).
+    pub speedup: f64,
+    /// Arrivals redrawn from this curve ([`retime`]), keeping the requests' order;
+    /// requests beyond `horizon_s` are dropped.
+    pub rate: Option<RateCurve>,
+    /// Seconds of traffic a `rate` curve draws at most.
+    pub horizon_s: f64,
+}
+
+impl Default for TrafficSpec {
+    /// The workload as it is.
+    fn default() -> Self {
+        Self {
+            repeat: 1,
+            repeat_gap_s: 0.0,
+            fresh_prefixes: false,
+            speedup: 1.0,
+            rate: None,
+            horizon_s: 86_400.0,
+        }
+    }
+}
+
+/// A traffic section that cannot reshape a workload.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrafficError {
+    /// A field out of its range.
+    #[error("traffic.{field}: {value} {why}")]
+    OutOfRange {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: f64,
+        /// The range it must be in.
+        why: &'static str,
+    },
+    /// The rate curve is not a curve.
+    #[error("traffic.rate: {0}")]
+    Curve(#[from] CurveError),
+}
+
+impl TrafficSpec {
+    /// What makes this section unusable, if anything.
+    pub fn check(&self) -> Result<(), TrafficError> {
+        let bad = |field, value: f64, ok: bool, why| {
+            if ok && value.is_finite() {
+                Ok(())
+            } else {
+                Err(TrafficError::OutOfRange { field, value, why })
+            }
+        };
+        bad(
+            "repeat",
+            self.repeat as f64,
+            self.repeat >= 1,
+            "must be at least 1",
+        )?;
+        bad(
+            "repeat_gap_s",
+            self.repeat_gap_s,
+            self.repeat_gap_s >= 0.0,
+            "must be 0 or more",
+        )?;
+        bad(
+            "speedup",
+            self.speedup,
+            self.speedup > 0.0,
+            "must be above 0",
+        )?;
+        bad(
+            "horizon_s",
+            self.horizon_s,
+            self.horizon_s > 0.0,
+            "must be above 0",
+        )?;
+        if let Some(curve) = &self.rate {
+            curve.check()?;
+        }
+        Ok(())
+    }
+
+    /// `requests` (in arrival order) reshaped: repeated, sped up, then retimed, with the
+    /// curve's draws seeded by `seed`.
+    pub fn apply(&self, requests: Vec<Request>, seed: u64) -> Result<Vec<Request>, TrafficError> {
+        self.check()?;
+        let mut requests = requests;
+        if self.repeat > 1 {
+            let gap_ns = (self.repeat_gap_s * 1e9) as u64;
+            requests = repeat(&requests, self.repeat, gap_ns, self.fresh_prefixes);
+        }
+        if self.speedup != 1.0 {
+            requests = speedup(&requests, self.speedup);
+        }
+        if let Some(curve) = &self.rate {
+            requests = retime(&requests, curve, seed, self.horizon_s)?;
+        }
+        Ok(requests)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -447,5 +561,33 @@ mod tests {
         // A horizon drops what would arrive after it.
         let short = retime(&requests, &burst, 7, 10.0).unwrap();
         assert!(short.len() < 200 && short.iter().all(|r| r.arrival.as_nanos() <= 10_000_000_000));
+    }
+
+    #[test]
+    fn a_traffic_section_loops_speeds_up_and_retimes_in_that_order() {
+        let base = stream(&[0, 100, 200]);
+        assert_eq!(TrafficSpec::default().apply(base.clone(), 1).unwrap(), base);
+        let looped = TrafficSpec {
+            repeat: 2,
+            repeat_gap_s: 0.1,
+            speedup: 2.0,
+            ..TrafficSpec::default()
+        };
+        let out = looped.apply(base.clone(), 1).unwrap();
+        assert_eq!(arrivals_ms(&out), vec![0, 50, 100, 150, 200, 250]);
+        let retimed = TrafficSpec {
+            rate: Some(RateCurve::Constant { per_s: 10.0 }),
+            horizon_s: 1_000.0,
+            ..TrafficSpec::default()
+        };
+        let a = retimed.apply(base.clone(), 7).unwrap();
+        assert_eq!(a, retimed.apply(base.clone(), 7).unwrap());
+        assert_ne!(arrivals_ms(&a), arrivals_ms(&base));
+        let bad = TrafficSpec {
+            speedup: 0.0,
+            ..TrafficSpec::default()
+        };
+        let message = bad.apply(base, 1).unwrap_err().to_string();
+        assert!(message.starts_with("traffic.speedup: 0"), "{message}");
     }
 }

@@ -5,6 +5,7 @@
 //! answers "how big must the cache be for this trace?"; `kvtwin router` and `kvtwin
 //! relay` run the event plane's services. All logic lives in the libraries.
 
+mod autoscale_plot;
 mod bench;
 mod bench_cuda;
 mod bench_dash;
@@ -63,6 +64,14 @@ enum Command {
         /// Also writes the report as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Plays the requests this many times as fast (arrivals divided by it): the
+        /// scenario's `traffic.speedup`.
+        #[arg(long)]
+        speedup: Option<f64>,
+        /// Writes the autoscaling charts (replicas and load over time) as SVG and PNG
+        /// into this folder; the scenario needs an `autoscale` section.
+        #[arg(long)]
+        plot: Option<PathBuf>,
     },
     /// Replay a trace through one cache of each capacity and print the hit ratios.
     Cache {
@@ -175,6 +184,8 @@ fn main() -> Result<()> {
         trace: None,
         set: Vec::new(),
         json: None,
+        speedup: None,
+        plot: None,
     }) {
         Command::Run {
             scenario,
@@ -182,7 +193,19 @@ fn main() -> Result<()> {
             trace,
             set,
             json,
-        } => run(&scenario, seed, trace, &set, json),
+            speedup,
+            plot,
+        } => run(
+            &scenario,
+            RunOptions {
+                seed,
+                trace,
+                sets: set,
+                json,
+                speedup,
+                plot,
+            },
+        ),
         Command::Cache {
             trace,
             capacity_blocks,
@@ -272,13 +295,25 @@ pub(crate) fn simulate_trace(scenario: &Scenario, trace: &Path) -> Result<Report
     Ok(report)
 }
 
-fn run(
-    path: &Path,
+/// What `kvtwin run` was asked beyond its scenario.
+struct RunOptions {
     seed: Option<u64>,
     trace: Option<PathBuf>,
-    sets: &[String],
+    sets: Vec<String>,
     json: Option<PathBuf>,
-) -> Result<()> {
+    speedup: Option<f64>,
+    plot: Option<PathBuf>,
+}
+
+fn run(path: &Path, options: RunOptions) -> Result<()> {
+    let RunOptions {
+        seed,
+        trace,
+        sets,
+        json,
+        speedup,
+        plot,
+    } = options;
     let mut scenario = Scenario::load(path).with_context(|| {
         if path == Path::new(DEFAULT_SCENARIO) {
             "run kvtwin from the repository root, or name a scenario: kvtwin run FILE".to_string()
@@ -287,12 +322,38 @@ fn run(
         }
     })?;
     if !sets.is_empty() {
-        scenario = scenario.with_overrides(sets)?;
+        scenario = scenario.with_overrides(&sets)?;
     }
     if let Some(seed) = seed {
         scenario.seed = seed;
     }
-    let report = match requests_of(&scenario, path, trace) {
+    if let Some(speedup) = speedup {
+        scenario
+            .traffic
+            .get_or_insert_with(Default::default)
+            .speedup = speedup;
+    }
+    if plot.is_some() && scenario.autoscale.is_none() {
+        bail!(
+            "--plot draws the autoscaling charts: {} has no autoscale section",
+            path.display()
+        );
+    }
+    let mut requests = requests_of(&scenario, path, trace);
+    if scenario.traffic.is_some() {
+        // Reshaping time needs the whole stream: a trace is read at once.
+        let all = match requests {
+            Requests::Trace(trace) => read_mooncake_trace(&trace)
+                .with_context(|| format!("reading trace {}", trace.display()))?,
+            Requests::Generated(requests) => requests,
+        };
+        requests = Requests::Generated(
+            scenario
+                .shape_traffic(all)
+                .context("reshaping the traffic")?,
+        );
+    }
+    let report = match requests {
         Requests::Trace(trace) => {
             eprintln!(
                 "kvtwin: simulating {} on the trace {}",
@@ -312,6 +373,11 @@ fn run(
         }
     };
     println!("{report}");
+    if let (Some(dir), Some(autoscale)) = (&plot, &report.autoscale) {
+        for file in autoscale_plot::charts(dir, &report.scenario, autoscale)? {
+            eprintln!("kvtwin: wrote {}", file.display());
+        }
+    }
     if let Some(json) = json {
         std::fs::write(&json, report.to_json() + "\n")
             .with_context(|| format!("writing {}", json.display()))?;

@@ -59,7 +59,7 @@ mod worker;
 #[cfg(test)]
 mod tests;
 
-pub use observe::{FaultNote, Observation, RouteRecord};
+pub use observe::{FaultNote, Finished, Observation, RouteRecord};
 pub use report::{
     BlockSources, DisaggregationReport, EventCounts, FaultReport, Latency, LinkReport,
     OutputBlocksReport, Percentiles, Report, RoutingReport,
@@ -231,11 +231,16 @@ pub fn simulate(scenario: &Scenario, requests: &[Request]) -> Result<Report, Sim
 /// the one ahead of it arrives with it), through the cluster configured by `scenario`.
 /// The run holds only the requests in flight: with a trace read as it goes
 /// ([`crate::workload::MooncakeTraceReader`]), memory does not grow with its length.
+/// With an `autoscale` section, its planner runs in the loop
+/// ([`crate::autoscale::Autoscaled`]).
 pub fn simulate_stream<'a, I>(scenario: &Scenario, requests: I) -> Result<Report, SimError>
 where
     I: IntoIterator<Item = Request>,
     I::IntoIter: 'a,
 {
+    if scenario.autoscale.is_some() {
+        return Ok(crate::autoscale::Autoscaled::new(scenario, requests)?.run());
+    }
     Ok(Cluster::new(scenario, requests)?.run())
 }
 

@@ -27,6 +27,9 @@ pub struct Observation {
     pub latencies: usize,
     /// Fault notes kept between two [`Cluster::drain_faults`].
     pub faults: usize,
+    /// Finished requests kept between two [`Cluster::drain_finished`] (a planner's
+    /// view of the latencies of each interval).
+    pub finished: usize,
 }
 
 /// One routing decision, and the candidates the router weighed for it.
@@ -55,13 +58,18 @@ pub struct FaultNote {
 }
 
 /// One finished request's latencies, in nanoseconds.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Finished {
-    pub(super) at: Timestamp,
-    pub(super) ttft: Option<u64>,
-    pub(super) tpot: Option<u64>,
-    pub(super) end_to_end: u64,
-    pub(super) queueing: Option<u64>,
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Finished {
+    /// When it finished.
+    pub at: Timestamp,
+    /// Time to first token (none for a request that never got one).
+    pub ttft: Option<u64>,
+    /// Time per output token after the first (none for a request of one token).
+    pub tpot: Option<u64>,
+    /// Arrival to last token.
+    pub end_to_end: u64,
+    /// Arrival to the first pass that took it.
+    pub queueing: Option<u64>,
 }
 
 /// The rings of an observed cluster.
@@ -75,6 +83,9 @@ pub(super) struct Observer {
     /// Its own copies: the tally's samples are sorted in place by snapshots and lose
     /// their order and time.
     finished: VecDeque<Finished>,
+    /// Finished requests since the last [`Cluster::drain_finished`].
+    log: VecDeque<Finished>,
+    log_dropped: u64,
 }
 
 /// Pushes `item`, first dropping the oldest while `ring` is full; returns how many it
@@ -169,6 +180,19 @@ impl Cluster<'_> {
         observer.routes_dropped += trim(&mut observer.routes, observation.routes);
         observer.faults_dropped += trim(&mut observer.faults, observation.faults);
         trim(&mut observer.finished, observation.latencies);
+        observer.log_dropped += trim(&mut observer.log, observation.finished);
+    }
+
+    /// The requests that finished since the last call, in the order they finished.
+    pub fn drain_finished(&mut self) -> Vec<Finished> {
+        self.observer
+            .as_mut()
+            .map_or_else(Vec::new, |o| o.log.drain(..).collect())
+    }
+
+    /// Finished requests dropped, since observation began, because their ring was full.
+    pub fn finished_dropped(&self) -> u64 {
+        self.observer.as_ref().map_or(0, |o| o.log_dropped)
     }
 
     /// The routing decisions made since the last call, oldest first.
@@ -262,6 +286,7 @@ impl Cluster<'_> {
     pub(super) fn record_finished(&mut self, finished: Finished) {
         if let Some(o) = self.observer.as_mut() {
             push_bounded(&mut o.finished, o.capacity.latencies, finished);
+            o.log_dropped += push_bounded(&mut o.log, o.capacity.finished, finished);
         }
     }
 
@@ -269,7 +294,7 @@ impl Cluster<'_> {
     pub(super) fn observing_latencies(&self) -> bool {
         self.observer
             .as_ref()
-            .is_some_and(|o| o.capacity.latencies > 0)
+            .is_some_and(|o| o.capacity.latencies > 0 || o.capacity.finished > 0)
     }
 }
 
@@ -367,6 +392,7 @@ mod tests {
         routes: 10_000,
         latencies: 10_000,
         faults: 100,
+        finished: 10_000,
     };
 
     /// Runs with `observation`, stepping and draining every few steps; the report, the
@@ -409,6 +435,7 @@ mod tests {
                     routes: 3,
                     latencies: 2,
                     faults: 1,
+                    finished: 3,
                 },
             ] {
                 let (report, ..) = observed(&scenario, &requests, observation);

@@ -7,6 +7,7 @@
 //! Never: check the cluster (it reports what [`crate::checkers`] found).
 
 use super::Cluster;
+use crate::autoscale::AutoscaleReport;
 use crate::checkers;
 use crate::hardware::LinkUsage;
 use crate::scenario::Routing;
@@ -99,7 +100,7 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    pub(super) fn of(mut samples: Latencies) -> Self {
+    pub(crate) fn of(mut samples: Latencies) -> Self {
         Self::of_samples(&mut samples)
     }
 
@@ -293,6 +294,10 @@ pub struct Report {
     /// left out of the JSON).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_blocks: Option<OutputBlocksReport>,
+    /// What the planner did and what it cost; absent unless the scenario has an
+    /// `autoscale` section (and then left out of the JSON).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<AutoscaleReport>,
     /// Simulated time at the end.
     pub simulated_s: f64,
     /// Forward passes run.
@@ -481,7 +486,11 @@ impl fmt::Display for Report {
             self.events.stored_blocks,
             self.events.removed_blocks,
             self.events.rebuild_matches_pools
-        )
+        )?;
+        if let Some(autoscale) = &self.autoscale {
+            write!(f, "\n{}", autoscale.to_string().trim_end())?;
+        }
+        Ok(())
     }
 }
 
@@ -619,6 +628,7 @@ impl Cluster<'_> {
                     cached: self.tally.output_blocks_cached,
                     reasoning_cooled: self.tally.think_blocks_cooled,
                 }),
+            autoscale: None,
             simulated_s: simulated_ns as f64 / 1e9,
             passes: self.tally.passes,
             preemptions: self.tally.preemptions,

@@ -238,13 +238,11 @@ impl Cluster<'_> {
         }
     }
 
-    /// The cluster now. Cheap enough to take between any two steps: it walks the
-    /// workers and their links, and sorts latency samples only where new ones came.
-    pub fn snapshot(&mut self) -> ClusterSnapshot {
-        let at = self.now();
-        let elapsed_ns = self.now.as_nanos().max(1) as f64;
-        let workers = self
-            .workers
+    /// Every worker now, by id: its status, blocks and load, without the latencies
+    /// and links of a full [`snapshot`](Self::snapshot) (a planner looks at this every
+    /// interval).
+    pub fn worker_snapshots(&self) -> Vec<WorkerSnapshot> {
+        self.workers
             .iter()
             .enumerate()
             .map(|(w, worker)| WorkerSnapshot {
@@ -275,7 +273,15 @@ impl Cluster<'_> {
                 output_tokens: worker.output_tokens,
                 events_published: worker.events_published,
             })
-            .collect();
+            .collect()
+    }
+
+    /// The cluster now. Cheap enough to take between any two steps: it walks the
+    /// workers and their links, and sorts latency samples only where new ones came.
+    pub fn snapshot(&mut self) -> ClusterSnapshot {
+        let at = self.now();
+        let elapsed_ns = self.now.as_nanos().max(1) as f64;
+        let workers = self.worker_snapshots();
         let mut links: Vec<LinkSnapshot> = Vec::new();
         for worker in &self.workers {
             for (link, usage) in worker.manager.hardware().link_usage() {

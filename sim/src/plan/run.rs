@@ -7,6 +7,7 @@
 //! Never: read files or choose points: sweeps and the planner do.
 
 use super::summary::{RunSummary, CDF_PERCENTS};
+use crate::autoscale::Autoscaled;
 use crate::cluster::{Cluster, Latency, Report, SimError};
 use crate::scenario::{OverrideError, Scenario};
 use crate::workload::Request;
@@ -24,8 +25,8 @@ pub enum Workload {
 }
 
 impl Workload {
-    /// The requests of `scenario` under this workload, in arrival order (ties in the
-    /// order generated); a scenario whose workload is a trace has none unless the trace
+    /// The requests of `scenario` under this workload, reshaped by its traffic section,
+    /// in arrival order (ties in the order generated); a scenario whose workload is a trace has none unless the trace
     /// was loaded ([`Workload::Trace`]).
     pub fn requests<'w>(&'w self, scenario: &Scenario) -> Cow<'w, [Request]> {
         let requests = match self {
@@ -35,6 +36,15 @@ impl Workload {
                     .workload
                     .generate(scenario.seed, scenario.worker.block_size_tokens)
                     .unwrap_or_default(),
+            ),
+        };
+        let requests = match &scenario.traffic {
+            None => requests,
+            // A validated scenario's traffic section always applies.
+            Some(_) => Cow::Owned(
+                scenario
+                    .shape_traffic(requests.into_owned())
+                    .expect("the traffic section was checked with the scenario"),
             ),
         };
         if requests.windows(2).all(|w| w[0].arrival <= w[1].arrival) {
@@ -62,16 +72,28 @@ pub fn configure(base: &Scenario, sets: &[String], seed: u64) -> Result<Scenario
 /// Runs `requests` (in arrival order) through `scenario`, and summarises the run; the
 /// report is byte for byte [`crate::cluster::simulate`]'s.
 pub fn run(scenario: &Scenario, requests: &[Request]) -> Result<(Report, RunSummary), SimError> {
+    if scenario.autoscale.is_some() {
+        let mut run = Autoscaled::new(scenario, requests.iter().cloned())?;
+        while run.step().is_some() {}
+        let (ttft, tpot) = cdfs(|latency, qs| run.latency_quantiles(latency, qs));
+        let report = run.into_report();
+        let summary = RunSummary::of(&report, ttft, tpot);
+        return Ok((report, summary));
+    }
     let mut cluster = Cluster::new(scenario, requests.iter().cloned())?;
     while cluster.step() {}
     Ok(finish(cluster))
 }
 
+/// The TTFT and TPOT quantiles of the summary's CDFs, from `quantiles`.
+fn cdfs(mut quantiles: impl FnMut(Latency, &[f64]) -> Vec<f64>) -> (Vec<f64>, Vec<f64>) {
+    let qs: Vec<f64> = CDF_PERCENTS.iter().map(|p| p / 100.0).collect();
+    (quantiles(Latency::Ttft, &qs), quantiles(Latency::Tpot, &qs))
+}
+
 /// The report and summary of a cluster whose run is over.
 pub(super) fn finish(mut cluster: Cluster<'_>) -> (Report, RunSummary) {
-    let quantiles: Vec<f64> = CDF_PERCENTS.iter().map(|p| p / 100.0).collect();
-    let ttft = cluster.latency_quantiles(Latency::Ttft, &quantiles);
-    let tpot = cluster.latency_quantiles(Latency::Tpot, &quantiles);
+    let (ttft, tpot) = cdfs(|latency, qs| cluster.latency_quantiles(latency, qs));
     let report = cluster.into_report();
     let summary = RunSummary::of(&report, ttft, tpot);
     (report, summary)

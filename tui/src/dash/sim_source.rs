@@ -38,6 +38,7 @@ const OBSERVATION: Observation = Observation {
     routes: 256,
     latencies: 65_536,
     faults: 256,
+    finished: 0,
 };
 /// Updates in flight from the thread to the terminal loop: the thread waits when the
 /// loop falls behind rather than queueing frames.
