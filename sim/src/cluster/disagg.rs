@@ -4,15 +4,16 @@
 //! and their counters) and the handoff. Each worker belongs to one [`Pool`] for life:
 //! the scenario's first workers form the prefill pool, the only one the router routes
 //! to, and the rest the decode pool; a worker the driver adds joins the pool it names
-//! (`Cluster::add_worker_to`), on a node of its own that the fabric grows by. A prefill worker
-//! prefills and the first token lands at the end of the pass's prefill part (TTFT is
-//! measured there); then the decode worker with the fewest requests (the lowest index on
-//! a tie) takes device blocks for the prompt (without free ones the handoff waits in its
-//! queue, first come first served), and the prompt blocks cross the fabric
-//! ([`crate::fabric::ClusterFabric`]) as MRDN frames, all sent at once, sharing the NICs
-//! and the switch with every other handoff. When the last frame lands the prefill worker
-//! lets its blocks go (they stay cached there) and the decode worker registers them and
-//! decodes. A request of one output token is done on its prefill worker.
+//! (`Cluster::add_worker_to`), on a node of its own that the fabric grows by. A prefill
+//! worker prefills and the first token lands at the end of the pass's prefill part
+//! (TTFT is measured there); then the decode worker with the fewest requests (the
+//! lowest index on a tie) takes device blocks for the prompt (without free ones the
+//! handoff waits in its queue, first come first served), and the prompt blocks cross
+//! the fabric ([`crate::fabric::ClusterFabric`]) as MRDN frames, all sent at once,
+//! sharing the NICs and the switch with every other handoff. When the last frame lands
+//! the prefill worker lets its blocks go (they stay cached there) and the decode worker
+//! registers them and decodes. A request of one output token is done on its prefill
+//! worker.
 //!
 //! Handoffs go only to decode workers that are up and not draining: a decode worker
 //! draining finishes the handoffs it has, receives no new one, and leaves.
