@@ -9,6 +9,10 @@
 //! latency plus the switch latency after its bytes are through (one network hop: the
 //! profile's `nic_latency_ns` is per transfer, not per end).
 //!
+//! Nodes added while a run goes ([`ClusterFabric::add_node`]) get their two NIC links
+//! after every link built at the start, so a run that never adds one indexes, shares and
+//! sums its links exactly as before (the sharing breaks ties on the lowest index).
+//!
 //! These links are the cluster's, apart from the NIC links of each worker's
 //! `SimHardware`, which carry that node's own remote-tier traffic.
 //! Never: know requests, blocks or pools (the run maps handoffs to transfers), read a
@@ -51,7 +55,12 @@ pub enum FabricLink {
 #[derive(Debug)]
 pub struct ClusterFabric {
     links: FluidLinks,
+    /// Nodes built at the start: their links come first (see the module docs).
     nodes: usize,
+    /// Nodes added since, numbered on from `nodes`.
+    added: usize,
+    /// Each NIC's bandwidth per direction, for nodes added later.
+    nic_bytes_per_s: u64,
     switch: bool,
     /// Latency of one transfer: the NIC's plus the switch's.
     latency: Duration,
@@ -76,16 +85,42 @@ impl ClusterFabric {
         Self {
             links: FluidLinks::new(specs),
             nodes,
+            added: 0,
+            nic_bytes_per_s,
             switch,
             latency: Duration::from_nanos(nic_latency_ns.saturating_add(switch_latency_ns)),
             next_id: 0,
         }
     }
 
+    /// Adds a node, its NICs idle; returns its number (nodes are numbered in order).
+    pub fn add_node(&mut self) -> usize {
+        let node = self.node_count();
+        let out = self
+            .links
+            .add_link(LinkSpec::bandwidth(self.nic_bytes_per_s));
+        self.links
+            .add_link(LinkSpec::bandwidth(self.nic_bytes_per_s));
+        self.added += 1;
+        debug_assert_eq!(out, self.index(FabricLink::NicOut(node)));
+        node
+    }
+
+    /// Nodes on the fabric: those built with it and those added since.
+    pub fn node_count(&self) -> usize {
+        self.nodes + self.added
+    }
+
+    /// A link's index in `links`: the nodes built at the start lay theirs out as NICs
+    /// out, NICs in, the switch; each node added later has its NIC out and in after
+    /// those, in the order the nodes came.
     fn index(&self, link: FabricLink) -> usize {
+        let first_added = 2 * self.nodes + usize::from(self.switch);
         match link {
-            FabricLink::NicOut(node) => node,
-            FabricLink::NicIn(node) => self.nodes + node,
+            FabricLink::NicOut(node) if node < self.nodes => node,
+            FabricLink::NicIn(node) if node < self.nodes => self.nodes + node,
+            FabricLink::NicOut(node) => first_added + 2 * (node - self.nodes),
+            FabricLink::NicIn(node) => first_added + 2 * (node - self.nodes) + 1,
             FabricLink::Switch => 2 * self.nodes,
         }
     }
@@ -135,17 +170,18 @@ impl ClusterFabric {
             Link::NicOut => FabricLink::NicOut(node),
             _ => return,
         };
-        if node < self.nodes {
+        if node < self.node_count() {
             let index = self.index(link);
             self.links.set_speed(index, factor, now);
         }
     }
 
-    /// Usage of every link: each node's NIC out, then each node's NIC in, then the
-    /// switch if there is one.
+    /// Usage of every link: each node's NIC out, then each node's NIC in (added nodes
+    /// included, in node order), then the switch if there is one.
     pub fn usage(&self) -> Vec<(FabricLink, LinkUsage)> {
-        let mut links: Vec<FabricLink> = (0..self.nodes).map(FabricLink::NicOut).collect();
-        links.extend((0..self.nodes).map(FabricLink::NicIn));
+        let nodes = self.node_count();
+        let mut links: Vec<FabricLink> = (0..nodes).map(FabricLink::NicOut).collect();
+        links.extend((0..nodes).map(FabricLink::NicIn));
         if self.switch {
             links.push(FabricLink::Switch);
         }
@@ -233,5 +269,35 @@ mod tests {
         assert_eq!(landed[&b], Timestamp::from_nanos(1_500_000));
         // Only the bytes it moved count on its links.
         assert_eq!(fabric.usage()[3 + 2].1.bytes, 1_500_000);
+    }
+
+    #[test]
+    fn an_added_node_gets_its_own_nics_and_the_others_keep_theirs() {
+        // Two nodes behind a 1 GB/s switch; a third added: transfers 0 → 1 and 0 → 2
+        // share node 0's NIC out (and the switch), 2 ms each, as with three from the
+        // start.
+        let run = |mut fabric: ClusterFabric| {
+            let a = fabric.start(0, 1, 1_000_000, Timestamp::ZERO);
+            let b = fabric.start(0, 2, 1_000_000, Timestamp::ZERO);
+            let landed = drain(&mut fabric);
+            (landed[&a], landed[&b], fabric.usage())
+        };
+        let mut grown = ClusterFabric::new(2, GB, 0, GB, 0);
+        assert_eq!(grown.add_node(), 2);
+        assert_eq!(grown.node_count(), 3);
+        let (a, b, usage) = run(grown);
+        let (a3, b3, usage3) = run(ClusterFabric::new(3, GB, 0, GB, 0));
+        assert_eq!((a, b), (a3, b3));
+        assert_eq!(
+            (a, b),
+            (
+                Timestamp::from_nanos(2_000_000),
+                Timestamp::from_nanos(2_000_000)
+            )
+        );
+        // The same links in the same order: outs, ins, the switch.
+        assert_eq!(usage, usage3);
+        assert_eq!(usage[5], (FabricLink::NicIn(2), usage3[5].1));
+        assert_eq!(usage[5].1.bytes, 1_000_000);
     }
 }

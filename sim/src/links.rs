@@ -158,6 +158,18 @@ impl FluidLinks {
         self.share();
     }
 
+    /// Adds an idle link with `spec` after the others; returns its index. The links
+    /// already there keep their indices, and the flows on them their rates: an idle link
+    /// weighs nothing in the sharing.
+    pub fn add_link(&mut self, spec: LinkSpec) -> usize {
+        self.nominal_bytes_per_s.push(spec.bytes_per_s);
+        self.specs.push(spec);
+        self.waiting.push(VecDeque::new());
+        self.in_service.push(0);
+        self.usage.push(LinkUsage::default());
+        self.specs.len() - 1
+    }
+
     /// Transfers not yet landed.
     pub fn len(&self) -> usize {
         self.flows.len() + self.landing.len()

@@ -20,7 +20,7 @@ use super::planner::{
 use super::report::{AutoscaleReport, Decision, IntervalSample};
 use super::spec::{AutoscaleSpec, ScaleDown};
 use crate::cluster::{
-    Cluster, CommandError, Finished, Latency, Observation, Removal, Report, SimError,
+    Cluster, CommandError, Finished, Latency, Observation, Pool, Removal, Report, SimError,
     WorkerSnapshot, WorkerStatus,
 };
 use crate::scenario::Scenario;
@@ -531,7 +531,8 @@ impl<'a> Autoscaled<'a> {
 fn add_worker(cluster: &mut Cluster<'_>, kind: PoolKind) -> Result<WorkerId, CommandError> {
     match kind {
         PoolKind::Aggregated => cluster.add_worker(),
-        PoolKind::Prefill | PoolKind::Decode => Err(CommandError::Disaggregated),
+        PoolKind::Prefill => cluster.add_worker_to(Pool::Prefill),
+        PoolKind::Decode => cluster.add_worker_to(Pool::Decode),
     }
 }
 

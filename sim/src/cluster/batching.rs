@@ -12,7 +12,7 @@
 //! Never: route, or touch another worker (a handoff goes through `disagg`).
 
 use super::worker::{cacheable_blocks, Live, State};
-use super::{Cluster, Wakeup};
+use super::{Cluster, Pool, Wakeup};
 use crate::compute::{ComputeModel, Pass};
 use crate::scenario::Batching;
 use kvtwin::block::{BlockIdentity, Reset};
@@ -288,11 +288,13 @@ impl Cluster<'_> {
     /// nothing is pending anywhere.
     pub(super) fn handoff_horizon(&self, w: usize) -> Option<Timestamp> {
         let disagg = self.disagg.as_ref()?;
-        if w < disagg.prefill_workers {
+        if disagg.is_in(w, Pool::Prefill) {
             return None;
         }
-        let prefill = self.workers[..disagg.prefill_workers]
+        let prefill = disagg
+            .members(Pool::Prefill)
             .iter()
+            .map(|p| &self.workers[*p])
             .filter(|p| p.up)
             .flat_map(|p| {
                 let pass = p.pass.as_ref().map(|pass| pass.ends_at);

@@ -1,16 +1,22 @@
 //! Disaggregated serving: separate prefill and decode pools and the KV handoff.
 //!
 //! Owns: [`Disagg`] (the pools, the cluster's fabric, the handoffs and frames in flight
-//! and their counters) and the handoff: the first workers form the prefill pool, the
-//! only one the router routes to, and the rest the decode pool. A prefill worker
-//! prefills and the first token lands at the end of the pass's prefill part (TTFT is
-//! measured there); then the decode worker with the fewest requests (the lowest index on
-//! a tie) takes device blocks for the prompt (without free ones the handoff waits in its
-//! queue, first come first served), and the prompt blocks cross the fabric
-//! ([`crate::fabric::ClusterFabric`]) as MRDN frames, all sent at once, sharing the NICs
-//! and the switch with every other handoff. When the last frame lands the prefill worker
-//! lets its blocks go (they stay cached there) and the decode worker registers them and
-//! decodes. A request of one output token is done on its prefill worker.
+//! and their counters) and the handoff. Each worker belongs to one [`Pool`] for life:
+//! the scenario's first workers form the prefill pool, the only one the router routes
+//! to, and the rest the decode pool; a worker the driver adds joins the pool it names
+//! (`Cluster::add_worker_to`), on a node of its own that the fabric grows by. A prefill
+//! worker prefills and the first token lands at the end of the pass's prefill part
+//! (TTFT is measured there); then the decode worker with the fewest requests (the
+//! lowest index on a tie) takes device blocks for the prompt (without free ones the
+//! handoff waits in its queue, first come first served), and the prompt blocks cross
+//! the fabric ([`crate::fabric::ClusterFabric`]) as MRDN frames, all sent at once,
+//! sharing the NICs and the switch with every other handoff. When the last frame lands
+//! the prefill worker lets its blocks go (they stay cached there) and the decode worker
+//! registers them and decodes. A request of one output token is done on its prefill
+//! worker.
+//!
+//! Handoffs go only to decode workers that are up and not draining: a decode worker
+//! draining finishes the handoffs it has, receives no new one, and leaves.
 //!
 //! A handoff is bound to the incarnations (epochs) of both its ends, so a crash of
 //! either aborts it: its frames in flight never land, the end still up lets go of what
@@ -32,10 +38,27 @@ use kvtwin::pool::{BlockChain, MutableBlock};
 use kvtwin::stats::Latencies;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+/// The pool a worker of a disaggregated cluster serves in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Pool {
+    /// Prefills the requests the router sends it, then hands their KV off.
+    Prefill,
+    /// Receives handoffs and decodes.
+    Decode,
+}
+
 /// Disaggregated serving: the pools, the fabric and the handoffs in flight.
 pub(super) struct Disagg {
-    /// Workers `0..prefill_workers` prefill; the rest decode.
-    pub(super) prefill_workers: usize,
+    /// Each worker's pool (index: worker), for life.
+    pub(super) pool_of: Vec<Pool>,
+    /// The workers of each pool ever (removed ones too), in worker order: the prefill
+    /// pool is the router's round-robin order, and both are the report's order.
+    pub(super) prefill: Vec<usize>,
+    pub(super) decode: Vec<usize>,
+    /// Whether the driver added or removed a worker: the report then names the pools'
+    /// workers (added ones are not the first ones or the rest; removed ones stay
+    /// listed, which the names make plain).
+    pub(super) scaled: bool,
     pub(super) frame_blocks: usize,
     pub(super) bytes_per_block: u64,
     pub(super) fabric: ClusterFabric,
@@ -113,18 +136,47 @@ impl Disagg {
             .collect()
     }
 
+    /// Whether worker `w` is in `pool`.
+    pub(super) fn is_in(&self, w: usize, pool: Pool) -> bool {
+        self.pool_of.get(w) == Some(&pool)
+    }
+
+    /// The workers of `pool` ever, in worker order.
+    pub(super) fn members(&self, pool: Pool) -> &[usize] {
+        match pool {
+            Pool::Prefill => &self.prefill,
+            Pool::Decode => &self.decode,
+        }
+    }
+
+    /// Worker `w`, just added, joins `pool`, on a node of its own the fabric grows by.
+    pub(super) fn join(&mut self, w: usize, pool: Pool) {
+        debug_assert_eq!(w, self.pool_of.len(), "workers join in order");
+        self.pool_of.push(pool);
+        match pool {
+            Pool::Prefill => self.prefill.push(w),
+            Pool::Decode => self.decode.push(w),
+        }
+        self.handed_off.push(0);
+        self.received.push(0);
+        let node = self.fabric.add_node();
+        debug_assert_eq!(node, w, "worker w runs on node w");
+        self.scaled = true;
+    }
+
+    /// The report: per pool in worker order, every worker the pool ever had (with no
+    /// driver command, the first `prefill_workers` and the rest, as the scenario says).
     pub(super) fn report(&self, simulated_ns: u64) -> DisaggregationReport {
-        let workers = self.handed_off.len();
-        let decode_workers = workers - self.prefill_workers;
+        let (prefill_workers, decode_workers) = (self.prefill.len(), self.decode.len());
         // The fabric links that carry handoffs, each summed over the pool that uses it.
         let mut links: Vec<(&'static str, LinkUsage, usize)> = vec![
-            ("nic_out", LinkUsage::default(), self.prefill_workers),
+            ("nic_out", LinkUsage::default(), prefill_workers),
             ("nic_in", LinkUsage::default(), decode_workers),
         ];
         for (link, usage) in self.fabric.usage() {
             let index = match link {
-                FabricLink::NicOut(node) if node < self.prefill_workers => 0,
-                FabricLink::NicIn(node) if node >= self.prefill_workers => 1,
+                FabricLink::NicOut(node) if self.is_in(node, Pool::Prefill) => 0,
+                FabricLink::NicIn(node) if self.is_in(node, Pool::Decode) => 1,
                 FabricLink::Switch => {
                     links.push(("switch", LinkUsage::default(), 1));
                     links.len() - 1
@@ -136,8 +188,12 @@ impl Disagg {
             sum.busy_ns += usage.busy_ns;
             sum.transfers += usage.transfers;
         }
+        let per = |counts: &[u64], pool: Pool| -> Vec<u64> {
+            self.members(pool).iter().map(|w| counts[*w]).collect()
+        };
+        let named = |pool: Pool| self.scaled.then(|| self.members(pool).to_vec());
         DisaggregationReport {
-            prefill_workers: self.prefill_workers,
+            prefill_workers,
             decode_workers,
             frame_blocks: self.frame_blocks,
             handoffs: self.handoffs_done,
@@ -147,8 +203,10 @@ impl Disagg {
             handoff_latency: Percentiles::of(self.latency.clone()),
             handoff_wait: Percentiles::of(self.wait.clone()),
             waits_for_decode_blocks: self.waits,
-            handed_off_per_prefill_worker: self.handed_off[..self.prefill_workers].to_vec(),
-            received_per_decode_worker: self.received[self.prefill_workers..].to_vec(),
+            handed_off_per_prefill_worker: per(&self.handed_off, Pool::Prefill),
+            received_per_decode_worker: per(&self.received, Pool::Decode),
+            prefill_pool: named(Pool::Prefill),
+            decode_pool: named(Pool::Decode),
             finished_at_prefill: self.finished_at_prefill,
             handoffs_aborted: self.handoffs_aborted,
             frames_aborted: self.frames_aborted,
@@ -172,8 +230,20 @@ impl Disagg {
         hardware: &HardwareProfile,
         bytes_per_block: u64,
     ) -> Self {
+        let pool_of: Vec<Pool> = (0..workers)
+            .map(|w| {
+                if w < spec.prefill_workers {
+                    Pool::Prefill
+                } else {
+                    Pool::Decode
+                }
+            })
+            .collect();
         Self {
-            prefill_workers: spec.prefill_workers,
+            prefill: (0..spec.prefill_workers.min(workers)).collect(),
+            decode: (spec.prefill_workers.min(workers)..workers).collect(),
+            pool_of,
+            scaled: false,
             frame_blocks: spec.frame_blocks.max(1),
             bytes_per_block,
             fabric: ClusterFabric::new(
@@ -290,15 +360,21 @@ impl Cluster<'_> {
         self.assign_decode_worker(i);
     }
 
-    /// Gives request `i`'s handoff to the decode worker that is up with the fewest
-    /// requests (the lowest index on a tie), which receives it. With none up it waits,
-    /// first come first served, for one to come back (its blocks stay held on the
-    /// prefill worker): nothing is handed to a crashed worker.
+    /// Gives request `i`'s handoff to the decode worker that is up, and not draining,
+    /// with the fewest requests (the lowest index on a tie), which receives it. With none
+    /// it waits, first come first served, for one to come back or be added (its blocks
+    /// stay held on the prefill worker): nothing is handed to a crashed or leaving
+    /// worker.
     pub(super) fn assign_decode_worker(&mut self, i: usize) {
-        let first = self.routable();
+        let Some(disagg) = self.disagg.as_ref() else {
+            return;
+        };
         // `min_by_key` keeps the first of equals: the lowest index.
-        let d = (first..self.workers.len())
-            .filter(|d| self.workers[*d].up)
+        let d = disagg
+            .members(Pool::Decode)
+            .iter()
+            .copied()
+            .filter(|d| self.workers[*d].up && !self.draining.contains(d))
             .min_by_key(|d| self.workers[*d].states.len() + self.workers[*d].waiting.len());
         let Some(disagg) = self.disagg.as_mut() else {
             return;
@@ -312,6 +388,19 @@ impl Cluster<'_> {
                 self.receive(d, i);
             }
             None => disagg.unassigned.push_back(i),
+        }
+    }
+
+    /// Decode worker `w`, back from a crash or just added, takes the handoffs that
+    /// waited for one, in their order (each goes to the least loaded decode worker then,
+    /// which is `w` while the others are busier).
+    pub(super) fn assign_waiting_handoffs(&mut self, w: usize) {
+        let unassigned = match self.disagg.as_mut() {
+            Some(disagg) if disagg.is_in(w, Pool::Decode) => std::mem::take(&mut disagg.unassigned),
+            _ => VecDeque::new(),
+        };
+        for i in unassigned {
+            self.assign_decode_worker(i);
         }
     }
 

@@ -22,7 +22,7 @@ use kvtwin::ids::Timestamp;
 use kvtwin::manager::Manager;
 use kvtwin::router::WorkerMode;
 use kvtwin::tier::Tier;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// The fault timeline and what it cost.
@@ -94,13 +94,15 @@ impl Cluster<'_> {
                 // Its state and the load it knew are gone; the workers it knows of send
                 // snapshots (decode workers too: their blocks are in its index).
                 self.route.router = router_of(self.route.scheduler, 0);
-                let routable = self.routable();
                 for w in 0..self.workers.len() {
+                    // A draining worker is in the index (its blocks are), but is routed
+                    // nothing, by the new router either.
+                    let routable = self.is_routable(w) && !self.draining.contains(&w);
                     let worker = &mut self.workers[w];
                     worker.last_applied = None;
                     if worker.up {
                         let key = worker.key;
-                        if w < routable {
+                        if routable {
                             self.route.router.add_worker(key, WorkerMode::Events);
                         }
                         self.resync(w);
@@ -316,17 +318,10 @@ impl Cluster<'_> {
         worker.up = true;
         let key = worker.key;
         self.note(|| format!("worker {w} restarted (empty)"));
-        if w < self.routable() {
+        if self.is_routable(w) {
             self.route.router.add_worker(key, WorkerMode::Events);
         }
-        // A decode worker back takes the handoffs that waited for one, in their order.
-        let unassigned = match self.disagg.as_mut() {
-            Some(disagg) if w >= disagg.prefill_workers => std::mem::take(&mut disagg.unassigned),
-            _ => VecDeque::new(),
-        };
-        for i in unassigned {
-            self.assign_decode_worker(i);
-        }
+        self.assign_waiting_handoffs(w);
         for i in std::mem::take(&mut self.requests.parked) {
             self.reroute(i);
         }

@@ -3,8 +3,9 @@
 //! ([`Cluster`]); and [`simulate`], which runs one to the end and reports.
 //!
 //! Owns: the run loop and the dispatch of what the queue wakes the cluster for
-//! (`Wakeup`), the driver's commands (add or remove a worker, inject a fault), and the
-//! grouping of the cluster's state, one piece per file:
+//! (`Wakeup`), the driver's commands (add a worker, to a [`Pool`] when disaggregated,
+//! remove one, inject a fault), and the grouping of the cluster's state, one piece per
+//! file:
 //! - `worker`: a worker and the life of a request on it (routing, lookup and
 //!   onboarding, prefill admission, waiting for blocks, finishing), and the worker's
 //!   side of the one manager drain loop (`kvtwin::manager::settle`), through which its
@@ -58,7 +59,10 @@ mod worker;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_scaling;
 
+pub use disagg::Pool;
 pub use observe::{FaultNote, Finished, Observation, RouteRecord};
 pub use report::{
     BlockSources, DisaggregationReport, EventCounts, FaultReport, Latency, LinkReport,
@@ -199,10 +203,14 @@ pub enum CommandError {
     /// The cluster has no such worker (or it was removed already).
     #[error("worker {0} is not a member of the cluster")]
     UnknownWorker(WorkerId),
-    /// Disaggregated clusters keep their pools as the scenario sized them: the fabric
-    /// between the nodes is built for that many.
-    #[error("a disaggregated cluster cannot change its workers while it runs")]
+    /// A disaggregated cluster's worker joins a pool: add it with
+    /// [`Cluster::add_worker_to`], which names the pool.
+    #[error("a disaggregated cluster adds a worker to a pool: use add_worker_to")]
     Disaggregated,
+    /// Only a disaggregated cluster has pools ([`Cluster::add_worker_to`]); an
+    /// aggregated one adds workers with [`Cluster::add_worker`].
+    #[error("an aggregated cluster has no pools: use add_worker")]
+    NotDisaggregated,
     /// The fault does not fit the cluster.
     #[error("fault: {0}")]
     Fault(&'static str),
@@ -212,10 +220,14 @@ pub enum CommandError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Removal {
     /// The router sends it nothing more; it finishes what it runs and holds, then leaves
-    /// (the router forgets it then).
+    /// (the router forgets it then). Disaggregated, a decode worker draining is given no
+    /// new handoff, and a worker of either pool finishes the handoffs it is sending or
+    /// receiving first (a prefill worker whose handoff waits for a decode worker waits
+    /// with it).
     Drain,
     /// It stops at once, as a crash that never comes back: its requests start again on
-    /// other workers.
+    /// other workers (disaggregated, its handoffs are aborted and their requests
+    /// prefilled again).
     Kill,
 }
 
@@ -290,7 +302,7 @@ impl<'a> Cluster<'a> {
         };
         let routable = disagg
             .as_ref()
-            .map_or(spec.workers.max(1), |d| d.prefill_workers);
+            .map_or(spec.workers.max(1), |d| d.prefill.len());
         let router = router_of(scheduler, routable);
         let mut workers = Vec::with_capacity(spec.workers);
         for index in 0..spec.workers.max(1) {
@@ -505,39 +517,89 @@ impl<'a> Cluster<'a> {
     }
 
     /// Adds an empty worker, on a node of its own, which the router then routes to;
-    /// returns its id. Aggregated clusters only.
+    /// returns its id. Aggregated clusters only: a disaggregated one answers
+    /// [`CommandError::Disaggregated`], its workers joining a pool through
+    /// [`Cluster::add_worker_to`].
     pub fn add_worker(&mut self) -> Result<WorkerId, CommandError> {
         if self.disagg.is_some() {
             return Err(CommandError::Disaggregated);
         }
         self.catch_up_with_driver();
+        let w = self.push_worker();
+        self.route
+            .router
+            .add_worker(self.workers[w].key, WorkerMode::Events);
+        // Requests that found no worker up go first.
+        self.reroute_parked();
+        self.done = false;
+        Ok(self.workers[w].key.worker)
+    }
+
+    /// Adds an empty worker to `pool` of a disaggregated cluster, on a node of its own
+    /// that the fabric grows by (the links already there keep their numbers); returns
+    /// its id. A prefill worker is routed to from now on, and takes the requests that
+    /// found no prefill worker up; a decode worker takes the handoffs that waited for a
+    /// decode worker, in their order, and its share of those to come. Aggregated
+    /// clusters answer [`CommandError::NotDisaggregated`].
+    pub fn add_worker_to(&mut self, pool: Pool) -> Result<WorkerId, CommandError> {
+        if self.disagg.is_none() {
+            return Err(CommandError::NotDisaggregated);
+        }
+        self.catch_up_with_driver();
+        // Decode plans in flight were made knowing the prefill workers there were (when
+        // a handoff could land, see `PassInFlight`): cut them now, as for a kill.
+        self.cut_plans_at(self.now);
+        let w = self.push_worker();
+        if let Some(disagg) = self.disagg.as_mut() {
+            disagg.join(w, pool);
+        }
+        match pool {
+            Pool::Prefill => {
+                self.route
+                    .router
+                    .add_worker(self.workers[w].key, WorkerMode::Events);
+                self.reroute_parked();
+            }
+            Pool::Decode => self.assign_waiting_handoffs(w),
+        }
+        self.settle_also_touched();
+        self.done = false;
+        Ok(self.workers[w].key.worker)
+    }
+
+    /// Appends an empty worker, up from now; returns its index.
+    fn push_worker(&mut self) -> usize {
         let index = self.workers.len();
         let worker = self
             .shape
             .new_worker(index, self.now)
             .expect("the worker configuration was validated when the run began");
-        let key = worker.key;
         self.workers.push(worker);
         self.note(|| format!("worker {index} added"));
-        self.route.router.add_worker(key, WorkerMode::Events);
-        // Requests that found no worker up go first.
+        index
+    }
+
+    /// Sends the requests that found no worker up to the router again, in their order.
+    fn reroute_parked(&mut self) {
         for i in std::mem::take(&mut self.requests.parked) {
             self.reroute(i);
         }
-        self.done = false;
-        Ok(key.worker)
     }
 
-    /// Takes worker `id` out of the cluster ([`Removal`]). Aggregated clusters only.
+    /// Takes worker `id` out of the cluster ([`Removal`]), of either pool when
+    /// disaggregated. Removing a pool's last serving worker is allowed: requests then
+    /// wait for a prefill worker (parked), or prefilled ones for a decode worker (in
+    /// the handoff queue), as while every worker of the pool is down after a crash,
+    /// until the driver adds one.
     pub fn remove_worker(&mut self, id: WorkerId, how: Removal) -> Result<(), CommandError> {
-        if self.disagg.is_some() {
-            return Err(CommandError::Disaggregated);
-        }
         let w = id.get() as usize;
         if self.workers.get(w).is_none_or(|worker| worker.removed) {
             return Err(CommandError::UnknownWorker(id));
         }
         self.catch_up_with_driver();
+        if let Some(disagg) = self.disagg.as_mut() {
+            disagg.scaled = true;
+        }
         match how {
             Removal::Drain => {
                 if self.workers[w].up {
@@ -557,6 +619,11 @@ impl<'a> Cluster<'a> {
                 self.draining.remove(&w);
                 self.cut_plans_at(self.now);
                 self.stop_worker(w, None);
+                // Disaggregated, the handoffs aborted freed blocks at their other ends,
+                // which go on at once, as after a crash.
+                if self.disagg.is_some() {
+                    self.settle_also_touched();
+                }
             }
         }
         Ok(())
@@ -595,7 +662,11 @@ impl<'a> Cluster<'a> {
     }
 
     /// Removes the draining workers that have nothing left: no request, no pass, no
-    /// transfer.
+    /// transfer (disaggregated: no handoff sending or receiving either, which are
+    /// requests it holds). The router forgets the worker's blocks with it
+    /// (`Router::remove_worker` drops its index entries), which is what a `Cleared` event
+    /// through the plane would do, without the plane's delay or loss: a worker gone
+    /// never lingers in the router's view, as the checkers require.
     fn retire_drained(&mut self) {
         if self.draining.is_empty() {
             return;

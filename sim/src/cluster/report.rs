@@ -186,9 +186,10 @@ pub struct FaultReport {
 /// What the prefill and decode pools did, and the KV handoffs between them.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DisaggregationReport {
-    /// Workers in the prefill pool (the first ones).
+    /// Workers in the prefill pool (the first ones), or, when the driver added or
+    /// removed workers, every worker the pool ever had (see `prefill_pool`).
     pub prefill_workers: usize,
-    /// Workers in the decode pool (the rest).
+    /// Workers in the decode pool (the rest), or every worker it ever had.
     pub decode_workers: usize,
     /// Blocks in one MRDN frame at most.
     pub frame_blocks: usize,
@@ -208,10 +209,21 @@ pub struct DisaggregationReport {
     /// Handoffs that found no free device blocks on their decode worker and waited.
     pub waits_for_decode_blocks: u64,
     /// Requests each prefill worker handed off, aborted handoffs included (index:
-    /// worker).
+    /// worker; with workers added or removed, the prefill pool's workers ever, in worker
+    /// order, as `prefill_pool` lists them).
     pub handed_off_per_prefill_worker: Vec<u64>,
-    /// Handoffs each decode worker received (index: worker less `prefill_workers`).
+    /// Handoffs each decode worker received (index: worker less `prefill_workers`; with
+    /// workers added or removed, the decode pool's workers ever, as `decode_pool` lists
+    /// them).
     pub received_per_decode_worker: Vec<u64>,
+    /// The prefill pool's workers ever (removed ones too), in worker order; `None`, and
+    /// absent from the JSON, unless the driver added or removed a worker (the pool is
+    /// then the first `prefill_workers`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill_pool: Option<Vec<usize>>,
+    /// The decode pool's workers ever, likewise; `None` without commands (the rest).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode_pool: Option<Vec<usize>>,
     /// Requests done on their prefill worker (nothing left to hand off: one output
     /// token, or a retried request whose new prefill produced its last).
     pub finished_at_prefill: u64,
@@ -221,7 +233,8 @@ pub struct DisaggregationReport {
     /// Of their frames, those in flight on the fabric when aborted (they never land).
     pub frames_aborted: u64,
     /// The fabric's links: the prefill nodes' NICs out, the decode nodes' NICs in (each
-    /// summed over its pool, utilisation averaged over it), and the switch if modelled.
+    /// summed over its pool, utilisation averaged over the pool's workers ever), and the
+    /// switch if modelled.
     pub links: Vec<LinkReport>,
 }
 
@@ -402,11 +415,19 @@ impl fmt::Display for Report {
         }
         let r = &self.routing;
         // Disaggregated, the router sends requests to the prefill pool only.
-        let pool = self
-            .disaggregation
-            .as_ref()
-            .map_or(usize::MAX, |d| d.prefill_workers);
-        let routable = &r.requests_per_worker[..pool.min(r.requests_per_worker.len())];
+        let routable: Vec<u64> = match &self.disaggregation {
+            Some(DisaggregationReport {
+                prefill_pool: Some(pool),
+                ..
+            }) => pool
+                .iter()
+                .filter_map(|w| r.requests_per_worker.get(*w).copied())
+                .collect(),
+            Some(d) => {
+                r.requests_per_worker[..d.prefill_workers.min(r.requests_per_worker.len())].to_vec()
+            }
+            None => r.requests_per_worker.clone(),
+        };
         let (least, most) = (
             routable.iter().min().copied().unwrap_or(0),
             routable.iter().max().copied().unwrap_or(0),

@@ -9,7 +9,7 @@
 //! it changes nothing observable: order does not matter to them).
 
 use super::worker::Worker;
-use super::{BlockSources, Cluster, Percentiles};
+use super::{BlockSources, Cluster, Percentiles, Pool};
 use crate::hardware::SimHardware;
 use kvtwin::events::RegistryReplica;
 use kvtwin::ids::WorkerWithDpRank;
@@ -51,6 +51,8 @@ pub struct WorkerSnapshot {
     pub id: WorkerId,
     /// Where it stands.
     pub status: WorkerStatus,
+    /// Its pool in a disaggregated cluster; `None` in an aggregated one.
+    pub pool: Option<Pool>,
     /// Blocks per tier (index: `Tier::index`); `None` for a tier it does not have (or
     /// whose SSD is down).
     pub blocks: [Option<TierBlocks>; 4],
@@ -220,6 +222,26 @@ impl Cluster<'_> {
         })
     }
 
+    /// The workers serving in `pool` now (up, not draining, not removed), in worker
+    /// order: `Some` pool of a disaggregated cluster, or with `None` every serving
+    /// worker of an aggregated one (the other combinations have none). Cheap enough to
+    /// ask at every step: one pass over the workers, nothing sorted.
+    pub fn serving_in(&self, pool: Option<Pool>) -> Vec<WorkerId> {
+        let in_pool = |w: usize| match (&self.disagg, pool) {
+            (Some(disagg), Some(pool)) => disagg.is_in(w, pool),
+            (None, None) => true,
+            _ => false,
+        };
+        self.workers
+            .iter()
+            .enumerate()
+            .filter(|(w, worker)| {
+                worker.up && !worker.removed && !self.draining.contains(w) && in_pool(*w)
+            })
+            .map(|(_, worker)| worker.key.worker)
+            .collect()
+    }
+
     /// The router's counters so far (the report's routing section takes them too).
     pub(super) fn router_counters(&self) -> RouterSnapshot {
         let routed: u64 = self.workers.iter().map(|w| w.routed).sum();
@@ -256,6 +278,7 @@ impl Cluster<'_> {
                 } else {
                     WorkerStatus::Serving
                 },
+                pool: self.disagg.as_ref().map(|d| d.pool_of[w]),
                 blocks: Tier::ALL.map(|tier| {
                     worker.manager.pool(tier).map(|pool| {
                         let counts = pool.counts();

@@ -745,7 +745,7 @@ fn a_fault_naming_a_missing_worker_is_an_error() {
 }
 /// `prefill` prefill workers and `decode` decode workers of `scenario()` (1 GB/s
 /// NICs with `nic_latency_ns`), frames of `frame_blocks` blocks, no switch.
-fn disaggregated(prefill: usize, decode: usize, frame_blocks: usize) -> Scenario {
+pub(super) fn disaggregated(prefill: usize, decode: usize, frame_blocks: usize) -> Scenario {
     let mut scenario = cluster(prefill + decode, Routing::RoundRobin);
     scenario.hardware.nic_latency_ns = 5_000;
     scenario.cluster.disaggregation = Some(Disaggregation {
@@ -973,7 +973,7 @@ fn watched_at(watched: &[(u64, usize, usize)], ns: u64) -> (usize, usize) {
 /// down, every handoff's ends are up and hold it (the prefill worker sending, the
 /// decode worker receiving or queueing it), and every frame on the fabric belongs
 /// to a handoff.
-fn check_handoffs(sim: &Cluster<'_>) {
+pub(super) fn check_handoffs(sim: &Cluster<'_>) {
     for (w, worker) in sim.workers.iter().enumerate() {
         if !worker.up {
             assert!(worker.states.is_empty() && worker.waiting.is_empty(), "{w}");

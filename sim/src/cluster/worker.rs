@@ -13,7 +13,7 @@
 
 use super::batching::PassInFlight;
 use super::observe::Finished;
-use super::{Cluster, Epoch, RouteRecord, SimError, Wakeup};
+use super::{Cluster, Epoch, Pool, RouteRecord, SimError, Wakeup};
 use crate::compute::ComputeModel;
 use crate::hardware::HardwareProfile;
 use crate::hardware::SimHardware;
@@ -308,9 +308,13 @@ impl Cluster<'_> {
         let mut candidates = Vec::new();
         let w = match self.route.mode {
             Routing::RoundRobin => {
-                let n = self.routable();
+                // Every worker ever of the routable pool takes its turn, in worker order;
+                // one that is down, draining or removed is skipped.
+                let pool = self.disagg.as_ref().map(|d| d.members(Pool::Prefill));
+                let n = pool.map_or(self.workers.len(), <[usize]>::len);
+                let nth = |k: usize| pool.map_or(k, |pool| pool[k]);
                 let accepting = |w: &usize| self.workers[*w].up && !self.draining.contains(w);
-                match (0..n).map(|k| (i + k) % n).find(accepting) {
+                match (0..n).map(|k| nth((i + k) % n)).find(accepting) {
                     Some(w) => w,
                     None => {
                         self.requests.parked.push_back(i);
@@ -457,7 +461,7 @@ impl Cluster<'_> {
     }
 
     pub(super) fn finish(&mut self, w: usize, i: usize, held: BlockChain) {
-        let routable = self.routable();
+        let routable = self.is_routable(w);
         let worker = &mut self.workers[w];
         worker.manager.device().release(held);
         // Done: the request leaves the run; only its latencies stay, in the statistics.
@@ -471,12 +475,12 @@ impl Cluster<'_> {
             return;
         };
         // Disaggregated, a decode worker is none of the router's business.
-        if self.route.mode == Routing::Kv && w < routable {
+        if self.route.mode == Routing::Kv && routable {
             self.route
                 .router
                 .finish(worker.key, request.blocks.len() as u64);
         }
-        if let Some(disagg) = self.disagg.as_mut().filter(|d| w < d.prefill_workers) {
+        if let Some(disagg) = self.disagg.as_mut().filter(|d| d.is_in(w, Pool::Prefill)) {
             disagg.finished_at_prefill += 1;
         }
         let since_arrival =
@@ -609,16 +613,18 @@ impl Cluster<'_> {
         self.workers[w].epoch == epoch
     }
 
-    /// Workers the router may send a request to: the prefill pool when disaggregated,
-    /// every worker otherwise (they are the first ones either way).
-    pub(super) fn routable(&self) -> usize {
+    /// Whether worker `w` is one the router may send requests to (while it is up and
+    /// not draining): a prefill worker when disaggregated, any worker otherwise.
+    pub(super) fn is_routable(&self, w: usize) -> bool {
         self.disagg
             .as_ref()
-            .map_or(self.workers.len(), |d| d.prefill_workers)
+            .is_none_or(|d| d.is_in(w, Pool::Prefill))
     }
 
     pub(super) fn is_prefill_worker(&self, w: usize) -> bool {
-        self.disagg.as_ref().is_some_and(|d| w < d.prefill_workers)
+        self.disagg
+            .as_ref()
+            .is_some_and(|d| d.is_in(w, Pool::Prefill))
     }
 
     /// Settles and starts a pass on every worker an event touched besides its own.
