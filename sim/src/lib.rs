@@ -10,7 +10,8 @@
 //! from outside ([`checkers`]), trace replay through one pool for cache sizing
 //! ([`cache`]); traffic that changes over time ([`traffic`]: time-scaling, loops, rate
 //! curves); capacity planning over many runs ([`plan`]: sweeps, the SLO-and-cost
-//! search); validation scripts run on any two hardwares through one `Manager`, and
+//! search); per-replica capacity tables for autoscalers ([`autoscale`], in Dynamo's
+//! planner format); validation scripts run on any two hardwares through one `Manager`, and
 //! their comparison ([`validation`]).
 //!
 //! Invariant: a scenario and a seed fully determine a run: no wall clock, no unseeded
@@ -18,6 +19,7 @@
 //! are predictions of the model, not measurements.
 //! Never: be a dependency of `kvtwin` itself.
 
+pub mod autoscale;
 pub mod cache;
 pub mod checkers;
 pub mod cluster;
