@@ -6,8 +6,8 @@
 
 use anyhow::{Context, Result};
 use kvtwin_sim::autoscale::profile::{
-    default_grid, gpus_per_replica, profile_decode, profile_prefill, write_profiles,
-    DecodeProfile, PrefillProfile,
+    default_grid, gpus_per_replica, profile_decode, profile_prefill, write_profiles, DecodeProfile,
+    PrefillProfile,
 };
 use kvtwin_sim::scenario::Scenario;
 use std::path::PathBuf;
@@ -83,7 +83,9 @@ fn print_prefill(prefill: &PrefillProfile) {
 }
 
 fn print_decode(decode: &DecodeProfile) {
-    println!("\ndecode: a batch decoding together, its prompts cached (context = prompt + output / 2)");
+    println!(
+        "\ndecode: a batch decoding together, its prompts cached (context = prompt + output / 2)"
+    );
     println!(
         "{:>8}  {:>8}  {:>6}  {:>8}  {:>14}",
         "context", "KV usage", "batch", "ITL ms", "tokens/s/GPU"

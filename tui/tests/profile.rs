@@ -7,7 +7,10 @@ use kvtwin_sim::autoscale::profile::{
 };
 use std::process::Command;
 
-const SCENARIO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/h100-llama3-8b.ron");
+const SCENARIO: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../scenarios/h100-llama3-8b.ron"
+);
 
 /// `kvtwin profile` with `args`: (success, stdout, stderr).
 fn run(args: &[&str]) -> (bool, String, String) {
@@ -33,14 +36,20 @@ fn writes_dynamo_planner_tables_that_read_back_sane() {
         assert!(dir.path().join(file).is_file(), "{file}");
         assert!(stdout.contains(file), "{stdout}");
     }
-    assert!(stdout.contains("TTFT ms") && stdout.contains("ITL ms"), "{stdout}");
+    assert!(
+        stdout.contains("TTFT ms") && stdout.contains("ITL ms"),
+        "{stdout}"
+    );
 
     let (prefill, decode) = load_profiles(dir.path()).unwrap();
     // 4,000 blocks of 64 tokens on the device.
     assert_eq!(decode.max_kv_tokens, 256_000);
     assert!(prefill.isl.len() >= 5, "{prefill:?}");
     assert!(prefill.isl.windows(2).all(|w| w[0] < w[1]), "{prefill:?}");
-    assert!(prefill.ttft_ms.windows(2).all(|w| w[0] < w[1]), "{prefill:?}");
+    assert!(
+        prefill.ttft_ms.windows(2).all(|w| w[0] < w[1]),
+        "{prefill:?}"
+    );
     assert!(prefill.thpt_per_gpu.iter().all(|t| *t > 0.0));
 
     let mut contexts = decode.context_length.clone();

@@ -28,8 +28,7 @@ mod npy;
 
 pub use files::{
     decode_from_json, decode_from_npz, load_profiles, prefill_from_json, prefill_from_npz,
-    write_profiles, DECODE_JSON, DECODE_KEYS, DECODE_NPZ, PREFILL_JSON, PREFILL_KEYS,
-    PREFILL_NPZ,
+    write_profiles, DECODE_JSON, DECODE_KEYS, DECODE_NPZ, PREFILL_JSON, PREFILL_KEYS, PREFILL_NPZ,
 };
 pub use npy::{NpyArray, NpyData, NpyError};
 
@@ -273,7 +272,10 @@ pub fn default_grid(scenario: &Scenario) -> (Vec<usize>, Vec<usize>, Vec<f64>) {
 /// hits): its TTFT is the point's, and `isl / ttft / gpus` its throughput per GPU (as
 /// Dynamo's profiler computes it; an engine prefilling back to back sustains that rate).
 /// Lengths that do not fit the device are left out.
-pub fn profile_prefill(scenario: &Scenario, isls: &[usize]) -> Result<PrefillProfile, ProfileError> {
+pub fn profile_prefill(
+    scenario: &Scenario,
+    isls: &[usize],
+) -> Result<PrefillProfile, ProfileError> {
     let one = one_replica(scenario);
     let gpus = f64::from(gpus_per_replica(&one)?);
     let max = max_kv_tokens(&one)?;
@@ -501,7 +503,10 @@ impl DecodeProfile {
             .min(self.thpt_per_gpu.len());
         for i in 0..n {
             let point = (self.kv_usage[i], self.itl_ms[i], self.thpt_per_gpu[i]);
-            match curves.iter_mut().find(|(c, _)| *c == self.context_length[i]) {
+            match curves
+                .iter_mut()
+                .find(|(c, _)| *c == self.context_length[i])
+            {
                 Some((_, curve)) => curve.push(point),
                 None => curves.push((self.context_length[i], vec![point])),
             }

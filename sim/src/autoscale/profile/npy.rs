@@ -142,7 +142,10 @@ impl NpyArray {
         // Magic (6) + version (2) + length (2) + header + '\n' is a multiple of 64, so
         // the data is aligned (the spec's rule since NumPy 1.x; older readers used 16).
         let unpadded = MAGIC.len() + 2 + 2 + header.len() + 1;
-        header.extend(std::iter::repeat_n(' ', unpadded.next_multiple_of(64) - unpadded));
+        header.extend(std::iter::repeat_n(
+            ' ',
+            unpadded.next_multiple_of(64) - unpadded,
+        ));
         header.push('\n');
         let mut out = Vec::with_capacity(10 + header.len() + 8 * self.len());
         out.extend_from_slice(MAGIC);
@@ -290,9 +293,7 @@ pub(super) fn parse_header(text: &str) -> Result<Header, NpyError> {
                 }
             }
             "shape" => {
-                let inner = after
-                    .strip_prefix('(')
-                    .ok_or(bad("shape is not a tuple"))?;
+                let inner = after.strip_prefix('(').ok_or(bad("shape is not a tuple"))?;
                 let close = inner.find(')').ok_or(bad("shape tuple is not closed"))?;
                 let dims = inner[..close]
                     .split(',')
@@ -334,8 +335,8 @@ fn quoted(text: &str) -> Option<(&str, &str)> {
 /// give equal bytes.
 pub(super) fn write_npz(arrays: &[(&str, NpyArray)]) -> Result<Vec<u8>, zip::result::ZipError> {
     let mut zip = zip::ZipWriter::new(Cursor::new(Vec::new()));
-    let options = zip::write::SimpleFileOptions::default()
-        .compression_method(zip::CompressionMethod::Stored);
+    let options =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
     for (key, array) in arrays {
         zip.start_file(format!("{key}.npy"), options)?;
         zip.write_all(&array.encode())?;
@@ -416,17 +417,26 @@ mod tests {
             NpyArray::decode(&bytes)
         };
         assert_eq!(
-            with_header("{'descr': '>f8', 'fortran_order': False, 'shape': (0,), }", &[]),
+            with_header(
+                "{'descr': '>f8', 'fortran_order': False, 'shape': (0,), }",
+                &[]
+            ),
             Err(NpyError::Dtype {
                 descr: ">f8".into()
             })
         );
         assert_eq!(
-            with_header("{'descr': '<f8', 'fortran_order': True, 'shape': (0,), }", &[]),
+            with_header(
+                "{'descr': '<f8', 'fortran_order': True, 'shape': (0,), }",
+                &[]
+            ),
             Err(NpyError::FortranOrder)
         );
         assert_eq!(
-            with_header("{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }", &[0; 8]),
+            with_header(
+                "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }",
+                &[0; 8]
+            ),
             Err(NpyError::DataLength {
                 expected: 16,
                 found: 8
@@ -441,11 +451,8 @@ mod tests {
 
     #[test]
     fn npz_round_trips_its_entries_by_key() {
-        let bytes = write_npz(&[
-            ("a", NpyArray::f64s(&[1.0])),
-            ("b", NpyArray::i64s(&[2])),
-        ])
-        .unwrap();
+        let bytes =
+            write_npz(&[("a", NpyArray::f64s(&[1.0])), ("b", NpyArray::i64s(&[2]))]).unwrap();
         // A zip archive, as np.load recognises it.
         assert_eq!(&bytes[..4], b"PK\x03\x04");
         let entries = read_npz(&bytes).unwrap();

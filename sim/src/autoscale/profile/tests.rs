@@ -122,7 +122,10 @@ fn npz_files_hold_exactly_the_arrays_dynamos_planner_reads_in_its_dtypes_and_sha
     let prefill = entries(&prefill_to_npz(&prefill_table()).unwrap());
     let mut keys: Vec<&str> = prefill.iter().map(|e| e.0.as_str()).collect();
     keys.sort_unstable();
-    assert_eq!(keys, ["prefill_isl", "prefill_thpt_per_gpu", "prefill_ttft"]);
+    assert_eq!(
+        keys,
+        ["prefill_isl", "prefill_thpt_per_gpu", "prefill_ttft"]
+    );
     for (key, descr, fortran, shape, data) in &prefill {
         assert_eq!((descr.as_str(), *fortran), ("<f8", false), "{key}");
         assert_eq!((shape.as_slice(), *data), (&[3][..], 24), "{key}");
@@ -132,15 +135,27 @@ fn npz_files_hold_exactly_the_arrays_dynamos_planner_reads_in_its_dtypes_and_sha
     keys.sort_unstable();
     assert_eq!(
         keys,
-        ["max_kv_tokens", "x_kv_usage", "y_context_length", "z_itl", "z_thpt_per_gpu"]
+        [
+            "max_kv_tokens",
+            "x_kv_usage",
+            "y_context_length",
+            "z_itl",
+            "z_thpt_per_gpu"
+        ]
     );
     for (key, descr, fortran, shape, data) in &decode {
         assert!(!fortran, "{key}");
         if key == "max_kv_tokens" {
             // np.array([max_kv_tokens]): read by the planner as raw_data[...][0].
-            assert_eq!((descr.as_str(), shape.as_slice(), *data), ("<i8", &[1][..], 8));
+            assert_eq!(
+                (descr.as_str(), shape.as_slice(), *data),
+                ("<i8", &[1][..], 8)
+            );
         } else {
-            assert_eq!((descr.as_str(), shape.as_slice(), *data), ("<f8", &[5][..], 40));
+            assert_eq!(
+                (descr.as_str(), shape.as_slice(), *data),
+                ("<f8", &[5][..], 40)
+            );
         }
     }
 }
@@ -159,7 +174,9 @@ fn json_files_hold_exactly_the_keys_dynamos_planner_reads() {
     let mut expected = PREFILL_KEYS.to_vec();
     expected.sort_unstable();
     assert_eq!(keys, expected);
-    assert!(prefill.values().all(|v| v.as_array().is_some_and(|a| a.len() == 3)));
+    assert!(prefill
+        .values()
+        .all(|v| v.as_array().is_some_and(|a| a.len() == 3)));
     let decode = read(DECODE_JSON);
     let mut keys: Vec<&str> = decode.keys().map(String::as_str).collect();
     keys.sort_unstable();
@@ -189,7 +206,10 @@ fn bad_tables_are_errors_naming_the_file_and_the_field() {
         ),
         "{error}"
     );
-    assert!(error.to_string().starts_with("d/raw_data.npz: z_itl"), "{error}");
+    assert!(
+        error.to_string().starts_with("d/raw_data.npz: z_itl"),
+        "{error}"
+    );
 
     let mut decode = decode_table();
     decode.thpt_per_gpu[2] = f64::NAN;
@@ -217,17 +237,30 @@ fn bad_tables_are_errors_naming_the_file_and_the_field() {
         error.to_string(),
         "p.json: no prefill_thpt_per_gpu (Dynamo's planner reads it)"
     );
-    let json = br#"{"prefill_isl": [1, "x"], "prefill_ttft": [1, 2], "prefill_thpt_per_gpu": [1, 2]}"#;
+    let json =
+        br#"{"prefill_isl": [1, "x"], "prefill_ttft": [1, 2], "prefill_thpt_per_gpu": [1, 2]}"#;
     let error = prefill_from_json(json, Path::new("p.json")).unwrap_err();
     assert!(
-        matches!(error, ProfileError::Shape { field: "prefill_isl", .. }),
+        matches!(
+            error,
+            ProfileError::Shape {
+                field: "prefill_isl",
+                ..
+            }
+        ),
         "{error}"
     );
     let json = br#"{"max_kv_tokens": 0.5, "x_kv_usage": [0.1], "y_context_length": [1],
         "z_itl": [1], "z_thpt_per_gpu": [1]}"#;
     let error = decode_from_json(json, Path::new("d.json")).unwrap_err();
     assert!(
-        matches!(error, ProfileError::NotFinite { field: "max_kv_tokens", .. }),
+        matches!(
+            error,
+            ProfileError::NotFinite {
+                field: "max_kv_tokens",
+                ..
+            }
+        ),
         "{error}"
     );
     // One-element list, as the npz form has it: accepted.
@@ -241,7 +274,13 @@ fn bad_tables_are_errors_naming_the_file_and_the_field() {
     );
     let error = prefill_from_npz(&bytes, Path::new("p.npz")).unwrap_err();
     assert!(
-        matches!(error, ProfileError::Missing { field: "prefill_isl", .. }),
+        matches!(
+            error,
+            ProfileError::Missing {
+                field: "prefill_isl",
+                ..
+            }
+        ),
         "{error}"
     );
 }
@@ -312,7 +351,10 @@ fn prefill_profile_grows_with_input_length_on_one_replica_ignoring_cluster_and_f
     let profile = profile_prefill(&scenario, &[4096, 256, 1024, 1024, 200_000]).unwrap();
     // Sorted, deduplicated, and the length that does not fit the device left out.
     assert_eq!(profile.isl, [256.0, 1024.0, 4096.0]);
-    assert!(profile.ttft_ms.windows(2).all(|w| w[0] < w[1]), "{profile:?}");
+    assert!(
+        profile.ttft_ms.windows(2).all(|w| w[0] < w[1]),
+        "{profile:?}"
+    );
     for i in 0..3 {
         let expected = profile.isl[i] / (profile.ttft_ms[i] / 1e3);
         assert!((profile.thpt_per_gpu[i] - expected).abs() < 1e-6 * expected);
@@ -340,20 +382,40 @@ fn decode_profile_itl_grows_with_kv_usage_and_records_the_usage_reached() {
     assert!(profile.context_length.iter().all(|c| *c == 1024.0));
     // 0.1 × 128,000 / 1,024 = 12.5 → 13 sequences; 0.3 → 38; 0.9 → 113 (under 256
     // sequences, and 113 × 17 blocks fit 2,000).
-    let batches: Vec<f64> = profile.kv_usage.iter().map(|u| (u * 128_000.0 / 1024.0).round()).collect();
+    let batches: Vec<f64> = profile
+        .kv_usage
+        .iter()
+        .map(|u| (u * 128_000.0 / 1024.0).round())
+        .collect();
     assert_eq!(batches, [13.0, 38.0, 113.0]);
-    assert!(profile.itl_ms.windows(2).all(|w| w[0] < w[1]), "{profile:?}");
-    assert!(profile.thpt_per_gpu.windows(2).all(|w| w[0] < w[1]), "{profile:?}");
-    for i in 0..3 {
-        let expected = batches[i] / (profile.itl_ms[i] / 1e3);
-        assert!((profile.thpt_per_gpu[i] - expected).abs() < 1e-6 * expected);
+    assert!(
+        profile.itl_ms.windows(2).all(|w| w[0] < w[1]),
+        "{profile:?}"
+    );
+    assert!(
+        profile.thpt_per_gpu.windows(2).all(|w| w[0] < w[1]),
+        "{profile:?}"
+    );
+    for ((batch, itl_ms), thpt) in batches
+        .iter()
+        .zip(&profile.itl_ms)
+        .zip(&profile.thpt_per_gpu)
+    {
+        let expected = batch / (itl_ms / 1e3);
+        assert!((thpt - expected).abs() < 1e-6 * expected);
     }
     // A decode step of the roofline H100 with Llama-3-8B reads 16 GB of weights: some
     // 6 ms, more with a larger batch's KV.
-    assert!(profile.itl_ms[0] > 5.0 && profile.itl_ms[0] < 10.0, "{profile:?}");
+    assert!(
+        profile.itl_ms[0] > 5.0 && profile.itl_ms[0] < 10.0,
+        "{profile:?}"
+    );
     assert!(matches!(
         profile_decode(&scenario, &[1024], &[1.5]),
-        Err(ProfileError::BadGrid { grid: "kv_usage", .. })
+        Err(ProfileError::BadGrid {
+            grid: "kv_usage",
+            ..
+        })
     ));
     assert!(matches!(
         profile_decode(&scenario, &[200_000], &[0.5]),
