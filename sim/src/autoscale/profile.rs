@@ -186,7 +186,11 @@ pub enum ProfileError {
         expected: usize,
     },
     /// A value is NaN or infinite (or, for `max_kv_tokens`, not a positive integer).
-    #[error("{path}: {field}[{index}] = {value} is not a finite value", path = path.display())]
+    #[error(
+        "{path}: {field}[{index}] = {value} is not usable (values must be finite, \
+         max_kv_tokens a positive integer)",
+        path = path.display()
+    )]
     NotFinite {
         /// The file.
         path: PathBuf,

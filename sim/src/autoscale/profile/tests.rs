@@ -445,3 +445,22 @@ fn default_grid_fits_the_device() {
     assert_eq!(isls, [128, 256, 512, 1024]);
     assert_eq!(contexts, [512, 1024]);
 }
+
+#[test]
+fn decode_itl_is_the_models_decode_step_so_the_warm_up_kept_prefill_out() {
+    // The mean context over the 64 steps is the point's context, so the mean ITL is one
+    // decode step at it: no prefill pass slowed the batch down.
+    let scenario = roofline_scenario("h100-llama3-8b");
+    let model = scenario.hardware.compute_model().unwrap();
+    let profile = profile_decode(&scenario, &[2048], &[0.2, 0.8]).unwrap();
+    for (usage, itl_ms) in profile.kv_usage.iter().zip(&profile.itl_ms) {
+        let context_tokens = (usage * 128_000.0).round() as u64;
+        let batch = context_tokens / 2048;
+        let step = model.decode_step(batch, context_tokens, 128_000);
+        let step_ms = step.as_nanos() as f64 / 1e6;
+        assert!(
+            (itl_ms - step_ms).abs() < 0.01 * step_ms,
+            "batch {batch}: ITL {itl_ms} ms, a step {step_ms} ms"
+        );
+    }
+}
