@@ -9,8 +9,10 @@
 //! steppable cluster and its report ([`cluster`]), the checkers that judge a cluster
 //! from outside ([`checkers`]), trace replay through one pool for cache sizing
 //! ([`cache`]); traffic that changes over time ([`traffic`]: time-scaling, loops, rate
-//! curves); autoscaling what-ifs ([`autoscale`]: planners in the loop); capacity planning over many runs ([`plan`]: sweeps, the SLO-and-cost
-//! search); validation scripts run on any two hardwares through one `Manager`, and
+//! curves); autoscaling what-ifs ([`autoscale`]: planners in the loop, and per-replica
+//! capacity tables in Dynamo's planner format); capacity planning over many runs
+//! ([`plan`]: sweeps, the SLO-and-cost search); validation scripts run on any two
+//! hardwares through one `Manager`, and
 //! their comparison ([`validation`]).
 //!
 //! Invariant: a scenario and a seed fully determine a run: no wall clock, no unseeded

@@ -17,6 +17,7 @@ mod plan;
 mod plan_output;
 mod plan_plot;
 mod plot;
+mod profile;
 mod service;
 mod sweep;
 mod sweep_plot;
@@ -122,6 +123,9 @@ enum Command {
     /// The cheapest configuration of a design space that meets an SLO (latency bounds),
     /// with the Pareto fronts of cost, latency and throughput.
     Plan(plan::PlanArgs),
+    /// One replica's capacity tables (prefill TTFT by ISL, decode ITL by KV usage and
+    /// context) in the layout NVIDIA Dynamo's SLA planner reads.
+    Profile(profile::ProfileArgs),
     /// Run every point of a grid of overrides (under K seeds) in parallel into a
     /// JSON-lines file, resumable and shardable; `kvtwin sweep merge` joins shards.
     Sweep(sweep::SweepArgs),
@@ -246,6 +250,7 @@ fn main() -> Result<()> {
         Command::Router(args) => service::router(&args),
         Command::Dash(args) => dash::cli::dash(&args),
         Command::Plan(args) => plan::plan(&args),
+        Command::Profile(args) => profile::profile(&args),
         Command::Relay(args) => service::relay(&args),
         Command::Calibrate(args) => calibrate::calibrate(&args),
         Command::Validate(args) => calibrate::validate(&args),

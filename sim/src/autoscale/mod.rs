@@ -10,12 +10,15 @@
 //!   planners (static, Dynamo's throughput-based, load-based);
 //! - `driver`: the run with the planner in the loop ([`Autoscaled`]), bounds and
 //!   hysteresis enforced outside every planner;
-//! - `report`: the `autoscale` object of the report ([`AutoscaleReport`]).
+//! - `report`: the `autoscale` object of the report ([`AutoscaleReport`]);
+//! - [`profile`]: one replica's capacity measured by the simulator, as the
+//!   interpolation tables of NVIDIA Dynamo's SLA planner.
 //!
 //! Never: change the cluster except through its commands, or know how a planner
 //! decides (the driver holds every planner to the same bounds).
 
 mod driver;
+pub mod profile;
 mod planner;
 mod predict;
 mod report;

@@ -1,0 +1,101 @@
+//! `kvtwin profile`: one replica's capacity tables, written where NVIDIA Dynamo's SLA
+//! planner reads them (its `--profile-results-dir`), and printed as two short tables.
+//!
+//! Owns: the flags, loading the scenario, and the output. Never: measure or interpolate
+//! anything itself: that is `kvtwin_sim::autoscale::profile`'s.
+
+use anyhow::{Context, Result};
+use kvtwin_sim::autoscale::profile::{
+    default_grid, gpus_per_replica, profile_decode, profile_prefill, write_profiles, DecodeProfile,
+    PrefillProfile,
+};
+use kvtwin_sim::scenario::Scenario;
+use std::path::PathBuf;
+
+/// `kvtwin profile`.
+#[derive(clap::Args)]
+pub(crate) struct ProfileArgs {
+    /// The scenario whose worker is profiled (one replica of it: its hardware, compute
+    /// model and worker; the cluster, faults and workload are ignored).
+    scenario: PathBuf,
+    /// The folder to write into, in Dynamo's layout:
+    /// selected_prefill_interpolation/raw_data.npz,
+    /// selected_decode_interpolation/raw_data.npz, prefill_raw_data.json and
+    /// decode_raw_data.json.
+    #[arg(long)]
+    out: PathBuf,
+    /// Input lengths to profile prefill at, tokens (default: 128 to 16,384 by powers of
+    /// two, those that fit the device).
+    #[arg(long, value_delimiter = ',', value_name = "TOKENS")]
+    isl: Option<Vec<usize>>,
+    /// Context lengths to profile decode at, tokens (default: 512 to 16,384 by powers of
+    /// two, those of which two fit the device).
+    #[arg(long, value_delimiter = ',', value_name = "TOKENS")]
+    context: Option<Vec<usize>>,
+    /// KV usages to profile decode at, fractions of the device's KV tokens (default:
+    /// 0.05,0.1,0.2,0.3,0.5,0.7,0.9).
+    #[arg(long, value_delimiter = ',', value_name = "FRACTION")]
+    kv_usage: Option<Vec<f64>>,
+    /// Overrides a scenario field by its dotted path (as `kvtwin run --set`), e.g.
+    /// `--set worker.tiers.0.capacity_blocks=8000`; repeatable.
+    #[arg(long, value_name = "FIELD=VALUE")]
+    set: Vec<String>,
+}
+
+/// `kvtwin profile`.
+pub(crate) fn profile(args: &ProfileArgs) -> Result<()> {
+    let scenario = Scenario::load(&args.scenario)?;
+    let scenario = if args.set.is_empty() {
+        scenario
+    } else {
+        scenario.with_overrides(&args.set)?
+    };
+    let (isls, contexts, usages) = default_grid(&scenario);
+    let isls = args.isl.clone().unwrap_or(isls);
+    let contexts = args.context.clone().unwrap_or(contexts);
+    let usages = args.kv_usage.clone().unwrap_or(usages);
+    let prefill = profile_prefill(&scenario, &isls).context("profiling prefill")?;
+    let decode = profile_decode(&scenario, &contexts, &usages).context("profiling decode")?;
+    let written = write_profiles(&args.out, &prefill, &decode)?;
+    let gpus = gpus_per_replica(&scenario)?;
+    println!(
+        "{}: one replica, {gpus} GPU(s), {} KV tokens on the device (predictions of the \
+         model, not measurements)",
+        scenario.name, decode.max_kv_tokens
+    );
+    print_prefill(&prefill);
+    print_decode(&decode);
+    for path in written {
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn print_prefill(prefill: &PrefillProfile) {
+    println!("\nprefill: one request alone on an empty replica");
+    println!("{:>8}  {:>10}  {:>14}", "ISL", "TTFT ms", "tokens/s/GPU");
+    for i in 0..prefill.isl.len() {
+        println!(
+            "{:>8}  {:>10.2}  {:>14.0}",
+            prefill.isl[i], prefill.ttft_ms[i], prefill.thpt_per_gpu[i]
+        );
+    }
+}
+
+fn print_decode(decode: &DecodeProfile) {
+    println!(
+        "\ndecode: a batch decoding together, its prompts cached (context = prompt + output / 2)"
+    );
+    println!(
+        "{:>8}  {:>8}  {:>6}  {:>8}  {:>14}",
+        "context", "KV usage", "batch", "ITL ms", "tokens/s/GPU"
+    );
+    for i in 0..decode.kv_usage.len() {
+        let context = decode.context_length[i];
+        let batch = (decode.kv_usage[i] * decode.max_kv_tokens as f64 / context).round();
+        println!(
+            "{:>8}  {:>8.3}  {:>6}  {:>8.2}  {:>14.0}",
+            context, decode.kv_usage[i], batch, decode.itl_ms[i], decode.thpt_per_gpu[i]
+        );
+    }
+}
