@@ -13,10 +13,8 @@ fn report_json(path: &Path, seed: u64) -> Option<String> {
     scenario.seed = seed;
     // A tenth of the traffic keeps the test quick in debug builds.
     scenario.workload.thin_out(10);
-    let Some(requests) = scenario
-        .workload
-        .generate(scenario.seed, scenario.worker.block_size_tokens)
-    else {
+    // Synthetic requests, reshaped by the scenario's traffic section if it has one.
+    let Some(requests) = scenario.synthetic_requests().unwrap() else {
         eprintln!(
             "{}: trace workloads are replayed by the trace tests",
             path.display()

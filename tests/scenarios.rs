@@ -33,10 +33,8 @@ fn every_scenario_runs_to_completion_and_its_events_rebuild_the_pools() {
     for path in paths {
         let file = path.file_name().unwrap().to_str().unwrap().to_string();
         let scenario = Scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
-        let Some(requests) = scenario
-            .workload
-            .generate(scenario.seed, scenario.worker.block_size_tokens)
-        else {
+        // Synthetic requests, reshaped by the scenario's traffic section if it has one.
+        let Some(requests) = scenario.synthetic_requests().unwrap() else {
             eprintln!(
                 "{}: trace workloads are replayed by the trace tests",
                 path.display()

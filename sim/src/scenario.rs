@@ -330,8 +330,8 @@ pub struct Scenario {
     pub faults: Vec<Fault>,
     /// The requests.
     pub workload: WorkloadSpec,
-    /// How the requests are reshaped in time (looped, sped up, retimed from a rate
-    /// curve); absent, they arrive as the workload has them. Left out of the JSON form
+    /// How the requests are reshaped in time (looped, retimed from a rate curve, sped
+    /// up); absent, they arrive as the workload has them. Left out of the JSON form
     /// when absent, so scenarios without it read and override as before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traffic: Option<TrafficSpec>,
@@ -515,6 +515,21 @@ impl Scenario {
 }
 
 impl Scenario {
+    /// The requests of a synthetic workload, reshaped by the traffic section, in arrival
+    /// order (ties in the order generated); `None` for a trace, which a run reads as it
+    /// goes (or whole, to reshape it: [`Scenario::shape_traffic`]).
+    pub fn synthetic_requests(&self) -> Result<Option<Vec<Request>>, TrafficError> {
+        let Some(requests) = self
+            .workload
+            .generate(self.seed, self.worker.block_size_tokens)
+        else {
+            return Ok(None);
+        };
+        let mut requests = self.shape_traffic(requests)?;
+        requests.sort_by_key(|r| r.arrival);
+        Ok(Some(requests))
+    }
+
     /// `requests` (in arrival order) reshaped by the traffic section; as they are
     /// without one. The rate curve's draws have their own seed, from the scenario's.
     pub fn shape_traffic(&self, requests: Vec<Request>) -> Result<Vec<Request>, TrafficError> {

@@ -307,7 +307,8 @@ pub fn retime(
 }
 
 /// How a scenario's requests are reshaped in time before the run (the scenario's
-/// `traffic` field): looped, sped up, then retimed from a rate curve, in that order.
+/// `traffic` field): looped, retimed from a rate curve, then sped up, in that order (a
+/// curve's times, and its horizon, are before the speed-up).
 /// Absent, the requests arrive as the workload has them, and no random number is drawn.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -401,7 +402,7 @@ impl TrafficSpec {
         Ok(())
     }
 
-    /// `requests` (in arrival order) reshaped: repeated, sped up, then retimed, with the
+    /// `requests` (in arrival order) reshaped: repeated, retimed, then sped up, with the
     /// curve's draws seeded by `seed`.
     pub fn apply(&self, requests: Vec<Request>, seed: u64) -> Result<Vec<Request>, TrafficError> {
         self.check()?;
@@ -410,11 +411,11 @@ impl TrafficSpec {
             let gap_ns = (self.repeat_gap_s * 1e9) as u64;
             requests = repeat(&requests, self.repeat, gap_ns, self.fresh_prefixes);
         }
-        if self.speedup != 1.0 {
-            requests = speedup(&requests, self.speedup);
-        }
         if let Some(curve) = &self.rate {
             requests = retime(&requests, curve, seed, self.horizon_s)?;
+        }
+        if self.speedup != 1.0 {
+            requests = speedup(&requests, self.speedup);
         }
         Ok(requests)
     }
@@ -564,7 +565,7 @@ mod tests {
     }
 
     #[test]
-    fn a_traffic_section_loops_speeds_up_and_retimes_in_that_order() {
+    fn a_traffic_section_loops_retimes_and_speeds_up_in_that_order() {
         let base = stream(&[0, 100, 200]);
         assert_eq!(TrafficSpec::default().apply(base.clone(), 1).unwrap(), base);
         let looped = TrafficSpec {
@@ -583,6 +584,22 @@ mod tests {
         let a = retimed.apply(base.clone(), 7).unwrap();
         assert_eq!(a, retimed.apply(base.clone(), 7).unwrap());
         assert_ne!(arrivals_ms(&a), arrivals_ms(&base));
+        // The speed-up applies to the retimed arrivals.
+        let faster = TrafficSpec {
+            speedup: 2.0,
+            ..retimed.clone()
+        };
+        let halved: Vec<u64> = a.iter().map(|r| r.arrival.as_nanos() / 2).collect();
+        let b: Vec<u64> = faster
+            .apply(base.clone(), 7)
+            .unwrap()
+            .iter()
+            .map(|r| r.arrival.as_nanos())
+            .collect();
+        assert!(
+            halved.iter().zip(&b).all(|(h, b)| h.abs_diff(*b) <= 1),
+            "{halved:?} {b:?}"
+        );
         let bad = TrafficSpec {
             speedup: 0.0,
             ..TrafficSpec::default()

@@ -44,6 +44,18 @@ pub(crate) fn shared_prefix_chain(c: u64, len: usize) -> Vec<BlockIdentity> {
 /// conversation_trace -- --nocapture` prints the digests as they now stand.
 pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
     (
+        "autoscale-burst.ron",
+        "17b296bdd31f65080bfb1b4daa5e9ff47a766781fdc3d5e0d01735237d8b730a",
+    ),
+    (
+        "autoscale-diurnal.ron",
+        "6d1b3dd82ff4c75264f2cf046acadef90bfea659b32e4ed8a6669b99d87b3902",
+    ),
+    (
+        "autoscale-flap.ron",
+        "46f63df569f2091acd2b588803d7057ec29d66b80056a81357691a8a31b1fcc5",
+    ),
+    (
         "cluster-disagg.ron",
         "a0a5f427fb622eb323fe9719eece512d49bc21241f2f5129696667d8f8577edc",
     ),

@@ -110,6 +110,7 @@ pub struct Autoscaled<'a> {
     cluster: Cluster<'a>,
     spec: AutoscaleSpec,
     planner: Box<dyn Planner>,
+    gpus_per_replica: u32,
     arrivals: Rc<RefCell<ArrivalLog>>,
     pools: Vec<PoolState>,
     interval: Duration,
@@ -178,9 +179,17 @@ impl<'a> Autoscaled<'a> {
         for pool in &mut pools {
             pool.peak = pool.serving.len();
         }
+        let planner = planner_of(&spec.planner, scenario, spec.slo)
+            .map_err(|error| SimError::Planner(error.to_string()))?;
+        let gpus_per_replica = match spec.gpus_per_replica {
+            Some(gpus) => gpus,
+            None => super::profile::gpus_per_replica(scenario)
+                .map_err(|error| SimError::Planner(error.to_string()))?,
+        };
         Ok(Self {
             cluster,
-            planner: planner_of(&spec.planner),
+            planner,
+            gpus_per_replica,
             spec,
             arrivals,
             pools,
@@ -279,8 +288,9 @@ impl<'a> Autoscaled<'a> {
             planner: self.planner.name(),
             interval_s: self.spec.interval_s,
             pools: self.pools.iter().map(|p| p.kind).collect(),
+            gpus_per_replica: self.gpus_per_replica,
             gpu_hours: self.pools.iter().map(|p| p.paid_ns).sum::<f64>()
-                * self.spec.gpus_per_replica as f64
+                * f64::from(self.gpus_per_replica)
                 / 3.6e12,
             mean_replicas: self.pools.iter().map(|p| p.paid_ns / total_ns).collect(),
             peak_replicas: self.pools.iter().map(|p| p.peak).collect(),
@@ -577,6 +587,7 @@ fn percentiles(samples: &mut Latencies) -> IntervalLatency {
     }
     let ms = |ns: u64| ns as f64 / 1e6;
     IntervalLatency {
+        mean_ms: samples.mean() / 1e6,
         p50_ms: ms(samples.quantile(0.5)),
         p90_ms: ms(samples.quantile(0.9)),
         p99_ms: ms(samples.quantile(0.99)),

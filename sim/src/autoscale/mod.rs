@@ -18,16 +18,16 @@
 //! decides (the driver holds every planner to the same bounds).
 
 mod driver;
-pub mod profile;
 mod planner;
 mod predict;
+pub mod profile;
 mod report;
 mod spec;
 
 pub use driver::{Autoscaled, Step};
 pub use planner::{
     planner_of, IntervalLatency, IntervalObservation, LoadPlanner, Planner, PoolKind,
-    PoolObservation, StaticPlanner, Target, ThroughputPlanner, WorkerLoad,
+    PoolObservation, Profiled, Rates, StaticPlanner, Target, ThroughputPlanner, WorkerLoad,
 };
 pub use predict::Forecaster;
 pub use report::{AutoscaleReport, Decision, IntervalSample};

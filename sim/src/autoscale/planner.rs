@@ -11,7 +11,9 @@
 //! planner can leave them.
 
 use super::predict::Forecaster;
-use super::spec::{Capacity, PlannerSpec, Predictor};
+use super::profile::{self, DecodeProfile, PrefillProfile, ProfileError};
+use super::spec::{Capacity, PlannerSpec, Predictor, SloTargets};
+use crate::scenario::Scenario;
 use serde::Serialize;
 use std::fmt;
 
@@ -80,6 +82,8 @@ impl PoolObservation {
 /// when none did).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct IntervalLatency {
+    /// Mean.
+    pub mean_ms: f64,
     /// Median.
     pub p50_ms: f64,
     /// 90th percentile.
@@ -140,14 +144,40 @@ pub trait Planner {
     fn decide(&mut self, observation: &IntervalObservation) -> Vec<Target>;
 }
 
-/// The planner a scenario's section names.
-pub fn planner_of(spec: &PlannerSpec) -> Box<dyn Planner> {
-    match spec {
+/// The planner a scenario's section names, for `scenario`'s workers (a profiled
+/// capacity is measured on one of them now) and `slo`.
+pub fn planner_of(
+    spec: &PlannerSpec,
+    scenario: &Scenario,
+    slo: SloTargets,
+) -> Result<Box<dyn Planner>, ProfileError> {
+    Ok(match spec {
         PlannerSpec::Static => Box::new(StaticPlanner),
         PlannerSpec::Throughput {
             predictor,
             capacity,
-        } => Box::new(ThroughputPlanner::new(*predictor, *capacity)),
+        } => {
+            let rates = match *capacity {
+                Capacity::Given {
+                    prefill_tokens_per_s,
+                    decode_tokens_per_s,
+                } => Rates::Given {
+                    prefill_tokens_per_s,
+                    decode_tokens_per_s,
+                },
+                Capacity::Profiled { correction } => {
+                    let (isls, contexts, usages) = profile::default_grid(scenario);
+                    Rates::Profiled(Box::new(Profiled {
+                        prefill: profile::profile_prefill(scenario, &isls)?,
+                        decode: profile::profile_decode(scenario, &contexts, &usages)?,
+                        gpus: f64::from(profile::gpus_per_replica(scenario)?),
+                        itl_target_ms: slo.itl_ms,
+                        correction,
+                    }))
+                }
+            };
+            Box::new(ThroughputPlanner::new(*predictor, rates))
+        }
         PlannerSpec::Load {
             queue_up,
             queue_down,
@@ -159,7 +189,7 @@ pub fn planner_of(spec: &PlannerSpec) -> Box<dyn Planner> {
             kv_up: *kv_up,
             kv_down: *kv_down,
         }),
-    }
+    })
 }
 
 /// Keeps every pool as it is.
@@ -180,18 +210,105 @@ impl Planner for StaticPlanner {
 /// per second, and sizes each pool at `ceil(demand ÷ one replica's capacity)`.
 pub struct ThroughputPlanner {
     predictor: Predictor,
-    capacity: Capacity,
+    rates: Rates,
     requests: Forecaster,
     isl: Forecaster,
     osl: Forecaster,
 }
 
+/// One replica's capacity, as a throughput-based planner reads it.
+pub enum Rates {
+    /// Fixed rates, tokens per second.
+    Given {
+        /// Prompt tokens prefilled per second.
+        prefill_tokens_per_s: f64,
+        /// Output tokens generated per second.
+        decode_tokens_per_s: f64,
+    },
+    /// Dynamo's interpolation tables, measured on one replica.
+    Profiled(Box<Profiled>),
+}
+
+/// Profiled capacity and how Dynamo's planner reads it.
+pub struct Profiled {
+    /// Prefill: TTFT and throughput per GPU by input length.
+    pub prefill: PrefillProfile,
+    /// Decode: ITL and throughput per GPU by KV usage and context length.
+    pub decode: DecodeProfile,
+    /// GPUs of one replica.
+    pub gpus: f64,
+    /// The ITL the decode pool is sized for, milliseconds.
+    pub itl_target_ms: f64,
+    /// Whether the observed latencies correct the tables (Dynamo's correction factors).
+    pub correction: bool,
+}
+
+impl Profiled {
+    /// Replicas of each pool that `requests` of `isl` and `osl` tokens per `interval`
+    /// seconds need, corrected by what the interval just observed; and the factors.
+    fn needs(
+        &self,
+        requests: f64,
+        isl: f64,
+        osl: f64,
+        interval: f64,
+        observed: &IntervalObservation,
+    ) -> (f64, f64, String) {
+        let finite = |x: f64| x.is_finite() && x > 0.0;
+        // Prefix hits make prefill cheaper than the tables (measured on an empty
+        // cache): a TTFT below theirs scales the demand down; queueing (above) does not
+        // scale it up, as in Dynamo.
+        let expected_ttft = self.prefill.ttft_ms_at(observed.mean_isl);
+        let p_correction = if self.correction && observed.finished > 0 && finite(expected_ttft) {
+            (observed.ttft.mean_ms / expected_ttft).min(1.0)
+        } else {
+            1.0
+        };
+        let prefill_per_replica = self.prefill.thpt_per_gpu_at(isl) * self.gpus;
+        let prefill = requests * isl / interval * p_correction / prefill_per_replica;
+        // Decode: an ITL above the tables' at the observed load means the replicas do
+        // worse than profiled; aim the tables at a target tighter by as much.
+        let kv_usage = observed
+            .pools
+            .iter()
+            .filter(|p| p.kind != PoolKind::Prefill)
+            .map(PoolObservation::kv_usage)
+            .next()
+            .unwrap_or(0.0);
+        let context = observed.mean_isl + observed.mean_osl / 2.0;
+        let expected_itl = self.decode.itl_ms_at(kv_usage, context);
+        let d_correction = if self.correction
+            && observed.finished > 0
+            && finite(expected_itl)
+            && finite(observed.itl.mean_ms)
+        {
+            observed.itl.mean_ms / expected_itl
+        } else {
+            1.0
+        };
+        let decode_per_replica = self
+            .decode
+            .best_thpt_per_gpu(self.itl_target_ms / d_correction, isl + osl / 2.0)
+            * self.gpus;
+        let decode = requests * osl / interval / decode_per_replica;
+        let guard = |need: f64| if need.is_finite() { need.max(0.0) } else { 0.0 };
+        (
+            guard(prefill),
+            guard(decode),
+            format!(
+                "; {prefill_per_replica:.0} prompt and {decode_per_replica:.0} output tokens/s \
+                 per replica, corrections {p_correction:.2} and {d_correction:.2}"
+            ),
+        )
+    }
+}
+
 impl ThroughputPlanner {
-    /// A planner predicting with `predictor`, for replicas of `capacity`.
-    pub fn new(predictor: Predictor, capacity: Capacity) -> Self {
+    /// A planner predicting with `predictor`, for replicas of `rates`.
+    pub fn new(predictor: Predictor, rates: Rates) -> Self {
         Self {
             predictor,
-            capacity,
+            rates,
             requests: Forecaster::new(predictor),
             isl: Forecaster::new(predictor),
             osl: Forecaster::new(predictor),
@@ -228,13 +345,22 @@ impl Planner for ThroughputPlanner {
         );
         let prefill_tokens_per_s = requests * isl / interval;
         let output_tokens_per_s = requests * osl / interval;
-        let prefill = prefill_tokens_per_s / self.capacity.prefill_tokens_per_s;
-        let decode = output_tokens_per_s / self.capacity.decode_tokens_per_s;
+        let (prefill, decode, how) = match &self.rates {
+            Rates::Given {
+                prefill_tokens_per_s: p,
+                decode_tokens_per_s: d,
+            } => (
+                prefill_tokens_per_s / p,
+                output_tokens_per_s / d,
+                String::new(),
+            ),
+            Rates::Profiled(profiled) => profiled.needs(requests, isl, osl, interval, observation),
+        };
         let why = |need: f64| {
             format!(
                 "predicted {requests:.0} requests (isl {isl:.0}, osl {osl:.0}): \
                  {prefill_tokens_per_s:.0} prompt and {output_tokens_per_s:.0} output \
-                 tokens/s, {need:.2} replicas"
+                 tokens/s, {need:.2} replicas{how}"
             )
         };
         let target = |pool, need: f64| Target {

@@ -204,7 +204,7 @@ pub enum ProfileError {
 }
 
 /// The scenario reduced to one aggregated replica: one worker, no disaggregation, no
-/// faults, events delivered at once; its hardware, compute model and worker unchanged.
+/// faults, no autoscaling or traffic section, events delivered at once; its hardware, compute model and worker unchanged.
 fn one_replica(scenario: &Scenario) -> Scenario {
     let mut one = scenario.clone();
     one.cluster = ClusterSpec {
@@ -213,6 +213,10 @@ fn one_replica(scenario: &Scenario) -> Scenario {
         ..ClusterSpec::default()
     };
     one.faults.clear();
+    // The profile measures one fixed replica: no planner (whose profiled capacity would
+    // profile again) and no reshaped traffic.
+    one.autoscale = None;
+    one.traffic = None;
     one
 }
 

@@ -60,6 +60,8 @@ pub struct AutoscaleReport {
     pub interval_s: f64,
     /// The pools, in the order of every per-pool list below.
     pub pools: Vec<PoolKind>,
+    /// GPUs of one worker.
+    pub gpus_per_replica: u32,
     /// GPU-hours paid: every worker from the decision that ordered it (loading
     /// included) until it left (draining included; a drained worker's leaving is seen
     /// at the end of the interval in which it happened).
@@ -111,10 +113,11 @@ impl fmt::Display for AutoscaleReport {
             .collect();
         writeln!(
             f,
-            "autoscale: planner {} every {} s; {:.2} GPU-hours ({})",
+            "autoscale: planner {} every {} s; {:.2} GPU-hours at {} GPU(s) per worker ({})",
             self.planner,
             self.interval_s,
             self.gpu_hours,
+            self.gpus_per_replica,
             pools.join("; ")
         )?;
         writeln!(

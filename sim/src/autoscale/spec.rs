@@ -29,13 +29,15 @@ pub struct AutoscaleSpec {
     pub hysteresis: Option<Hysteresis>,
     /// The targets the run is judged by (and the throughput planner plans for).
     pub slo: SloTargets,
-    /// GPUs of one worker, for GPU-hours.
-    pub gpus_per_replica: usize,
+    /// GPUs of one worker, for GPU-hours; absent, the compute model's (the roofline's
+    /// tensor-parallel GPU count, 1 for the others).
+    pub gpus_per_replica: Option<u32>,
 }
 
 impl Default for AutoscaleSpec {
-    /// Dynamo's throughput-based defaults: a constant predictor every 180 s, one to
-    /// eight replicas a pool, workers drained.
+    /// Dynamo's throughput-based defaults: a constant predictor every 180 s on
+    /// profiled capacity with correction, one to eight replicas a pool, workers
+    /// drained.
     fn default() -> Self {
         Self {
             planner: PlannerSpec::default(),
@@ -46,7 +48,7 @@ impl Default for AutoscaleSpec {
             scale_down: ScaleDown::Drain,
             hysteresis: None,
             slo: SloTargets::default(),
-            gpus_per_replica: 1,
+            gpus_per_replica: None,
         }
     }
 }
@@ -150,20 +152,30 @@ impl Default for PlannerSpec {
 
 /// One replica's capacity at the SLO, for the throughput-based planner.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Capacity {
-    /// Prompt tokens one prefill worker prefills per second within the TTFT target.
-    pub prefill_tokens_per_s: f64,
-    /// Output tokens one decode worker generates per second within the ITL target.
-    pub decode_tokens_per_s: f64,
+pub enum Capacity {
+    /// Fixed rates, whatever the lengths.
+    Given {
+        /// Prompt tokens one prefill worker prefills per second within the TTFT target.
+        prefill_tokens_per_s: f64,
+        /// Output tokens one decode worker generates per second within the ITL target.
+        decode_tokens_per_s: f64,
+    },
+    /// Measured by the simulator on one worker of this scenario before the run
+    /// ([`super::profile`], its default grid: the tables `kvtwin profile` writes), and
+    /// read as Dynamo's planner reads them: prefill throughput per GPU at the predicted
+    /// input length; decode throughput per GPU at the best KV load whose ITL meets the
+    /// target, at the predicted context length.
+    Profiled {
+        /// Dynamo's correction factors: scale the prefill demand by the observed TTFT
+        /// over the tables' (at most 1), and the ITL target by the tables' ITL over the
+        /// observed one, so what the tables miss (queueing, cache hits) steers the plan.
+        correction: bool,
+    },
 }
 
 impl Default for Capacity {
     fn default() -> Self {
-        Self {
-            prefill_tokens_per_s: 10_000.0,
-            decode_tokens_per_s: 2_000.0,
-        }
+        Capacity::Profiled { correction: true }
     }
 }
 
@@ -234,7 +246,7 @@ impl AutoscaleSpec {
                 self.min_replicas, self.max_replicas
             ));
         }
-        if self.gpus_per_replica == 0 {
+        if self.gpus_per_replica == Some(0) {
             return Err("gpus_per_replica must be at least 1".to_string());
         }
         positive("slo.ttft_ms", self.slo.ttft_ms)?;
@@ -257,14 +269,17 @@ impl AutoscaleSpec {
                 predictor,
                 capacity,
             } => {
-                positive(
-                    "planner.capacity.prefill_tokens_per_s",
-                    capacity.prefill_tokens_per_s,
-                )?;
-                positive(
-                    "planner.capacity.decode_tokens_per_s",
-                    capacity.decode_tokens_per_s,
-                )?;
+                if let Capacity::Given {
+                    prefill_tokens_per_s,
+                    decode_tokens_per_s,
+                } = capacity
+                {
+                    positive(
+                        "planner.capacity.prefill_tokens_per_s",
+                        *prefill_tokens_per_s,
+                    )?;
+                    positive("planner.capacity.decode_tokens_per_s", *decode_tokens_per_s)?;
+                }
                 match *predictor {
                     Predictor::Constant => {}
                     Predictor::MovingAverage { window: 0 } => {

@@ -32,9 +32,15 @@ fn requests(scenario: &Scenario) -> Vec<Request> {
     shaped
 }
 
-/// Runs `scenario` step by step, checking after every step that each pool is within
-/// the bounds and, after every scale event, that the router's view equals the pools.
+/// Runs `scenario` step by step (events delivered at once), checking after every step
+/// that each pool is within the bounds and, after every scale event, that the router's
+/// view equals the pools.
 fn run_checked(scenario: &Scenario) -> Report {
+    // Events reach the router at the instant they are published, so that its view must
+    // equal the pools at every step, not only once the plane is quiet.
+    let mut scenario = scenario.clone();
+    scenario.cluster.event_plane.delay_us = 0;
+    let scenario = &scenario;
     let spec = scenario.autoscale.clone().unwrap();
     let requests = requests(scenario);
     let mut run = Autoscaled::new(scenario, requests).unwrap();
@@ -51,11 +57,12 @@ fn run_checked(scenario: &Scenario) -> Report {
         }
         if matches!(step, Step::Joined | Step::Interval { scaled: true }) {
             scale_events += 1;
-            assert!(
-                checkers::router_view_matches_pools(run.cluster()),
-                "the router's view differs from the pools after {step:?}"
-            );
         }
+        // After every step, scale events among them.
+        assert!(
+            checkers::router_view_matches_pools(run.cluster()),
+            "the router's view differs from the pools after {step:?}"
+        );
     }
     let report = run.into_report();
     assert!(report.routing.view_matches_pools && report.events.rebuild_matches_pools);
@@ -83,7 +90,15 @@ fn load_planner() -> PlannerSpec {
 
 #[test]
 fn every_planner_keeps_its_bounds_and_the_router_in_step_with_the_pools() {
-    let base = shipped("autoscale-flap.ron", 1_200.0);
+    for (base, horizon) in [
+        ("autoscale-flap.ron", 1_200.0),
+        ("autoscale-burst.ron", 360.0),
+    ] {
+        every_planner_within_bounds(shipped(base, horizon));
+    }
+}
+
+fn every_planner_within_bounds(base: Scenario) {
     for planner in [
         PlannerSpec::Static,
         base.autoscale.as_ref().unwrap().planner.clone(),
@@ -94,7 +109,7 @@ fn every_planner_keeps_its_bounds_and_the_router_in_step_with_the_pools() {
                 gamma: 0.0,
                 season: 0,
             },
-            capacity: Capacity {
+            capacity: Capacity::Given {
                 prefill_tokens_per_s: 2_000.0,
                 decode_tokens_per_s: 200.0,
             },
@@ -108,7 +123,10 @@ fn every_planner_keeps_its_bounds_and_the_router_in_step_with_the_pools() {
             spec.max_replicas = 3;
             let report = run_checked(&scenario);
             let autoscale = report.autoscale.unwrap();
-            assert!(autoscale.peak_replicas[0] <= 3, "{planner:?}");
+            assert!(
+                autoscale.peak_replicas.iter().all(|peak| *peak <= 3),
+                "{planner:?}"
+            );
         }
     }
 }
@@ -159,4 +177,64 @@ fn the_flap_scenario_flip_flops_without_hysteresis_and_not_with_it() {
         "flap: {} flips, {:.2} GPU-hours without hysteresis; {} flips, {:.2} GPU-hours with",
         flapping.direction_flips, flapping.gpu_hours, damped.direction_flips, damped.gpu_hours
     );
+}
+
+#[test]
+fn the_burst_grows_the_prefill_pool_within_two_intervals_under_the_load_planner() {
+    let scenario = shipped("autoscale-burst.ron", 360.0);
+    let spec = scenario.autoscale.clone().unwrap();
+    assert!(matches!(spec.planner, PlannerSpec::Load { .. }));
+    let report = run_checked(&scenario);
+    let autoscale = report.autoscale.unwrap();
+    let burst_at = 300.0;
+    let grew = autoscale
+        .timeline
+        .iter()
+        .find(|d| d.pool == PoolKind::Prefill && d.to > d.from && d.at_s >= burst_at)
+        .unwrap_or_else(|| panic!("the prefill pool never grew: {autoscale}"));
+    assert!(
+        grew.at_s <= burst_at + 2.0 * spec.interval_s,
+        "the prefill pool grew only at {} s: {autoscale}",
+        grew.at_s
+    );
+    // Before the burst, the base load needs no change.
+    assert!(autoscale.timeline.iter().all(|d| d.at_s > burst_at));
+}
+
+#[test]
+fn the_diurnal_planner_grows_and_shrinks_both_pools_with_the_load() {
+    // The first six hours after dawn, twenty times as fast: the morning ramp.
+    let mut scenario = shipped("autoscale-diurnal.ron", 86_400.0);
+    let traffic = scenario.traffic.as_mut().unwrap();
+    if let Some(crate::traffic::RateCurve::Diurnal {
+        period_s,
+        peak_at_s,
+        ..
+    }) = traffic.rate.as_mut()
+    {
+        *period_s /= 24.0;
+        *peak_at_s /= 24.0;
+    }
+    traffic.horizon_s = 3_600.0;
+    if let crate::scenario::WorkloadSpec::Conversations(spec) = &mut scenario.workload {
+        spec.conversations = 4_000;
+    }
+    scenario.autoscale.as_mut().unwrap().interval_s = 30.0;
+    let report = run_checked(&scenario);
+    let autoscale = report.autoscale.unwrap();
+    assert_eq!(autoscale.pools, [PoolKind::Prefill, PoolKind::Decode]);
+    for pool in [PoolKind::Prefill, PoolKind::Decode] {
+        let ups = autoscale
+            .timeline
+            .iter()
+            .filter(|d| d.pool == pool && d.to > d.from);
+        let downs = autoscale
+            .timeline
+            .iter()
+            .filter(|d| d.pool == pool && d.to < d.from);
+        assert!(ups.count() > 0 && downs.count() > 0, "{pool}: {autoscale}");
+    }
+    assert!(autoscale.gpu_hours > 0.0 && autoscale.slo_attainment > 0.5);
+    // Four GPUs per 70B replica, from the compute model.
+    assert_eq!(autoscale.gpus_per_replica, 4);
 }

@@ -184,6 +184,10 @@ pub enum SimError {
     /// The hardware profile names a compute profile that is not built in.
     #[error("hardware.compute: {0}")]
     Compute(#[from] UnknownProfile),
+    /// The autoscale section's planner could not be made (its capacity could not be
+    /// profiled on this scenario's worker).
+    #[error("autoscale.planner: {0}")]
+    Planner(String),
     /// Disaggregation leaves the prefill or the decode pool without a worker.
     #[error(
         "cluster.disaggregation: {prefill_workers} prefill workers of {workers} leave a pool empty"
