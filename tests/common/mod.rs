@@ -45,15 +45,15 @@ pub(crate) fn shared_prefix_chain(c: u64, len: usize) -> Vec<BlockIdentity> {
 pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
     (
         "autoscale-burst.ron",
-        "17b296bdd31f65080bfb1b4daa5e9ff47a766781fdc3d5e0d01735237d8b730a",
+        "2b2c179bb2ea1b118607085c9d172b577c802dd92e9e42d5028a698fee6a8a9f",
     ),
     (
         "autoscale-diurnal.ron",
-        "6d1b3dd82ff4c75264f2cf046acadef90bfea659b32e4ed8a6669b99d87b3902",
+        "94ee57ab4dc5ff74cb5225d740a160ec63180eb622fcae86d82eeed6eba60d0c",
     ),
     (
         "autoscale-flap.ron",
-        "46f63df569f2091acd2b588803d7057ec29d66b80056a81357691a8a31b1fcc5",
+        "f0698628a40dae49dd83d11fefae86b714869876dba850036f4c8314cebf5016",
     ),
     (
         "cluster-disagg.ron",

@@ -91,6 +91,8 @@ pub struct AutoscaleReport {
     pub cached_blocks_lost: u64,
     /// Finished requests the planner did not see (its bounded log overflowed).
     pub finished_unobserved: u64,
+    /// Scale commands the cluster refused (a bug if ever above 0).
+    pub commands_refused: u64,
     /// Every decision that changed a pool, in time order.
     pub timeline: Vec<Decision>,
     /// Every interval's load and pools.
@@ -137,6 +139,13 @@ impl fmt::Display for AutoscaleReport {
             self.cold_starts,
             self.cached_blocks_lost
         )?;
+        if self.commands_refused > 0 {
+            writeln!(
+                f,
+                "  {} scale commands refused by the cluster",
+                self.commands_refused
+            )?;
+        }
         if self.finished_unobserved > 0 {
             writeln!(
                 f,

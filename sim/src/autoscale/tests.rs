@@ -68,6 +68,7 @@ fn run_checked(scenario: &Scenario) -> Report {
     assert!(report.routing.view_matches_pools && report.events.rebuild_matches_pools);
     assert_eq!(report.completed, report.requests, "every request is served");
     let autoscale = report.autoscale.as_ref().unwrap();
+    assert_eq!(autoscale.commands_refused, 0);
     if autoscale.scale_ups + autoscale.scale_downs > 0 {
         assert!(scale_events > 0);
     }
@@ -237,4 +238,26 @@ fn the_diurnal_planner_grows_and_shrinks_both_pools_with_the_load() {
     assert!(autoscale.gpu_hours > 0.0 && autoscale.slo_attainment > 0.5);
     // Four GPUs per 70B replica, from the compute model.
     assert_eq!(autoscale.gpus_per_replica, 4);
+}
+
+#[test]
+fn sweeps_and_plans_see_the_planner_figures_and_the_same_report() {
+    let scenario = shipped("autoscale-flap.ron", 600.0);
+    let requests = requests(&scenario);
+    let (report, summary) = crate::plan::run::run(&scenario, &requests).unwrap();
+    assert_eq!(report, simulate(&scenario, &requests).unwrap());
+    let autoscale = report.autoscale.unwrap();
+    let figures = summary.autoscale.unwrap();
+    assert_eq!(figures.planner, autoscale.planner);
+    assert_eq!(figures.gpu_hours, autoscale.gpu_hours);
+    assert_eq!(figures.direction_flips, autoscale.direction_flips);
+    // A sweep over planners is a grid over the section's field.
+    let static_run = crate::plan::run::configure(
+        &scenario,
+        &[r#"autoscale.planner="Static""#.to_string()],
+        scenario.seed,
+    )
+    .unwrap();
+    let (_, summary) = crate::plan::run::run(&static_run, &requests).unwrap();
+    assert_eq!(summary.autoscale.unwrap().planner, "static");
 }

@@ -1,6 +1,7 @@
 //! The summary of one run: the figures sweeps write and the planner judges.
 //!
-//! Owns: [`RunSummary`] (a line of a sweep file, without its overrides and seed), the
+//! Owns: [`RunSummary`] (a line of a sweep file, without its overrides and seed; with
+//! [`AutoscaleSummary`] for a run with a planner), the
 //! SLO metric names ([`METRICS`], [`RunSummary::metric`]) and the CDF points kept per
 //! run ([`CDF_PERCENTS`]).
 //! Never: decide what is good: the planner compares metrics with an SLO.
@@ -66,6 +67,28 @@ pub struct RunSummary {
     pub waits_for_blocks: u64,
     /// Requests taken off the device to make room.
     pub preemptions: u64,
+    /// What the planner did, for a scenario with an `autoscale` section (sweeps over
+    /// planners compare these); absent otherwise, and then left out of the JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<AutoscaleSummary>,
+}
+
+/// The autoscaling figures of one run ([`crate::autoscale::AutoscaleReport`]'s
+/// headline).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AutoscaleSummary {
+    /// The planner.
+    pub planner: String,
+    /// GPU-hours paid.
+    pub gpu_hours: f64,
+    /// Share of the finished requests within the SLO.
+    pub slo_attainment: f64,
+    /// Minutes of intervals below the SLO's share.
+    pub minutes_in_violation: f64,
+    /// Decisions against the pool's previous direction.
+    pub direction_flips: u64,
+    /// Workers paid for on average, per pool.
+    pub mean_replicas: Vec<f64>,
 }
 
 /// The metrics an SLO may bound (each an upper bound, in milliseconds).
@@ -123,6 +146,14 @@ impl RunSummary {
             simulated_s: report.simulated_s,
             waits_for_blocks: report.waits_for_blocks,
             preemptions: report.preemptions,
+            autoscale: report.autoscale.as_ref().map(|a| AutoscaleSummary {
+                planner: a.planner.clone(),
+                gpu_hours: a.gpu_hours,
+                slo_attainment: a.slo_attainment,
+                minutes_in_violation: a.minutes_in_violation,
+                direction_flips: a.direction_flips,
+                mean_replicas: a.mean_replicas.clone(),
+            }),
         }
     }
 
