@@ -32,6 +32,8 @@ run throughput-moving-average --set 'autoscale.planner={"Throughput":{"predictor
 run throughput-holt --set 'autoscale.planner={"Throughput":{"predictor":{"HoltWinters":{"alpha":0.5,"beta":0.2,"gamma":0.0,"season":0}},"capacity":{"Profiled":{"correction":true}}}}'
 run throughput-no-correction --set 'autoscale.planner={"Throughput":{"predictor":"Constant","capacity":{"Profiled":{"correction":false}}}}'
 run load-5s --set 'autoscale.planner={"Load":{"queue_up":2.0,"queue_down":0.25,"kv_up":0.7,"kv_down":0.2}}' --set autoscale.interval_s=5
+run load-5s-hysteresis --set 'autoscale.planner={"Load":{"queue_up":2.0,"queue_down":0.25,"kv_up":0.7,"kv_down":0.2}}' --set autoscale.interval_s=5 \
+  --set 'autoscale.hysteresis={"headroom":0.2,"down_intervals":36}'
 python3 - "$out" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])

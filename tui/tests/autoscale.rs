@@ -2,8 +2,9 @@
 //! JSON carries the `autoscale` object, `--plot` draws the charts, and `--speedup`
 //! plays the traffic faster; a plot asked of a scenario without a planner is an error.
 
+mod common;
+
 use std::path::Path;
-use std::process::Command;
 
 fn scenario(name: &str) -> String {
     format!("{}/../scenarios/{name}", env!("CARGO_MANIFEST_DIR"))
@@ -11,16 +12,7 @@ fn scenario(name: &str) -> String {
 
 /// `kvtwin run` with `args`: (success, stdout, stderr).
 fn run(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
-        .arg("run")
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    common::kvtwin_outcome(&[&["run"], args].concat())
 }
 
 fn json(path: &Path) -> serde_json::Value {

@@ -6,7 +6,6 @@ mod common;
 
 use serde_json::Value;
 use std::path::Path;
-use std::process::Command;
 
 const SCENARIO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/cluster-kv.ron");
 
@@ -24,15 +23,7 @@ const SLO: &str = "ttft_p99_ms=450,tpot_p99_ms=15";
 
 /// `kvtwin` with `args`: (success, stdout, stderr).
 fn run(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    common::kvtwin_outcome(args)
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> String {

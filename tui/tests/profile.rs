@@ -2,10 +2,11 @@
 //! planner layout, they read back, and they are sane (TTFT grows with ISL, ITL with KV
 //! usage at a fixed context); bad grids name their flag's field.
 
+mod common;
+
 use kvtwin_sim::autoscale::profile::{
     load_profiles, DECODE_JSON, DECODE_NPZ, PREFILL_JSON, PREFILL_NPZ,
 };
-use std::process::Command;
 
 const SCENARIO: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -14,16 +15,7 @@ const SCENARIO: &str = concat!(
 
 /// `kvtwin profile` with `args`: (success, stdout, stderr).
 fn run(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
-        .arg("profile")
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    common::kvtwin_outcome(&[&["profile"], args].concat())
 }
 
 #[test]

@@ -132,6 +132,19 @@ pub(crate) fn wait_worker(address: &str, worker: u64, last_event_id: u64) -> Val
     }
 }
 
+/// Runs `kvtwin` with `args`, which may fail: (success, stdout, stderr).
+pub(crate) fn kvtwin_outcome(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
 /// Runs `kvtwin` with `args`; its stdout (it must succeed).
 pub(crate) fn kvtwin(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_kvtwin"))

@@ -270,34 +270,6 @@ fn positive_integer(path: &Path, field: &'static str, value: f64) -> Result<u64,
     }
 }
 
-/// Reads a prefill table from `.npz` bytes; `path` names the file in errors.
-pub fn prefill_from_npz(bytes: &[u8], path: &Path) -> Result<PrefillProfile, ProfileError> {
-    let npz = Npz::open(bytes, path)?;
-    let [isl, ttft, thpt] = PREFILL_KEYS;
-    let profile = PrefillProfile {
-        isl: npz.values(isl)?,
-        ttft_ms: npz.values(ttft)?,
-        thpt_per_gpu: npz.values(thpt)?,
-    };
-    check_prefill(&profile, path)?;
-    Ok(profile)
-}
-
-/// Reads a decode table from `.npz` bytes; `path` names the file in errors.
-pub fn decode_from_npz(bytes: &[u8], path: &Path) -> Result<DecodeProfile, ProfileError> {
-    let npz = Npz::open(bytes, path)?;
-    let [max, usage, context, itl, thpt] = DECODE_KEYS;
-    let profile = DecodeProfile {
-        max_kv_tokens: npz.count(max)?,
-        kv_usage: npz.values(usage)?,
-        context_length: npz.values(context)?,
-        itl_ms: npz.values(itl)?,
-        thpt_per_gpu: npz.values(thpt)?,
-    };
-    check_decode(&profile, path)?;
-    Ok(profile)
-}
-
 /// A JSON object's fields.
 struct JsonTable<'a> {
     path: &'a Path,
@@ -357,32 +329,76 @@ impl<'a> JsonTable<'a> {
     }
 }
 
-/// Reads a prefill table from JSON bytes; `path` names the file in errors.
-pub fn prefill_from_json(bytes: &[u8], path: &Path) -> Result<PrefillProfile, ProfileError> {
-    let json = JsonTable::open(bytes, path)?;
+/// A table's named columns, as one file format stores them.
+trait Columns {
+    /// The named column's numbers.
+    fn values(&self, field: &'static str) -> Result<Vec<f64>, ProfileError>;
+    /// The named one-number column as a positive whole number.
+    fn count(&self, field: &'static str) -> Result<u64, ProfileError>;
+}
+
+impl Columns for Npz<'_> {
+    fn values(&self, field: &'static str) -> Result<Vec<f64>, ProfileError> {
+        Npz::values(self, field)
+    }
+    fn count(&self, field: &'static str) -> Result<u64, ProfileError> {
+        Npz::count(self, field)
+    }
+}
+
+impl Columns for JsonTable<'_> {
+    fn values(&self, field: &'static str) -> Result<Vec<f64>, ProfileError> {
+        JsonTable::values(self, field)
+    }
+    fn count(&self, field: &'static str) -> Result<u64, ProfileError> {
+        JsonTable::count(self, field)
+    }
+}
+
+/// The prefill table in `columns`, checked; `path` names the file in errors.
+fn prefill_from(columns: &impl Columns, path: &Path) -> Result<PrefillProfile, ProfileError> {
     let [isl, ttft, thpt] = PREFILL_KEYS;
     let profile = PrefillProfile {
-        isl: json.values(isl)?,
-        ttft_ms: json.values(ttft)?,
-        thpt_per_gpu: json.values(thpt)?,
+        isl: columns.values(isl)?,
+        ttft_ms: columns.values(ttft)?,
+        thpt_per_gpu: columns.values(thpt)?,
     };
     check_prefill(&profile, path)?;
     Ok(profile)
 }
 
-/// Reads a decode table from JSON bytes; `path` names the file in errors.
-pub fn decode_from_json(bytes: &[u8], path: &Path) -> Result<DecodeProfile, ProfileError> {
-    let json = JsonTable::open(bytes, path)?;
+/// The decode table in `columns`, checked; `path` names the file in errors.
+fn decode_from(columns: &impl Columns, path: &Path) -> Result<DecodeProfile, ProfileError> {
     let [max, usage, context, itl, thpt] = DECODE_KEYS;
     let profile = DecodeProfile {
-        max_kv_tokens: json.count(max)?,
-        kv_usage: json.values(usage)?,
-        context_length: json.values(context)?,
-        itl_ms: json.values(itl)?,
-        thpt_per_gpu: json.values(thpt)?,
+        max_kv_tokens: columns.count(max)?,
+        kv_usage: columns.values(usage)?,
+        context_length: columns.values(context)?,
+        itl_ms: columns.values(itl)?,
+        thpt_per_gpu: columns.values(thpt)?,
     };
     check_decode(&profile, path)?;
     Ok(profile)
+}
+
+/// Reads a prefill table from `.npz` bytes; `path` names the file in errors.
+pub fn prefill_from_npz(bytes: &[u8], path: &Path) -> Result<PrefillProfile, ProfileError> {
+    prefill_from(&Npz::open(bytes, path)?, path)
+}
+
+/// Reads a decode table from `.npz` bytes; `path` names the file in errors.
+pub fn decode_from_npz(bytes: &[u8], path: &Path) -> Result<DecodeProfile, ProfileError> {
+    decode_from(&Npz::open(bytes, path)?, path)
+}
+
+/// Reads a prefill table from JSON bytes; `path` names the file in errors.
+pub fn prefill_from_json(bytes: &[u8], path: &Path) -> Result<PrefillProfile, ProfileError> {
+    prefill_from(&JsonTable::open(bytes, path)?, path)
+}
+
+/// Reads a decode table from JSON bytes; `path` names the file in errors.
+pub fn decode_from_json(bytes: &[u8], path: &Path) -> Result<DecodeProfile, ProfileError> {
+    decode_from(&JsonTable::open(bytes, path)?, path)
 }
 
 /// Reads the `.npz` at `dir/npz` if there is one, else the JSON at `dir/json`, as the
