@@ -430,6 +430,17 @@ fn fit_pair(
     })
 }
 
+/// How many transfers a link serves at once: the servers, each at one transfer's rate,
+/// that reach its aggregate rate (rounded up, past a tenth of a server: a link whose
+/// aggregate is its single-transfer rate is one server), at least one.
+pub fn servers_for(aggregate_bytes_per_s: f64, transfer_bytes_per_s: f64) -> usize {
+    if !(transfer_bytes_per_s > 0.0 && aggregate_bytes_per_s.is_finite()) {
+        return 1;
+    }
+    let ratio = aggregate_bytes_per_s / transfer_bytes_per_s;
+    ((ratio - 0.1).ceil().max(1.0) as usize).min(1 << 16)
+}
+
 /// The name of a tier pair in tables and metrics.
 pub fn pair_name(src: Tier, dst: Tier) -> &'static str {
     match (src, dst) {
@@ -703,6 +714,16 @@ fn profile_from(fits: &BTreeMap<(Tier, Tier), LinkFit>, workers: usize) -> Hardw
     let ns = |s: f64| (s * 1e9).round() as u64;
     let pcie_aggregate = mean(h2d.aggregate_bytes_per_s, d2h.aggregate_bytes_per_s);
     let pcie_transfer = mean(h2d.transfer_bytes_per_s, d2h.transfer_bytes_per_s);
+    // Each link as servers: as many transfers in service as one transfer's rate fits
+    // into the aggregate (0, the fluid link, when the pool's workers are fewer anyway).
+    let servers = |aggregate: f64, transfer: f64| {
+        let n = servers_for(aggregate, transfer);
+        if n >= workers {
+            0
+        } else {
+            n
+        }
+    };
     HardwareProfile {
         name: "host-calibrated".into(),
         pcie_bytes_per_s: rate(pcie_aggregate),
@@ -713,7 +734,10 @@ fn profile_from(fits: &BTreeMap<(Tier, Tier), LinkFit>, workers: usize) -> Hardw
         nvme_read_iops: 0,
         nvme_write_iops: 0,
         nvme_max_io_bytes: 1 << 20,
-        nvme_queue_depth: 0,
+        // One depth for both directions: the larger.
+        nvme_queue_depth: servers(read.aggregate_bytes_per_s, read.transfer_bytes_per_s).max(
+            servers(write.aggregate_bytes_per_s, write.transfer_bytes_per_s),
+        ),
         // No network here: the remote tier is in-process memory, like the PCIe links.
         nic_bytes_per_s: rate(pcie_aggregate),
         nic_latency_ns: ns(pcie_latency),
@@ -731,6 +755,7 @@ fn profile_from(fits: &BTreeMap<(Tier, Tier), LinkFit>, workers: usize) -> Hardw
             write.transfer_bytes_per_s.min(write.aggregate_bytes_per_s),
         ),
         transfer_workers: workers,
+        pcie_servers: servers(pcie_aggregate, pcie_transfer),
     }
 }
 
@@ -757,6 +782,10 @@ impl Calibration {
             "  transfers' latency less the PCIe latency a disk->device transfer also pays.".to_string(),
             format!("- transfer_workers: the backend's {} worker threads (a queue every transfer", self.profile.transfer_workers),
             format!("  waits in); this process may run on {} cores.", self.cores),
+            "- pcie_servers, nvme_queue_depth: each link as servers, each moving one transfer at".to_string(),
+            "  its single-transfer rate in arrival order under the aggregate: aggregate / per".to_string(),
+            "  transfer, rounded up past a tenth; 0 (every transfer in flight shares the link)".to_string(),
+            "  when the worker threads are fewer. A transfer waiting for one keeps its worker.".to_string(),
             format!(
                 "- small (64 KiB) disk transfers at 16 in flight: {:.0} reads/s, {:.0} writes/s; not set",
                 self.disk_ops_per_s.0, self.disk_ops_per_s.1
@@ -790,17 +819,18 @@ impl Calibration {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<14} {:>11} {:>16} {:>16}",
-            "fitted", "latency", "per transfer", "aggregate"
+            "{:<14} {:>11} {:>16} {:>16} {:>8}",
+            "fitted", "latency", "per transfer", "aggregate", "servers"
         );
         for ((src, dst), fit) in &self.fits {
             let _ = writeln!(
                 out,
-                "{:<14} {:>11} {:>11.3} GB/s {:>11.3} GB/s",
+                "{:<14} {:>11} {:>11.3} GB/s {:>11.3} GB/s {:>8}",
                 pair_name(*src, *dst),
                 duration_label(fit.latency),
                 fit.transfer_bytes_per_s / 1e9,
-                fit.aggregate_bytes_per_s / 1e9
+                fit.aggregate_bytes_per_s / 1e9,
+                servers_for(fit.aggregate_bytes_per_s, fit.transfer_bytes_per_s)
             );
         }
         out
@@ -871,6 +901,20 @@ mod tests {
         assert!((rate - 5e9).abs() < 1.0, "{rate}");
         let (latency, rate) = fit_link(&line(40e-6, 5e9, &sizes)).unwrap();
         assert!((latency - 40e-6).abs() < 1e-12 && (rate - 5e9).abs() < 1.0);
+    }
+
+    #[test]
+    fn a_link_has_the_servers_that_reach_its_aggregate() {
+        // Aggregate equal to one transfer's rate (or a little above: noise): one server.
+        assert_eq!(servers_for(6.8e9, 6.8e9), 1);
+        assert_eq!(servers_for(7.4e9, 6.8e9), 1);
+        // 1.38 transfers' worth: two servers sharing the aggregate.
+        assert_eq!(servers_for(1.965e9, 1.419e9), 2);
+        assert_eq!(servers_for(4.0e9, 1.0e9), 4);
+        // Nonsense in, one server out.
+        assert_eq!(servers_for(1e9, 0.0), 1);
+        assert_eq!(servers_for(f64::NAN, 1e9), 1);
+        assert_eq!(servers_for(0.5e9, 1e9), 1);
     }
 
     #[test]

@@ -3,18 +3,21 @@
 //!
 //! Owns: [`HostArm`] (a `Manager` on [`HostHardware`] driven in real time: it waits on
 //! the backend's completion path, as any real driver does), [`validate`] (both arms, the
-//! same script, then [`compare`]) and [`ValidateError`].
+//! same script, repeated, each repeat simulated with a given profile or with a
+//! calibration taken right before it, then [`compare`] per repeat and [`spread`] over
+//! them) and [`ValidateError`].
 //! Never: change what either arm does to make them agree: the simulator gets the profile
 //! it is given, the backend its default configuration (the profile's
 //! `transfer_workers` should match [`HostConfig::DEFAULT_WORKER_THREADS`]; calibration
 //! writes it so).
 
+use crate::calibrate::{calibrate, CalibrateError, CalibrateOptions};
 use crate::host::{DiskIoMode, HostConfig, HostError, HostHardware};
 use kvtwin::manager::Manager;
-use kvtwin::stats::nearest_rank;
 use kvtwin_sim::hardware::HardwareProfile;
 use kvtwin_sim::validation::{
-    compare, run_script, Arm, Metric, SimArm, Timed, Trace, ValidationError, ValidationScenario,
+    compare, run_script, spread, Arm, Metric, MetricSpread, SimArm, Timed, Trace, ValidationError,
+    ValidationScenario,
 };
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -26,6 +29,9 @@ pub enum ValidateError {
     /// The real backend could not be built.
     #[error("host hardware: {0}")]
     Host(#[from] HostError),
+    /// A calibration before a repeat failed.
+    #[error("calibration: {0}")]
+    Calibrate(#[from] CalibrateError),
     /// The script failed on one arm.
     #[error("{arm} arm: {source}")]
     Script {
@@ -98,92 +104,105 @@ impl Arm for HostArm {
 /// What a validation found.
 #[derive(Clone, Debug)]
 pub struct Validation {
-    /// The real arm's phases and transfers.
+    /// The last repeat's real phases and transfers.
     pub real: Trace,
-    /// The simulator's.
+    /// The last repeat's simulated ones.
     pub sim: Trace,
-    /// Per metric: real, simulated, error.
-    pub metrics: Vec<Metric>,
+    /// Per metric over the repeats: medians, the error's range, the real spread and the
+    /// verdict against the metric's target.
+    pub metrics: Vec<MetricSpread>,
+    /// Per repeat, every metric (real, simulated, error), in the order run.
+    pub runs: Vec<Vec<Metric>>,
+    /// The profile each repeat was simulated with, in the order run: one profile
+    /// repeated when it was given, each repeat's own calibration otherwise.
+    pub profiles: Vec<HardwareProfile>,
     /// How the real disk tier did its I/O.
     pub disk_io: Option<DiskIoMode>,
     /// The real backend's worker threads.
     pub worker_threads: usize,
 }
 
-/// Runs `script` on host hardware (disk files in `dir`) `repeat` times (at least once)
-/// and once on the simulator with `profile` (it is deterministic), and compares them:
-/// each real figure is the median over the repeats, which a shared, noisy machine
-/// needs; `real` is the last repeat's trace.
+/// Where the simulator's profile comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum ProfileSource<'a> {
+    /// One profile for every repeat (from an earlier `kvtwin calibrate`).
+    Given(&'a HardwareProfile),
+    /// A calibration with these options right before each repeat's real run, so the
+    /// simulator describes the machine as it is at that moment: a shared machine's memory
+    /// and disk speeds drift by tens of percent within minutes.
+    Calibrated(&'a CalibrateOptions),
+}
+
+/// What [`validate`] is doing, for progress lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Calibrating before repeat `n` (from 1).
+    Calibrating(usize),
+    /// Running repeat `n` on the real backend, then on the simulator.
+    Running(usize),
+}
+
+/// Runs `script` `repeat` times (at least once) on host hardware (disk files in `dir`)
+/// and on the simulator with the profile `source` gives for that repeat, and
+/// summarises the repeats: each metric's median real and simulated figures, the range
+/// of its error, and the real figure's own spread, which on a shared, noisy machine can
+/// exceed the error being judged. `on_stage` hears of each step.
 pub fn validate(
     script: &ValidationScenario,
-    profile: &HardwareProfile,
+    source: ProfileSource<'_>,
     dir: &Path,
     repeat: usize,
+    mut on_stage: impl FnMut(Stage),
 ) -> Result<Validation, ValidateError> {
-    let script_error = |source| ValidateError::Script {
-        arm: "sim",
-        source: Box::new(source),
-    };
-    let mut sim_arm = SimArm::new(script, profile.clone()).map_err(script_error)?;
-    let sim = run_script(&mut sim_arm, script).map_err(script_error)?;
-    let mut runs: Vec<Vec<Metric>> = Vec::new();
+    let mut runs = Vec::new();
+    let mut profiles = Vec::new();
     let mut last = None;
-    for _ in 0..repeat.max(1) {
+    for n in 1..=repeat.max(1) {
+        let profile = match source {
+            ProfileSource::Given(profile) => profile.clone(),
+            ProfileSource::Calibrated(options) => {
+                on_stage(Stage::Calibrating(n));
+                calibrate(options)?.profile
+            }
+        };
+        on_stage(Stage::Running(n));
         let mut host = HostArm::new(script, dir)?;
         let real = run_script(&mut host, script).map_err(|source| ValidateError::Script {
             arm: "real",
             source: Box::new(source),
         })?;
+        // The simulator is deterministic: with one given profile, once is enough.
+        let sim = match (&source, &last) {
+            (ProfileSource::Given(_), Some((_, sim, _, _))) => Trace::clone(sim),
+            _ => simulate(script, &profile)?,
+        };
         runs.push(compare(&real, &sim));
-        last = Some((real, host.disk_io(), host.worker_threads()));
+        profiles.push(profile);
+        last = Some((real, sim, host.disk_io(), host.worker_threads()));
     }
-    let Some((real, disk_io, worker_threads)) = last else {
+    let Some((real, sim, disk_io, worker_threads)) = last else {
         unreachable!("at least one repeat ran");
     };
     Ok(Validation {
         real,
         sim,
-        metrics: median_metrics(&runs),
+        metrics: spread(&runs),
+        runs,
+        profiles,
         disk_io,
         worker_threads,
     })
 }
 
-/// Per metric of the first run, the median real figure over the runs that have it, and
-/// the error against the (same) simulated figure.
-pub fn median_metrics(runs: &[Vec<Metric>]) -> Vec<Metric> {
-    let Some(first) = runs.first() else {
-        return Vec::new();
+/// `script` on the simulator with `profile`.
+fn simulate(
+    script: &ValidationScenario,
+    profile: &HardwareProfile,
+) -> Result<Trace, ValidateError> {
+    let script_error = |source| ValidateError::Script {
+        arm: "sim",
+        source: Box::new(source),
     };
-    first
-        .iter()
-        .map(|metric| {
-            let mut reals: Vec<f64> = runs
-                .iter()
-                .filter_map(|run| run.iter().find(|m| m.name == metric.name))
-                .map(|m| m.real)
-                .collect();
-            reals.sort_by(f64::total_cmp);
-            Metric::new(
-                metric.name.clone(),
-                nearest_rank(&reals, 0.5).unwrap_or(0.0),
-                metric.sim,
-            )
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn real_figures_are_the_median_of_the_repeats() {
-        let run = |real: f64| vec![Metric::new("t".into(), real, 10.0)];
-        let metrics = median_metrics(&[run(9.0), run(30.0), run(11.0)]);
-        assert_eq!(metrics.len(), 1);
-        assert_eq!(metrics[0].real, 11.0);
-        assert!((metrics[0].error_pct - (10.0 - 11.0) / 11.0 * 100.0).abs() < 1e-9);
-        assert!(median_metrics(&[]).is_empty());
-    }
+    let mut arm = SimArm::new(script, profile.clone()).map_err(script_error)?;
+    run_script(&mut arm, script).map_err(script_error)
 }

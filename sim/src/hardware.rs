@@ -52,6 +52,9 @@ pub struct HardwareProfile {
     #[serde(default = "default_nvme_max_io_bytes")]
     pub nvme_max_io_bytes: u64,
     /// NVMe transfers in service at once per direction (0: unbound); more wait in order.
+    /// Those in service share the direction's bandwidth, each at most at its
+    /// per-transfer rate: the NVMe as a few servers rather than one fluid pipe. With
+    /// `transfer_workers`, a transfer waiting for one keeps its worker.
     #[serde(default)]
     pub nvme_queue_depth: usize,
     /// NIC bandwidth per direction.
@@ -83,6 +86,12 @@ pub struct HardwareProfile {
     /// threads (`HostHardware`'s workers); more wait in submission order.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub transfer_workers: usize,
+    /// PCIe transfers in service at once per direction (0: unbound, every transfer in
+    /// flight shares the link): copy engines, or the copies memory bandwidth serves at
+    /// one transfer's rate each; more wait in arrival order. With `transfer_workers`, a
+    /// transfer waiting for one keeps its worker.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pcie_servers: usize,
 }
 
 fn is_zero<T: Default + PartialEq>(value: &T) -> bool {
@@ -233,7 +242,12 @@ impl SimHardware {
                 ..LinkSpec::bandwidth(u64::MAX)
             });
         }
-        let links = FluidLinks::new(specs);
+        let links = if profile.transfer_workers > 0 {
+            // A worker thread blocked in its copy or I/O call waits with the transfer.
+            FluidLinks::new(specs).holding_while_queued()
+        } else {
+            FluidLinks::new(specs)
+        };
         Self {
             profile,
             block_size_tokens: block_size_tokens as u64,
@@ -331,6 +345,7 @@ fn link_spec(profile: &HardwareProfile, link: Link) -> LinkSpec {
     match link {
         Link::PcieHostToDevice | Link::PcieDeviceToHost => LinkSpec {
             max_transfer_bytes_per_s: per_transfer(profile.pcie_transfer_bytes_per_s),
+            queue_depth: (profile.pcie_servers > 0).then_some(profile.pcie_servers),
             ..LinkSpec::bandwidth(profile.pcie_bytes_per_s)
         },
         Link::NvmeRead => nvme(
@@ -461,6 +476,7 @@ mod tests {
             nvme_read_transfer_bytes_per_s: 0,
             nvme_write_transfer_bytes_per_s: 0,
             transfer_workers: 0,
+            pcie_servers: 0,
         }
     }
 

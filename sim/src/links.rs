@@ -100,6 +100,10 @@ struct Flow {
     rate: f64,
     latency: Duration,
     in_service: bool,
+    /// The links whose queue slots it holds (with [`FluidLinks::hold_while_queued`]: the
+    /// slots it took before a full link stopped it; otherwise empty until it is in
+    /// service, then every queued link of its path).
+    held: Vec<usize>,
 }
 
 /// Transfers sharing a set of links.
@@ -118,6 +122,11 @@ pub struct FluidLinks {
     usage: Vec<LinkUsage>,
     /// The time the flows' `remaining` refers to.
     last: Timestamp,
+    /// Whether a flow takes the queue slots of its path one link at a time, in path
+    /// order, keeping those it has while it waits for the next (a worker thread blocked
+    /// in a copy or an I/O call waiting for the device's servers); otherwise it takes
+    /// them all at once, when all have room.
+    hold_while_queued: bool,
 }
 
 impl FluidLinks {
@@ -133,7 +142,18 @@ impl FluidLinks {
             landing: BTreeSet::new(),
             usage: vec![LinkUsage::default(); n],
             last: Timestamp::ZERO,
+            hold_while_queued: false,
         }
+    }
+
+    /// Links whose transfers take their queue slots in path order and keep those they
+    /// have while they wait for the next: a queued link first on every path (a backend's
+    /// worker threads) then stays taken while a transfer waits for a link's servers
+    /// further on, as a thread blocked in its copy does. Paths must list queued links in
+    /// one global order (no deadlock: no transfer waits for a slot before one it holds).
+    pub fn holding_while_queued(mut self) -> Self {
+        self.hold_while_queued = true;
+        self
     }
 
     /// The specs.
@@ -219,6 +239,7 @@ impl FluidLinks {
                 rate: 0.0,
                 latency,
                 in_service: false,
+                held: Vec::new(),
             },
         );
         self.admit(id);
@@ -226,25 +247,46 @@ impl FluidLinks {
     }
 
     /// Puts `id` in service if every queue on its path has room; otherwise queues it on
-    /// the first link without room.
+    /// the first link without room (keeping the slots before it, when holding).
     fn admit(&mut self, id: u64) {
         let Some(flow) = self.flows.get(&id) else {
             return;
         };
-        let full = flow.links.iter().map(|(l, _)| *l).find(|l| {
-            self.specs[*l]
+        let has_room = |links: &Self, l: usize| {
+            links.specs[l]
                 .queue_depth
-                .is_some_and(|depth| self.in_service[*l] >= depth.max(1))
-        });
-        match full {
+                .is_none_or(|depth| links.in_service[l] < depth.max(1))
+        };
+        let path: Vec<usize> = flow.links.iter().map(|(l, _)| *l).collect();
+        if self.hold_while_queued {
+            let held = flow.held.clone();
+            for link in path {
+                if held.contains(&link) || self.specs[link].queue_depth.is_none() {
+                    continue;
+                }
+                if !has_room(self, link) {
+                    self.waiting[link].push_back(id);
+                    return;
+                }
+                self.in_service[link] += 1;
+                if let Some(flow) = self.flows.get_mut(&id) {
+                    flow.held.push(link);
+                }
+            }
+            if let Some(flow) = self.flows.get_mut(&id) {
+                flow.in_service = true;
+            }
+            return;
+        }
+        match path.iter().copied().find(|l| !has_room(self, *l)) {
             Some(link) => self.waiting[link].push_back(id),
             None => {
-                let links: Vec<usize> = flow.links.iter().map(|(l, _)| *l).collect();
-                for link in links {
+                for &link in &path {
                     self.in_service[link] += 1;
                 }
                 if let Some(flow) = self.flows.get_mut(&id) {
                     flow.in_service = true;
+                    flow.held = path;
                 }
             }
         }
@@ -405,15 +447,15 @@ impl FluidLinks {
             };
             self.landing
                 .insert((self.last.saturating_add(flow.latency), id));
-            self.leave_service(&flow.links);
+            self.leave_service(&flow.held);
         }
         self.share();
         true
     }
 
-    /// A flow in service on `links` left: its queue slots go to the flows waiting.
-    fn leave_service(&mut self, links: &[(usize, f64)]) {
-        for (link, _) in links {
+    /// A flow left the slots it held on `links`: they go to the flows waiting.
+    fn leave_service(&mut self, links: &[usize]) {
+        for link in links {
             self.in_service[*link] = self.in_service[*link].saturating_sub(1);
             while let Some(next) = self.waiting[*link].pop_front() {
                 self.admit(next);
@@ -448,13 +490,12 @@ impl FluidLinks {
         for (link, _) in &flow.links {
             self.usage[*link].bytes = self.usage[*link].bytes.saturating_sub(unmoved);
         }
-        if flow.in_service {
-            self.leave_service(&flow.links);
-        } else {
+        if !flow.in_service {
             for queue in &mut self.waiting {
                 queue.retain(|waiting| *waiting != id);
             }
         }
+        self.leave_service(&flow.held);
         self.share();
         true
     }
@@ -708,5 +749,93 @@ mod tests {
                 prop_assert!(last.as_nanos() <= last_arrival + floor_ns + 2 * ours.len() as u64);
             }
         }
+    }
+
+    /// A link of `servers` servers at 1 GB/s each under a 2 GB/s aggregate.
+    fn served(servers: usize) -> LinkSpec {
+        LinkSpec {
+            queue_depth: Some(servers),
+            max_transfer_bytes_per_s: Some(GB as f64),
+            ..LinkSpec::bandwidth(2 * GB)
+        }
+    }
+
+    #[test]
+    fn servers_finish_equal_transfers_in_waves() {
+        // Two servers, five equal 1 MB transfers at once: two at a time at 1 GB/s each,
+        // in arrival order: through at 1, 1, 2, 2 and 3 ms.
+        let mut links = FluidLinks::new(vec![served(2)]);
+        for id in 0..5 {
+            links.start(id, &[0], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        }
+        let landed: Vec<Timestamp> = drain(&mut links).into_values().collect();
+        assert_eq!(landed, [ms(1.0), ms(1.0), ms(2.0), ms(2.0), ms(3.0)]);
+        // The fluid link moves all five together: through at 2.5 ms, all of them.
+        let mut fluid = FluidLinks::new(vec![LinkSpec {
+            max_transfer_bytes_per_s: Some(GB as f64),
+            ..LinkSpec::bandwidth(2 * GB)
+        }]);
+        for id in 0..5 {
+            fluid.start(id, &[0], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        }
+        assert!(drain(&mut fluid).values().all(|at| *at == ms(2.5)));
+    }
+
+    #[test]
+    fn a_large_transfer_is_never_slowed_by_a_small_one_queued_on_another_server() {
+        // 10 MB on one server, 2 MB on the other; a 1 MB transfer arriving at 0.5 ms
+        // waits for the 2 MB one's server (free at 2 ms) and runs there until 3 ms: the
+        // 10 MB transfer runs at its own 1 GB/s throughout, through at 10 ms, as without
+        // the small one.
+        let mut links = FluidLinks::new(vec![served(2)]);
+        links.start(0, &[0], 10_000_000, Duration::ZERO, Timestamp::ZERO);
+        links.start(1, &[0], 2_000_000, Duration::ZERO, Timestamp::ZERO);
+        links.start(2, &[0], 1_000_000, Duration::ZERO, ms(0.5));
+        let landed = drain(&mut links);
+        assert_eq!(
+            (landed[&0], landed[&1], landed[&2]),
+            (ms(10.0), ms(2.0), ms(3.0))
+        );
+    }
+
+    #[test]
+    fn a_transfer_waiting_for_a_server_keeps_its_worker_when_holding() {
+        // Link 0: two workers (no bandwidth limit); link 1: a disk of one server at
+        // 1 GB/s; link 2: memory at 1 GB/s. Two 1 MB disk writes and then a 1 MB copy, at
+        // once. Holding, the second write keeps its worker while it waits for the disk,
+        // so the copy waits for a worker: it starts when the first write is through
+        // (1 ms) and is through at 2 ms, as the second write is. Not holding, the
+        // second write waits for the disk without a worker and the copy runs at once.
+        let specs = || {
+            vec![
+                LinkSpec {
+                    queue_depth: Some(2),
+                    ..LinkSpec::bandwidth(u64::MAX)
+                },
+                LinkSpec {
+                    queue_depth: Some(1),
+                    ..LinkSpec::bandwidth(GB)
+                },
+                LinkSpec::bandwidth(GB),
+            ]
+        };
+        let run = |mut links: FluidLinks| {
+            links.start(0, &[0, 1], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+            links.start(1, &[0, 1], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+            links.start(2, &[0, 2], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+            drain(&mut links)
+        };
+        let held = run(FluidLinks::new(specs()).holding_while_queued());
+        assert_eq!((held[&0], held[&1], held[&2]), (ms(1.0), ms(2.0), ms(2.0)));
+        let free = run(FluidLinks::new(specs()));
+        assert_eq!((free[&0], free[&1], free[&2]), (ms(1.0), ms(2.0), ms(1.0)));
+        // An aborted transfer gives back what it held, waiting or not.
+        let mut links = FluidLinks::new(specs()).holding_while_queued();
+        links.start(0, &[0, 1], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        links.start(1, &[0, 1], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        links.start(2, &[0, 2], 1_000_000, Duration::ZERO, Timestamp::ZERO);
+        assert!(links.abort(1, ms(0.5)));
+        let landed = drain(&mut links);
+        assert_eq!((landed[&0], landed[&2]), (ms(1.0), ms(1.5)));
     }
 }

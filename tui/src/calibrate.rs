@@ -7,8 +7,9 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use kvtwin_backends::calibrate::{self as cal, CalibrateOptions};
-use kvtwin_backends::validate;
-use kvtwin_sim::validation::{load_profile, ValidationScenario};
+use kvtwin_backends::validate::{self, ProfileSource, Stage, Validation};
+use kvtwin_sim::hardware::HardwareProfile;
+use kvtwin_sim::validation::{load_profile, ValidationScenario, Verdict};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -35,16 +36,26 @@ pub(crate) struct CalibrateArgs {
 pub(crate) struct ValidateArgs {
     /// The validation script (RON).
     scenario: PathBuf,
-    /// The hardware profile the simulator uses (from `kvtwin calibrate`).
+    /// The hardware profile the simulator uses for every repeat (from an earlier
+    /// `kvtwin calibrate`). Without it, each repeat calibrates first (`--calibrate`).
+    #[arg(long, conflicts_with = "calibrate")]
+    profile: Option<PathBuf>,
+    /// Calibrates right before each repeat's real run and simulates that repeat with
+    /// what it measured (the default when no `--profile` is given): a shared machine's
+    /// memory and disk speeds drift within minutes.
     #[arg(long)]
-    profile: PathBuf,
+    calibrate: bool,
+    /// With calibration: the quick one (a few seconds, fewer sizes and bytes per point).
+    #[arg(long)]
+    quick: bool,
     /// Where the disk tier's files go (default: the system's temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Prints one JSON object instead of the table.
     #[arg(long)]
     json: bool,
-    /// Runs the real backend this many times; each real figure is the median.
+    /// Repeats (real run, and its calibration when calibrating); each figure is the
+    /// median over them, printed beside its error's range and the real spread.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
 }
@@ -87,40 +98,135 @@ pub(crate) fn calibrate(args: &CalibrateArgs) -> Result<()> {
 
 pub(crate) fn validate(args: &ValidateArgs) -> Result<()> {
     let script = ValidationScenario::load(&args.scenario)?;
-    let profile = load_profile(&args.profile)?;
     let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
-    let outcome = validate::validate(&script, &profile, &dir, args.repeat)?;
+    let given = match &args.profile {
+        Some(path) => Some(load_profile(path)?),
+        None => None,
+    };
+    let options = CalibrateOptions {
+        quick: args.quick,
+        // The real arm's device tier is host memory: calibrate the same links.
+        cuda_device: None,
+        ..CalibrateOptions::new(&dir)
+    };
+    let source = match &given {
+        Some(profile) => ProfileSource::Given(profile),
+        None => ProfileSource::Calibrated(&options),
+    };
+    let repeats = args.repeat.max(1);
+    let outcome = validate::validate(&script, source, &dir, repeats, |stage| match stage {
+        Stage::Calibrating(n) => eprintln!("repeat {n}/{repeats}: calibrating..."),
+        Stage::Running(n) => eprintln!("repeat {n}/{repeats}: running the script..."),
+    })?;
+    let profile_name = match &given {
+        Some(profile) => profile.name.clone(),
+        None => format!(
+            "calibrated before each repeat{}",
+            if args.quick { " (quick)" } else { "" }
+        ),
+    };
     if args.json {
         let json = serde_json::json!({
             "scenario": script.name,
-            "profile": profile.name,
+            "profile": profile_name,
             "disk_io": format!("{:?}", outcome.disk_io),
             "worker_threads": outcome.worker_threads,
-            "repeat": args.repeat.max(1),
+            "repeat": repeats,
             "metrics": outcome.metrics,
+            "profiles": outcome.profiles.iter().map(link_rates).collect::<Vec<_>>(),
         });
         println!("{json}");
         return Ok(());
     }
-    println!(
-        "{}: real backend (HostHardware, {} workers, disk {:?}; median of {} runs) vs simulator (profile {})",
-        script.name, outcome.worker_threads, outcome.disk_io, args.repeat.max(1), profile.name
+    print!("{}", table(&script.name, &profile_name, &outcome));
+    Ok(())
+}
+
+/// A profile's link rates, GB/s, for showing how calibrations drifted.
+fn link_rates(profile: &HardwareProfile) -> serde_json::Value {
+    let gbps = |bytes_per_s: u64| bytes_per_s as f64 / 1e9;
+    serde_json::json!({
+        "pcie_gbps": gbps(profile.pcie_bytes_per_s),
+        "nvme_read_gbps": gbps(profile.nvme_read_bytes_per_s),
+        "nvme_write_gbps": gbps(profile.nvme_write_bytes_per_s),
+        "pcie_transfer_gbps": gbps(profile.pcie_transfer_bytes_per_s),
+        "nvme_read_transfer_gbps": gbps(profile.nvme_read_transfer_bytes_per_s),
+        "nvme_write_transfer_gbps": gbps(profile.nvme_write_transfer_bytes_per_s),
+    })
+}
+
+/// The validation as a table: per metric the medians, the error (median and range over
+/// the repeats), the real spread, the target and the verdict; then the profiles used.
+fn table(script: &str, profile: &str, outcome: &Validation) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let repeats = outcome.runs.len();
+    let _ = writeln!(
+        out,
+        "{script}: real backend (HostHardware, {} workers, disk {:?}) vs simulator (profile {profile}); {repeats} repeat(s), medians",
+        outcome.worker_threads, outcome.disk_io
     );
-    if profile.transfer_workers != outcome.worker_threads {
-        println!(
+    if let Some(p) = outcome
+        .profiles
+        .iter()
+        .find(|p| p.transfer_workers != outcome.worker_threads)
+    {
+        let _ = writeln!(
+            out,
             "note: the profile models {} workers, the backend runs {}",
-            profile.transfer_workers, outcome.worker_threads
+            p.transfer_workers, outcome.worker_threads
         );
     }
-    println!(
-        "{:<40} {:>12} {:>12} {:>9}",
-        "metric", "real", "sim", "error %"
+    let _ = writeln!(
+        out,
+        "{:<38} {:>11} {:>11} {:>8} {:>17} {:>9} {:>7}  verdict",
+        "metric", "real", "sim", "error %", "error range %", "spread %", "target"
     );
     for m in &outcome.metrics {
-        println!(
-            "{:<40} {:>12.3} {:>12.3} {:>+9.1}",
-            m.name, m.real, m.sim, m.error_pct
+        let target = m.target_pct.map_or(String::new(), |t| format!("{t:.0} %"));
+        let verdict = if m.noisy {
+            format!("{} (spread > target)", m.verdict.label())
+        } else {
+            m.verdict.label().to_string()
+        };
+        let _ = writeln!(
+            out,
+            "{:<38} {:>11.3} {:>11.3} {:>+8.1} {:>+8.1}..{:<+7.1} {:>9.1} {:>7}  {}",
+            m.name,
+            m.real,
+            m.sim,
+            m.error_pct,
+            m.error_min_pct,
+            m.error_max_pct,
+            m.real_spread_pct,
+            target,
+            verdict
         );
     }
-    Ok(())
+    let count = |v: Verdict| outcome.metrics.iter().filter(|m| m.verdict == v).count();
+    let _ = writeln!(
+        out,
+        "targets: {} within, {} beyond the target but within the real spread, {} outside both; {} with a real spread above the target",
+        count(Verdict::Within),
+        count(Verdict::WithinNoise),
+        count(Verdict::Outside),
+        outcome.metrics.iter().filter(|m| m.noisy).count()
+    );
+    if outcome.profiles.len() > 1 && outcome.profiles.windows(2).any(|w| w[0] != w[1]) {
+        let _ = writeln!(
+            out,
+            "calibrated link rates per repeat, GB/s (pcie, nvme read, nvme write):"
+        );
+        for (n, p) in outcome.profiles.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "  {}: {:.3} {:.3} {:.3}",
+                n + 1,
+                p.pcie_bytes_per_s as f64 / 1e9,
+                p.nvme_read_bytes_per_s as f64 / 1e9,
+                p.nvme_write_bytes_per_s as f64 / 1e9
+            );
+        }
+    }
+    out
 }

@@ -1,8 +1,9 @@
 //! `kvtwin calibrate --quick` and `kvtwin validate` end to end: the profile calibration
 //! writes loads as a `HardwareProfile` (alone, and as a scenario's `hardware`), and
 //! validation on `scenarios/validate_host_disk.ron` with it prints every metric with
-//! finite figures, as a table and as JSON. No timing is asserted: machines here are
-//! shared and noisy.
+//! finite figures, as a table and as JSON; without a profile it calibrates before every
+//! repeat and reports each metric's error range, real spread, target and verdict. No
+//! timing is asserted: machines here are shared and noisy.
 
 use kvtwin_sim::hardware::HardwareProfile;
 use kvtwin_sim::scenario::Scenario;
@@ -115,4 +116,90 @@ fn calibrate_writes_a_loadable_profile_and_validate_prints_every_metric() {
             assert!(names.contains(&name.as_str()), "{name} missing");
         }
     }
+}
+
+/// `kvtwin` with `args` that must fail: its stderr.
+fn kvtwin_fails(args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "kvtwin {args:?} succeeded");
+    String::from_utf8(output.stderr).unwrap()
+}
+
+#[test]
+fn validate_without_a_profile_calibrates_before_every_repeat_and_prints_the_spread() {
+    let dir = Dir(std::env::temp_dir().join(format!("kvtwin-val-test-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir_arg = dir.0.to_str().unwrap();
+    let script = "scenarios/validate_host_disk.ron";
+    let json: Value = serde_json::from_str(
+        kvtwin(&[
+            "validate", script, "--quick", "--repeat", "2", "--dir", dir_arg, "--json",
+        ])
+        .trim(),
+    )
+    .unwrap();
+    assert_eq!(json["repeat"], 2);
+    // Each repeat has its own calibration.
+    let profiles = json["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 2);
+    for profile in profiles {
+        assert!(profile["pcie_gbps"].as_f64().unwrap() > 0.0, "{profile}");
+        assert!(
+            profile["nvme_write_gbps"].as_f64().unwrap() > 0.0,
+            "{profile}"
+        );
+    }
+    let metrics = json["metrics"].as_array().unwrap();
+    assert!(metrics.len() >= 30, "{} metrics", metrics.len());
+    for metric in metrics {
+        let name = metric["name"].as_str().unwrap();
+        for field in [
+            "real",
+            "sim",
+            "error_pct",
+            "error_min_pct",
+            "error_max_pct",
+            "real_spread_pct",
+        ] {
+            assert!(
+                metric[field].as_f64().is_some_and(f64::is_finite),
+                "{name}.{field}: {metric}"
+            );
+        }
+        let (low, mid, high) = (
+            metric["error_min_pct"].as_f64().unwrap(),
+            metric["error_pct"].as_f64().unwrap(),
+            metric["error_max_pct"].as_f64().unwrap(),
+        );
+        assert!(low <= mid && mid <= high, "{name}: {metric}");
+        assert!(metric["real_spread_pct"].as_f64().unwrap() >= 0.0);
+        assert_eq!(metric["repeats"], 2, "{name}");
+        assert!(metric["noisy"].is_boolean(), "{name}");
+        // Targets: 5 % on times, 10 % on p50s per level, none elsewhere; a verdict each.
+        let target = metric["target_pct"].as_f64();
+        let expected = if name.starts_with("time_ms.") {
+            Some(5.0)
+        } else if name.starts_with("latency_p50_us.c") {
+            Some(10.0)
+        } else {
+            None
+        };
+        assert_eq!(target, expected, "{name}");
+        let verdict = metric["verdict"].as_str().unwrap();
+        match target {
+            None => assert_eq!(verdict, "untargeted", "{name}"),
+            Some(_) => assert!(
+                ["within", "within_noise", "outside"].contains(&verdict),
+                "{name}: {verdict}"
+            ),
+        }
+    }
+
+    // A given profile and a calibration per repeat exclude each other.
+    let stderr = kvtwin_fails(&["validate", script, "--profile", "p.ron", "--calibrate"]);
+    assert!(stderr.contains("--calibrate"), "{stderr}");
 }

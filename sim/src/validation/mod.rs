@@ -6,7 +6,8 @@
 //! [`HardwareProfile`] file, as `kvtwin calibrate` writes it), [`Timed`] (a `Hardware`
 //! wrapper that records every transfer's tiers, bytes, submission and completion),
 //! [`run_script`] (the script, driven through a `Manager` on any [`Arm`]), and
-//! [`compare`] (per metric: real, simulated, error).
+//! [`compare`] (per metric: real, simulated, error); repeated runs are summarised in
+//! [`spread`] (error range beside the machine's own spread, verdicts against the targets).
 //!
 //! The script: a worker whose device writes through to host and host through to disk;
 //! per level of concurrency, new chains are computed on the device (each registration
@@ -22,6 +23,10 @@
 //! scenario as a [`crate::scenario::Scenario`] leave them to `kvtwin validate`.
 //! Never: read a clock (an arm's clock is its own: simulated here, real in the backend's
 //! arm) or know about real hardware (that arm lives in `kvtwin-backends`).
+
+mod spread;
+
+pub use spread::{spread, target_pct, MetricSpread, Verdict};
 
 use crate::hardware::{HardwareProfile, SimHardware};
 use crate::ron_file::{self, RonFileError};
