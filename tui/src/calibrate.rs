@@ -30,6 +30,11 @@ pub(crate) struct CalibrateArgs {
     /// Emulate the device tier in host memory even when a GPU is present.
     #[arg(long)]
     no_gpu: bool,
+    /// The transfer size, in bytes, of the points with many transfers in flight, which
+    /// fit each link's aggregate rate and servers (default 4 MiB; 1 MiB with --quick):
+    /// your blocks times the blocks one transfer moves.
+    #[arg(long)]
+    aggregate_bytes: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -71,6 +76,7 @@ pub(crate) fn calibrate(args: &CalibrateArgs) -> Result<()> {
     let options = CalibrateOptions {
         quick: args.quick,
         cuda_device,
+        aggregate_block_bytes: args.aggregate_bytes,
         ..defaults
     };
     eprintln!(
@@ -107,6 +113,13 @@ pub(crate) fn validate(args: &ValidateArgs) -> Result<()> {
         quick: args.quick,
         // The real arm's device tier is host memory: calibrate the same links.
         cuda_device: None,
+        // The script's transfers are its chains: calibrate the links loaded with those.
+        aggregate_block_bytes: Some(
+            script
+                .worker
+                .bytes_per_block
+                .saturating_mul(script.chain_blocks as u64),
+        ),
         ..CalibrateOptions::new(&dir)
     };
     let source = match &given {
