@@ -60,6 +60,8 @@ mod worker;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_disagg;
+#[cfg(test)]
 mod tests_scaling;
 
 pub use disagg::Pool;

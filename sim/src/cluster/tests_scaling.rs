@@ -3,7 +3,7 @@
 //! workers drained or killed lose no request, the router's view stays the pools at every
 //! step, and the same commands at the same times make the same run.
 
-use super::tests::{check_handoffs, disaggregated};
+use super::tests_disagg::{check_handoffs, disaggregated};
 use super::*;
 use crate::checkers::{rebuild_matches_pools, router_view_matches_pools};
 use crate::workload::Request;
