@@ -6,10 +6,12 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
 use kvtwin_backends::calibrate::{self as cal, CalibrateOptions};
 use kvtwin_backends::validate::{self, ProfileSource, Stage, Validation};
 use kvtwin_sim::hardware::HardwareProfile;
 use kvtwin_sim::validation::{load_profile, ValidationScenario, Verdict};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -127,10 +129,28 @@ pub(crate) fn validate(args: &ValidateArgs) -> Result<()> {
         None => ProfileSource::Calibrated(&options),
     };
     let repeats = args.repeat.max(1);
-    let outcome = validate::validate(&script, source, &dir, repeats, |stage| match stage {
-        Stage::Calibrating(n) => eprintln!("repeat {n}/{repeats}: calibrating..."),
-        Stage::Running(n) => eprintln!("repeat {n}/{repeats}: running the script..."),
-    })?;
+    let steps = if given.is_some() {
+        repeats
+    } else {
+        2 * repeats
+    };
+    let bar = stage_bar(steps);
+    let mut started = 0;
+    let outcome = validate::validate(&script, source, &dir, repeats, |stage| {
+        let line = match stage {
+            Stage::Calibrating(n) => format!("repeat {n}/{repeats}: calibrating"),
+            Stage::Running(n) => format!("repeat {n}/{repeats}: running the script"),
+        };
+        if bar.is_hidden() {
+            eprintln!("{line}...");
+        } else {
+            bar.set_position(started);
+            bar.set_message(line);
+        }
+        started += 1;
+    });
+    bar.finish_and_clear();
+    let outcome = outcome?;
     let profile_name = match &given {
         Some(profile) => profile.name.clone(),
         None => format!(
@@ -147,12 +167,29 @@ pub(crate) fn validate(args: &ValidateArgs) -> Result<()> {
             "repeat": repeats,
             "metrics": outcome.metrics,
             "profiles": outcome.profiles.iter().map(link_rates).collect::<Vec<_>>(),
+            // Every repeat's own figures, for readers who want more than the medians.
+            "runs": outcome.runs,
         });
         println!("{json}");
         return Ok(());
     }
     print!("{}", table(&script.name, &profile_name, &outcome));
     Ok(())
+}
+
+/// A bar of `steps` steps on stderr when it is a terminal; hidden otherwise (then each
+/// step is a line: logs and pipes stay readable).
+fn stage_bar(steps: usize) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(steps as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
 }
 
 /// A profile's link rates, GB/s, for showing how calibrations drifted.

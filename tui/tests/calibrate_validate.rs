@@ -155,6 +155,12 @@ fn validate_without_a_profile_calibrates_before_every_repeat_and_prints_the_spre
     }
     let metrics = json["metrics"].as_array().unwrap();
     assert!(metrics.len() >= 30, "{} metrics", metrics.len());
+    // Every repeat's own metrics come too.
+    let runs = json["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for run in runs {
+        assert_eq!(run.as_array().unwrap().len(), metrics.len());
+    }
     for metric in metrics {
         let name = metric["name"].as_str().unwrap();
         for field in [
