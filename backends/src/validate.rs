@@ -138,7 +138,7 @@ pub enum ProfileSource<'a> {
 pub enum Stage {
     /// Calibrating before repeat `n` (from 1).
     Calibrating(usize),
-    /// Running repeat `n` on the real backend, then on the simulator.
+    /// Running repeat `n` on the real backend.
     Running(usize),
 }
 
@@ -154,6 +154,12 @@ pub fn validate(
     repeat: usize,
     mut on_stage: impl FnMut(Stage),
 ) -> Result<Validation, ValidateError> {
+    // The simulator is deterministic: with one given profile, once is enough; a
+    // calibrated repeat simulates with its own.
+    let mut sim = match source {
+        ProfileSource::Given(profile) => simulate(script, profile)?,
+        ProfileSource::Calibrated(_) => Trace::default(),
+    };
     let mut runs = Vec::new();
     let mut profiles = Vec::new();
     let mut last = None;
@@ -162,7 +168,9 @@ pub fn validate(
             ProfileSource::Given(profile) => profile.clone(),
             ProfileSource::Calibrated(options) => {
                 on_stage(Stage::Calibrating(n));
-                calibrate(options)?.profile
+                let profile = calibrate(options)?.profile;
+                sim = simulate(script, &profile)?;
+                profile
             }
         };
         on_stage(Stage::Running(n));
@@ -171,16 +179,11 @@ pub fn validate(
             arm: "real",
             source: Box::new(source),
         })?;
-        // The simulator is deterministic: with one given profile, once is enough.
-        let sim = match (&source, &last) {
-            (ProfileSource::Given(_), Some((_, sim, _, _))) => Trace::clone(sim),
-            _ => simulate(script, &profile)?,
-        };
         runs.push(compare(&real, &sim));
         profiles.push(profile);
-        last = Some((real, sim, host.disk_io(), host.worker_threads()));
+        last = Some((real, host.disk_io(), host.worker_threads()));
     }
-    let Some((real, sim, disk_io, worker_threads)) = last else {
+    let Some((real, disk_io, worker_threads)) = last else {
         unreachable!("at least one repeat ran");
     };
     Ok(Validation {

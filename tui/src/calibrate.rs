@@ -6,12 +6,10 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use kvtwin_backends::calibrate::{self as cal, CalibrateOptions};
 use kvtwin_backends::validate::{self, ProfileSource, Stage, Validation};
 use kvtwin_sim::hardware::HardwareProfile;
 use kvtwin_sim::validation::{load_profile, ValidationScenario, Verdict};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -134,7 +132,7 @@ pub(crate) fn validate(args: &ValidateArgs) -> Result<()> {
     } else {
         2 * repeats
     };
-    let bar = stage_bar(steps);
+    let bar = crate::progress::bar(steps, "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}");
     let mut started = 0;
     let outcome = validate::validate(&script, source, &dir, repeats, |stage| {
         let line = match stage {
@@ -175,21 +173,6 @@ pub(crate) fn validate(args: &ValidateArgs) -> Result<()> {
     }
     print!("{}", table(&script.name, &profile_name, &outcome));
     Ok(())
-}
-
-/// A bar of `steps` steps on stderr when it is a terminal; hidden otherwise (then each
-/// step is a line: logs and pipes stay readable).
-fn stage_bar(steps: usize) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(steps as u64);
-    if let Ok(style) =
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
 }
 
 /// A profile's link rates, GB/s, for showing how calibrations drifted.

@@ -18,6 +18,7 @@ mod plan_output;
 mod plan_plot;
 mod plot;
 mod profile;
+mod progress;
 mod service;
 mod sweep;
 mod sweep_plot;

@@ -9,7 +9,6 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
 use kvtwin_sim::plan::run::{run_point, Workload};
 use kvtwin_sim::plan::sweep::{self, Grid, Run, Shard, Sweep};
 use kvtwin_sim::scenario::{Scenario, WorkloadSpec};
@@ -17,7 +16,7 @@ use kvtwin_sim::workload::read_mooncake_trace;
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Instant;
@@ -206,7 +205,10 @@ fn execute(
         .append(true)
         .open(out)
         .with_context(|| format!("opening {}", out.display()))?;
-    let progress = progress_bar(todo.len());
+    let progress = crate::progress::bar(
+        todo.len(),
+        "{elapsed_precise} [{bar:40}] {pos}/{len} runs, {per_sec}, ETA {eta}",
+    );
     let total = sweep.total();
     let (sender, lines) = mpsc::channel::<(usize, String)>();
     std::thread::scope(|scope| {
@@ -262,21 +264,6 @@ fn line_of(base: &Scenario, run: &Run, total: usize, workload: &Workload) -> Str
 /// Whether a line records a failed run.
 fn is_failure(line: &str) -> bool {
     sweep::parse_line(line).is_ok_and(|l| l.error.is_some())
-}
-
-/// A bar on stderr when it is a terminal; hidden otherwise (logs and pipes stay clean).
-fn progress_bar(len: usize) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(len as u64);
-    let style = ProgressStyle::with_template(
-        "{elapsed_precise} [{bar:40}] {pos}/{len} runs, {per_sec}, ETA {eta}",
-    );
-    if let Ok(style) = style {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
 }
 
 /// Replaces `out` with `lines` in run order: written beside it, then renamed over it, so
