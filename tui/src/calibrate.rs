@@ -30,11 +30,16 @@ pub(crate) struct CalibrateArgs {
     /// Emulate the device tier in host memory even when a GPU is present.
     #[arg(long)]
     no_gpu: bool,
-    /// The transfer size, in bytes, of the points with many transfers in flight, which
-    /// fit each link's aggregate rate and servers (default 4 MiB; 1 MiB with --quick):
-    /// your blocks times the blocks one transfer moves.
-    #[arg(long)]
+    /// Your block size in bytes: the points with many transfers in flight, which fit
+    /// each link's aggregate rate and servers, move blocks of this size (default 4 MiB;
+    /// 1 MiB with --quick), and when given, one transfer's rate is taken at this shape
+    /// (with --blocks-per-transfer) rather than from the line through all sizes.
+    #[arg(long, alias = "block-bytes")]
     aggregate_bytes: Option<u64>,
+    /// Blocks each of those transfers moves, one I/O per block (a chain of that many
+    /// blocks of --aggregate-bytes each), as a manager moves a prefix's blocks together.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    blocks_per_transfer: u64,
 }
 
 #[derive(Args, Debug)]
@@ -77,6 +82,7 @@ pub(crate) fn calibrate(args: &CalibrateArgs) -> Result<()> {
         quick: args.quick,
         cuda_device,
         aggregate_block_bytes: args.aggregate_bytes,
+        blocks_per_transfer: args.blocks_per_transfer as usize,
         ..defaults
     };
     eprintln!(
@@ -113,13 +119,10 @@ pub(crate) fn validate(args: &ValidateArgs) -> Result<()> {
         quick: args.quick,
         // The real arm's device tier is host memory: calibrate the same links.
         cuda_device: None,
-        // The script's transfers are its chains: calibrate the links loaded with those.
-        aggregate_block_bytes: Some(
-            script
-                .worker
-                .bytes_per_block
-                .saturating_mul(script.chain_blocks as u64),
-        ),
+        // The script's transfers are its chains: calibrate the links loaded with those,
+        // one I/O per block as the backend does them.
+        aggregate_block_bytes: Some(script.worker.bytes_per_block),
+        blocks_per_transfer: script.chain_blocks.max(1),
         ..CalibrateOptions::new(&dir)
     };
     let source = match &given {

@@ -3,8 +3,9 @@
 //!
 //! Owns: [`CalibrateOptions`], [`Calibration`] (the samples, the fitted figures, the
 //! profile and its RON with the method in comments), [`Sample`], [`LinkFit`],
-//! [`CalibrateError`], and the fitting math ([`fit_latency_bandwidth`],
-//! [`fit_aggregate_bandwidth`]; quantiles are nearest-rank, `kvtwin::stats::nearest_rank`).
+//! [`CalibrateError`]; the fitting math is in `fit` ([`fit_link`],
+//! [`fit_aggregate_bandwidth`], [`transfer_rate_at`], [`servers_for`]; quantiles are
+//! nearest-rank, `kvtwin::stats::nearest_rank`).
 //!
 //! Method: every figure is a run of real transfers on a [`HostHardware`] (submit, wait
 //! on the completion path, poll), so what is measured is what the backend achieves, thread
@@ -13,9 +14,11 @@
 //!   host→disk and disk→device: the disk links), one transfer at a time at block sizes
 //!   from 64 KiB to 64 MiB; a weighted least-squares fit of `time = latency + bytes /
 //!   bandwidth` over the medians gives each link's per-transfer latency and the rate of
-//!   one transfer (one worker thread);
-//! - the same pairs with 1, 2 and 4 worker threads each kept busy, and 16 transfers in
-//!   flight on the default pool: the aggregate bandwidth a link reaches when several
+//!   one transfer (one worker thread); given the caller's transfer shape (blocks of
+//!   `aggregate_block_bytes`, `blocks_per_transfer` of them, one I/O each), one
+//!   transfer's rate is taken at that shape instead;
+//! - the same pairs at that shape with 1, 2 and 4 worker threads each kept busy, and 16
+//!   transfers in flight on the default pool: the aggregate bandwidth a link reaches when several
 //!   transfers share it (on a machine with fewer cores than workers, the cores bound it);
 //! - the disk pairs again with buffered I/O (page cache), for comparison only, and small
 //!   transfers at full concurrency for the disk's operations per second.
@@ -36,6 +39,12 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+mod fit;
+pub use fit::{
+    fit_aggregate_bandwidth, fit_latency_bandwidth, fit_link, servers_for, transfer_rate_at,
+    STREAMING_BYTES,
+};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
@@ -68,7 +77,12 @@ pub struct CalibrateOptions {
     /// The transfer size of the points with many transfers in flight, which fit each
     /// link's aggregate rate and servers (default 4 MiB, 1 MiB quick): a disk's rate at
     /// depth depends on the size of its I/O, so a validation calibrates at its script's.
+    /// When given, one transfer's rate is also taken at this size (see `fit_pair`).
     pub aggregate_block_bytes: Option<u64>,
+    /// Blocks each transfer of those points moves (at least 1): a manager moves a chain
+    /// of blocks as one transfer, one I/O per block, and a disk serves two 4 MiB writes
+    /// differently from one of 8 MiB.
+    pub blocks_per_transfer: usize,
 }
 
 impl CalibrateOptions {
@@ -81,6 +95,7 @@ impl CalibrateOptions {
             worker_threads: HostConfig::DEFAULT_WORKER_THREADS,
             cuda_device: first_gpu(),
             aggregate_block_bytes: None,
+            blocks_per_transfer: 1,
         }
     }
 }
@@ -180,8 +195,10 @@ pub struct Sample {
     pub dst: Tier,
     /// Disk I/O mode, when a disk tier is involved.
     pub disk_io: Option<DiskIoMode>,
-    /// Bytes of each transfer (one block).
+    /// Bytes of each block.
     pub block_bytes: u64,
+    /// Blocks each transfer moves.
+    pub blocks: usize,
     /// Worker threads of the pool.
     pub threads: usize,
     /// Transfers kept in flight.
@@ -199,8 +216,13 @@ pub struct Sample {
 impl Sample {
     /// Bytes per second over the whole point.
     pub fn bytes_per_s(&self) -> f64 {
-        let bytes = self.block_bytes as f64 * self.transfers as f64;
+        let bytes = self.transfer_bytes() as f64 * self.transfers as f64;
         bytes / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Bytes of each transfer.
+    pub fn transfer_bytes(&self) -> u64 {
+        self.block_bytes.saturating_mul(self.blocks as u64)
     }
 
     /// Whether the point is of `src → dst`.
@@ -306,7 +328,7 @@ fn run(options: &CalibrateOptions, dir: &Path) -> Result<Calibration, CalibrateE
         let mut bench = Bench::new(
             options,
             dir,
-            block,
+            (block, 1),
             workers,
             DiskIo::Auto,
             slots(block, quick),
@@ -320,45 +342,27 @@ fn run(options: &CalibrateOptions, dir: &Path) -> Result<Calibration, CalibrateE
         .aggregate_block_bytes
         .filter(|bytes| *bytes > 0)
         .unwrap_or(if quick { MIB } else { 4 * MIB });
+    let chain = options.blocks_per_transfer.max(1);
+    let shape = (agg_block, chain);
+    let agg_slots = slots(agg_block, quick).max(16 * chain);
     let mut thread_counts = vec![1, 2, 4];
     if !thread_counts.contains(&workers) {
         thread_counts.push(workers);
     }
     for &threads in &thread_counts {
-        let mut bench = Bench::new(
-            options,
-            dir,
-            agg_block,
-            threads,
-            DiskIo::Auto,
-            slots(agg_block, quick),
-        )?;
+        let mut bench = Bench::new(options, dir, shape, threads, DiskIo::Auto, agg_slots)?;
         for (src, dst) in PAIRS {
             samples.push(bench.point(src, dst, threads, quick)?);
         }
     }
-    let mut bench = Bench::new(
-        options,
-        dir,
-        agg_block,
-        workers,
-        DiskIo::Auto,
-        slots(agg_block, quick),
-    )?;
+    let mut bench = Bench::new(options, dir, shape, workers, DiskIo::Auto, agg_slots)?;
     let disk_io = bench.hw.disk_io_mode();
     for (src, dst) in PAIRS {
         samples.push(bench.point(src, dst, 16, quick)?);
     }
     drop(bench);
     // Buffered disk I/O for comparison (the page cache serves the reads).
-    let mut bench = Bench::new(
-        options,
-        dir,
-        agg_block,
-        workers,
-        DiskIo::Buffered,
-        slots(agg_block, quick),
-    )?;
+    let mut bench = Bench::new(options, dir, shape, workers, DiskIo::Buffered, agg_slots)?;
     for (src, dst) in [(Tier::Host, Tier::Disk), (Tier::Disk, Tier::Device)] {
         samples.push(bench.point(src, dst, 1, quick)?);
         samples.push(bench.point(src, dst, workers, quick)?);
@@ -368,7 +372,7 @@ fn run(options: &CalibrateOptions, dir: &Path) -> Result<Calibration, CalibrateE
     let mut bench = Bench::new(
         options,
         dir,
-        64 * KIB,
+        (64 * KIB, 1),
         workers,
         DiskIo::Auto,
         slots(64 * KIB, quick),
@@ -381,9 +385,16 @@ fn run(options: &CalibrateOptions, dir: &Path) -> Result<Calibration, CalibrateE
     samples.push(read);
     drop(bench);
 
+    // A transfer size the caller named is where the profile must be right: one
+    // transfer's rate is taken there, not from the line through every size.
+    let operating = options
+        .aggregate_block_bytes
+        .filter(|bytes| *bytes > 0)
+        .map(|bytes| (bytes, chain));
     let mut fits = BTreeMap::new();
     for (src, dst) in PAIRS {
-        fits.insert((src, dst), fit_pair(&samples, src, dst, workers, disk_io)?);
+        let fit = fit_pair(&samples, src, dst, workers, disk_io, operating)?;
+        fits.insert((src, dst), fit);
     }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let gpu = gpu_description(options.cuda_device);
@@ -399,30 +410,46 @@ fn run(options: &CalibrateOptions, dir: &Path) -> Result<Calibration, CalibrateE
     })
 }
 
-/// The fit of one pair from the samples.
+/// The fit of one pair from the samples: latency and one transfer's rate from the line
+/// through the sizes measured one at a time, or, with an `operating` transfer size, the
+/// rate that line must have to give the mean time measured one at a time at that size
+/// (a disk's rate is not linear in the size of its I/O: on the machine of BENCHMARKS.md,
+/// 8 MiB writes ran at 1.05 GB/s where the line through 64 KiB–64 MiB said 1.59).
 fn fit_pair(
     samples: &[Sample],
     src: Tier,
     dst: Tier,
     workers: usize,
     disk_io: Option<DiskIoMode>,
+    operating: Option<(u64, usize)>,
 ) -> Result<LinkFit, CalibrateError> {
     let direct = |s: &&Sample| s.is(src, dst) && (s.disk_io.is_none() || s.disk_io == disk_io);
     let alone: Vec<(f64, f64)> = samples
         .iter()
         .filter(direct)
-        .filter(|s| s.in_flight == 1 && s.threads == workers)
+        .filter(|s| s.in_flight == 1 && s.threads == workers && s.blocks == 1)
         .map(|s| (s.block_bytes as f64, s.latency_p50.as_secs_f64()))
         .collect();
     let name = pair_name(src, dst);
-    let (latency_s, transfer_bytes_per_s) = fit_link(&alone).ok_or(CalibrateError::NoFit(name))?;
+    let (latency_s, line_bytes_per_s) = fit_link(&alone).ok_or(CalibrateError::NoFit(name))?;
+    let at_operating: Vec<(f64, f64, usize)> = samples
+        .iter()
+        .filter(direct)
+        .filter(|s| s.in_flight == 1 && Some((s.block_bytes, s.blocks)) == operating)
+        .map(|s| {
+            let bytes = s.transfer_bytes() as f64 * s.transfers as f64;
+            (bytes, s.elapsed.as_secs_f64(), s.transfers)
+        })
+        .collect();
+    let transfer_bytes_per_s =
+        transfer_rate_at(&at_operating, latency_s).unwrap_or(line_bytes_per_s);
     let busy: Vec<(f64, f64, usize)> = samples
         .iter()
         .filter(direct)
-        .filter(|s| s.threads == workers && s.in_flight >= workers && s.block_bytes >= MIB)
+        .filter(|s| s.threads == workers && s.in_flight >= workers && s.transfer_bytes() >= MIB)
         .map(|s| {
             (
-                s.block_bytes as f64 * s.transfers as f64,
+                s.transfer_bytes() as f64 * s.transfers as f64,
                 s.elapsed.as_secs_f64(),
                 s.transfers.div_ceil(s.in_flight),
             )
@@ -438,17 +465,6 @@ fn fit_pair(
     })
 }
 
-/// How many transfers a link serves at once: the servers, each at one transfer's rate,
-/// that reach its aggregate rate (rounded up, past a tenth of a server: a link whose
-/// aggregate is its single-transfer rate is one server), at least one.
-pub fn servers_for(aggregate_bytes_per_s: f64, transfer_bytes_per_s: f64) -> usize {
-    if !(transfer_bytes_per_s > 0.0 && aggregate_bytes_per_s.is_finite()) {
-        return 1;
-    }
-    let ratio = aggregate_bytes_per_s / transfer_bytes_per_s;
-    ((ratio - 0.1).ceil().max(1.0) as usize).min(1 << 16)
-}
-
 /// The name of a tier pair in tables and metrics.
 pub fn pair_name(src: Tier, dst: Tier) -> &'static str {
     match (src, dst) {
@@ -462,103 +478,12 @@ pub fn pair_name(src: Tier, dst: Tier) -> &'static str {
     }
 }
 
-/// Weighted least squares of `seconds = latency + bytes / bandwidth` over `(bytes,
-/// seconds)` points, each weighted by `1 / seconds²` so that every point counts by its
-/// relative error (small transfers fix the latency, large ones the bandwidth). Returns
-/// `(latency seconds ≥ 0, bytes per second)`, or `None` with fewer than two distinct
-/// sizes or a slope that is not positive.
-pub fn fit_latency_bandwidth(points: &[(f64, f64)]) -> Option<(f64, f64)> {
-    let points: Vec<(f64, f64)> = points
-        .iter()
-        .copied()
-        .filter(|(x, y)| x.is_finite() && y.is_finite() && *x > 0.0 && *y > 0.0)
-        .collect();
-    let (mut sw, mut sx, mut sy, mut sxx, mut sxy) = (0.0, 0.0, 0.0, 0.0, 0.0);
-    for &(x, y) in &points {
-        let w = 1.0 / (y * y);
-        sw += w;
-        sx += w * x;
-        sy += w * y;
-        sxx += w * x * x;
-        sxy += w * x * y;
-    }
-    let det = sw * sxx - sx * sx;
-    if points.len() < 2 || det.abs() <= f64::EPSILON * sw * sxx {
-        return None;
-    }
-    let slope = (sw * sxy - sx * sy) / det;
-    let intercept = (sy - slope * sx) / sw;
-    if slope.is_nan() || slope <= 0.0 {
-        return None;
-    }
-    if intercept >= 0.0 {
-        return Some((intercept, 1.0 / slope));
-    }
-    // A negative intercept is noise: refit through the origin (slope = Σwxy / Σwxx).
-    let slope = sxy / sxx;
-    (slope > 0.0).then(|| (0.0, 1.0 / slope))
-}
-
-/// Blocks at least this big stream from memory rather than from the CPU's caches: the
-/// rate of a link is fitted on them.
-pub const STREAMING_BYTES: u64 = 4 * MIB;
-
-/// A link's `(latency seconds, bytes per second)` from one-at-a-time `(bytes, seconds)`
-/// points: the rate from the points of at least [`STREAMING_BYTES`] (a least-squares
-/// slope with two sizes or more, bytes over seconds with one), since smaller copies run
-/// from the CPU's caches faster than the blocks a worker moves; the latency is the median
-/// of what the small points (under 1 MiB) take beyond their bytes at that rate. With too
-/// few points of either kind, [`fit_latency_bandwidth`] over all of them.
-pub fn fit_link(points: &[(f64, f64)]) -> Option<(f64, f64)> {
-    let streaming: Vec<(f64, f64)> = points
-        .iter()
-        .copied()
-        .filter(|(bytes, seconds)| *bytes >= STREAMING_BYTES as f64 && *seconds > 0.0)
-        .collect();
-    let mut sizes: Vec<f64> = streaming.iter().map(|p| p.0).collect();
-    sizes.dedup();
-    let rate = match sizes.len() {
-        0 => return fit_latency_bandwidth(points),
-        1 => {
-            let mut rates: Vec<f64> = streaming.iter().map(|(b, s)| b / s).collect();
-            rates.sort_by(f64::total_cmp);
-            nearest_rank(&rates, 0.5).unwrap_or(0.0)
-        }
-        _ => fit_latency_bandwidth(&streaming)?.1,
-    };
-    let mut extra: Vec<f64> = points
-        .iter()
-        .filter(|(bytes, _)| *bytes < MIB as f64)
-        .map(|(bytes, seconds)| (seconds - bytes / rate).max(0.0))
-        .collect();
-    if extra.is_empty() {
-        return fit_latency_bandwidth(points);
-    }
-    extra.sort_by(f64::total_cmp);
-    Some((nearest_rank(&extra, 0.5).unwrap_or(0.0), rate))
-}
-
-/// The rate a link carries with the pool busy, from `(bytes, seconds, rounds)` points:
-/// each round of transfers in flight pays one latency that is not time on the link, so
-/// the link's rate is `bytes / (seconds − rounds × latency)`; the highest over points:
-/// every point pays its ramp (filling the pool, draining the last round) and a shared
-/// machine's interference, both of which only lower a point's rate, and a point with
-/// many transfers in flight and few rounds pays the most.
-pub fn fit_aggregate_bandwidth(points: &[(f64, f64, usize)], latency_s: f64) -> Option<f64> {
-    let rates: Vec<f64> = points
-        .iter()
-        .filter_map(|&(bytes, seconds, rounds)| {
-            let on_link = seconds - rounds as f64 * latency_s;
-            (on_link > 0.0 && bytes > 0.0).then(|| bytes / on_link)
-        })
-        .collect();
-    rates.into_iter().max_by(f64::total_cmp)
-}
-
 /// One `HostHardware` with device, host and disk tiers of `capacity` blocks.
 struct Bench {
     hw: HostHardware,
     capacity: usize,
+    /// Blocks each transfer moves (consecutive slots).
+    blocks_per_transfer: usize,
     disk_written: bool,
     /// The next block to use: slots go round robin across runs, so a timed run does not
     /// start on the blocks its warm-up just touched.
@@ -569,7 +494,7 @@ impl Bench {
     fn new(
         options: &CalibrateOptions,
         dir: &Path,
-        block_bytes: u64,
+        (block_bytes, blocks_per_transfer): (u64, usize),
         threads: usize,
         disk_io: DiskIo,
         capacity: usize,
@@ -595,6 +520,7 @@ impl Bench {
         Ok(Self {
             hw,
             capacity,
+            blocks_per_transfer: blocks_per_transfer.clamp(1, capacity.max(1)),
             disk_written: false,
             cursor: 0,
         })
@@ -610,11 +536,13 @@ impl Bench {
     ) -> Result<Sample, CalibrateError> {
         if src == Tier::Disk && !self.disk_written {
             // Reads need blocks with valid checksums: write every slot once.
-            self.run(Tier::Host, Tier::Disk, self.capacity, 16)?;
+            let chains = self.capacity.div_ceil(self.blocks_per_transfer);
+            self.run(Tier::Host, Tier::Disk, chains, 16)?;
         }
         let block = self.hw.block_bytes() as u64;
-        let transfers =
-            (bytes_per_point(quick) / block).clamp(if quick { 3 } else { 5 }, 512) as usize;
+        let transfer_bytes = block.saturating_mul(self.blocks_per_transfer as u64);
+        let transfers = (bytes_per_point(quick) / transfer_bytes.max(1))
+            .clamp(if quick { 3 } else { 5 }, 512) as usize;
         let transfers = transfers.max(in_flight * 2);
         // One untimed round warms the pool and the caches.
         self.run(src, dst, in_flight.min(transfers), in_flight)?;
@@ -627,6 +555,7 @@ impl Bench {
                 .then(|| self.hw.disk_io_mode())
                 .flatten(),
             block_bytes: block,
+            blocks: self.blocks_per_transfer,
             threads: self.hw.config().worker_threads,
             in_flight,
             transfers,
@@ -636,9 +565,10 @@ impl Bench {
         })
     }
 
-    /// Runs `transfers` transfers of one block, `in_flight` at a time, on distinct blocks
-    /// (round robin, so no two in flight touch the same block); the time from the first
-    /// submission to the last completion and each transfer's latency in seconds.
+    /// Runs `transfers` transfers of the bench's blocks per transfer (consecutive slots),
+    /// `in_flight` at a time, on distinct blocks (round robin, so no two in flight touch
+    /// the same block); the time from the first submission to the last completion and
+    /// each transfer's latency in seconds.
     fn run(
         &mut self,
         src: Tier,
@@ -647,7 +577,8 @@ impl Bench {
         in_flight: usize,
     ) -> Result<(Duration, Vec<f64>), CalibrateError> {
         // Distinct blocks in flight, and within the hardware's bound.
-        let in_flight = in_flight.clamp(1, self.capacity.min(MAX_IN_FLIGHT));
+        let chain = self.blocks_per_transfer;
+        let in_flight = in_flight.clamp(1, (self.capacity / chain).clamp(1, MAX_IN_FLIGHT));
         let mut started: BTreeMap<u64, Timestamp> = BTreeMap::new();
         let mut latencies = Vec::with_capacity(transfers);
         let mut next = 0usize;
@@ -655,14 +586,21 @@ impl Bench {
         let mut last = first;
         while latencies.len() < transfers {
             while next < transfers && started.len() < in_flight {
-                let slot = BlockId::new((self.cursor % self.capacity) as u32);
-                self.cursor += 1;
+                if self.cursor % self.capacity + chain > self.capacity {
+                    // A chain never wraps: its blocks stay consecutive.
+                    self.cursor += self.capacity - self.cursor % self.capacity;
+                }
+                let first_slot = self.cursor % self.capacity;
+                self.cursor += chain;
+                let slots: Vec<BlockId> = (first_slot..first_slot + chain)
+                    .map(|slot| BlockId::new(slot as u32))
+                    .collect();
                 let request = TransferRequest {
                     src_tier: src,
-                    src_blocks: vec![slot],
+                    src_blocks: slots.clone(),
                     dst_tier: dst,
-                    dst_blocks: vec![slot],
-                    bytes: self.hw.block_bytes() as u64,
+                    dst_blocks: slots,
+                    bytes: (self.hw.block_bytes() * chain) as u64,
                 };
                 let now = self.hw.clock().now();
                 let id = self.hw.submit(request, now)?;
@@ -688,7 +626,7 @@ impl Bench {
                 last = now;
             }
         }
-        if dst == Tier::Disk && transfers >= self.capacity {
+        if dst == Tier::Disk && transfers * chain >= self.capacity {
             self.disk_written = true;
         }
         Ok((last.saturating_duration_since(first), latencies))
@@ -866,7 +804,7 @@ pub fn table(calibration: &Calibration) -> String {
             "{:<14} {:>8} {:>9} {:>7} {:>8} {:>9} {:>11} {:>11} {:>10.3}",
             pair_name(s.src, s.dst),
             io,
-            bytes_label(s.block_bytes),
+            block_label(s.block_bytes, s.blocks),
             s.threads,
             s.in_flight,
             s.transfers,
@@ -876,6 +814,14 @@ pub fn table(calibration: &Calibration) -> String {
         );
     }
     out
+}
+
+/// A point's transfer shape: the block size, times the blocks when more than one.
+fn block_label(bytes: u64, blocks: usize) -> String {
+    match blocks {
+        1 => bytes_label(bytes),
+        n => format!("{}×{n}", bytes_label(bytes)),
+    }
 }
 
 fn bytes_label(bytes: u64) -> String {
@@ -892,79 +838,5 @@ fn duration_label(d: Duration) -> String {
         format!("{:.2} ms", us / 1000.0)
     } else {
         format!("{us:.1} µs")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn line(latency: f64, rate: f64, sizes: &[f64]) -> Vec<(f64, f64)> {
-        sizes.iter().map(|b| (*b, latency + b / rate)).collect()
-    }
-
-    #[test]
-    fn a_line_is_fitted_exactly() {
-        let sizes = [65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0];
-        let (latency, rate) = fit_latency_bandwidth(&line(40e-6, 5e9, &sizes)).unwrap();
-        assert!((latency - 40e-6).abs() < 1e-12, "{latency}");
-        assert!((rate - 5e9).abs() < 1.0, "{rate}");
-        let (latency, rate) = fit_link(&line(40e-6, 5e9, &sizes)).unwrap();
-        assert!((latency - 40e-6).abs() < 1e-12 && (rate - 5e9).abs() < 1.0);
-    }
-
-    #[test]
-    fn a_link_has_the_servers_that_reach_its_aggregate() {
-        // Aggregate equal to one transfer's rate (or a little above: noise): one server.
-        assert_eq!(servers_for(6.8e9, 6.8e9), 1);
-        assert_eq!(servers_for(7.4e9, 6.8e9), 1);
-        // 1.38 transfers' worth: two servers sharing the aggregate.
-        assert_eq!(servers_for(1.965e9, 1.419e9), 2);
-        assert_eq!(servers_for(4.0e9, 1.0e9), 4);
-        // Nonsense in, one server out.
-        assert_eq!(servers_for(1e9, 0.0), 1);
-        assert_eq!(servers_for(f64::NAN, 1e9), 1);
-        assert_eq!(servers_for(0.5e9, 1e9), 1);
-    }
-
-    #[test]
-    fn fits_refuse_what_they_cannot_fit_and_clamp_negative_latency() {
-        assert_eq!(fit_latency_bandwidth(&[]), None);
-        assert_eq!(fit_latency_bandwidth(&[(1e6, 1e-3)]), None);
-        assert_eq!(fit_latency_bandwidth(&[(1e6, 1e-3), (1e6, 2e-3)]), None);
-        // Time falling with size: no positive slope.
-        assert_eq!(fit_latency_bandwidth(&[(1e6, 2e-3), (2e6, 1e-3)]), None);
-        // A negative intercept is refitted through the origin.
-        let (latency, rate) = fit_latency_bandwidth(&[(1e6, 0.5e-3), (2e6, 1.5e-3)]).unwrap();
-        assert_eq!(latency, 0.0);
-        assert!(rate > 1e9 && rate < 2e9, "{rate}");
-    }
-
-    #[test]
-    fn the_link_rate_comes_from_blocks_past_the_caches() {
-        // Small copies run from cache at 10 GB/s, large ones stream at 5 GB/s; 30 µs of
-        // latency each. The rate is the streaming one, the latency what the small ones
-        // take beyond their bytes at it (so less than 30 µs): the nearest-rank median of
-        // the two, the lower one (the 256 KiB copy's).
-        let mut points = line(30e-6, 10e9, &[65536.0, 262144.0]);
-        points.extend(line(30e-6, 5e9, &[4194304.0, 16777216.0, 67108864.0]));
-        let (latency, rate) = fit_link(&points).unwrap();
-        assert!((rate - 5e9).abs() < 1.0, "{rate}");
-        let expected = 30e-6 + 262144.0 / 10e9 - 262144.0 / 5e9;
-        assert!((latency - expected).abs() < 1e-9, "{latency} vs {expected}");
-        // One streaming size: bytes over seconds.
-        let (_, rate) = fit_link(&[(65536.0, 50e-6), (4194304.0, 1e-3)]).unwrap();
-        assert_eq!(rate, 4194304.0 / 1e-3);
-    }
-
-    #[test]
-    fn the_aggregate_rate_discounts_one_latency_per_round() {
-        // 64 MB in 10 ms over 4 rounds of 0.5 ms latency: 64 MB in 8 ms on the link.
-        let rate = fit_aggregate_bandwidth(&[(64e6, 10e-3, 4)], 0.5e-3).unwrap();
-        assert!((rate - 8e9).abs() < 1.0, "{rate}");
-        assert_eq!(fit_aggregate_bandwidth(&[(64e6, 1e-3, 4)], 0.5e-3), None);
-        // Of several points, the best: 2.35 GB/s at 4 in flight over 1.5 at 16.
-        let points = [(2.35e9, 1.0, 0), (1.5e9, 1.0, 0), (64e6, 1e-3, 4)];
-        assert_eq!(fit_aggregate_bandwidth(&points, 0.5e-3), Some(2.35e9));
     }
 }
