@@ -45,35 +45,35 @@ pub(crate) fn shared_prefix_chain(c: u64, len: usize) -> Vec<BlockIdentity> {
 pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
     (
         "autoscale-burst.ron",
-        "2b2c179bb2ea1b118607085c9d172b577c802dd92e9e42d5028a698fee6a8a9f",
+        "5622cb7a4eb20fca39ff42451f4b04c9b94ec378c8cf6882c8d52abd0014a0dc",
     ),
     (
         "autoscale-diurnal.ron",
-        "94ee57ab4dc5ff74cb5225d740a160ec63180eb622fcae86d82eeed6eba60d0c",
+        "c001110e453fa9fc1aadb57fa477dd024525d76e3f6aeba28d6e4c98b646faee",
     ),
     (
         "autoscale-flap.ron",
-        "f0698628a40dae49dd83d11fefae86b714869876dba850036f4c8314cebf5016",
+        "32db83afd5be1f21806eaf1a80dc496e577b1a9c1a039b46b196017be223239e",
     ),
     (
         "cluster-disagg.ron",
-        "a0a5f427fb622eb323fe9719eece512d49bc21241f2f5129696667d8f8577edc",
+        "b2ff3392056b0eaad5127709de4579738d4fa60b711269689dd713323cd51bcf",
     ),
     (
         "cluster-faults.ron",
-        "9afa3f0676c049ef64c618f57bf290115b96321d36b2e2f35571fcc277628770",
+        "f54b803131bf929f5e4b14b26cea09773a1211074e47aeb767e0ca155da46632",
     ),
     (
         "cluster-kv.ron",
-        "b689972b187acd0954e5a92f206e2033d4b487cb654b83c3170a7799b4b1e6ed",
+        "84de01956f0fb5fc0fddc8f3732eec1d6cb039d7e68ccad3f2f42b89026056f5",
     ),
     (
         "conversation-trace.ron",
-        "7cee30304a08a27a8c5196444ca04d764b3c6046b27338ca4db790599c7ac8cd",
+        "096caeb635ac0afaa58410102cfda752a0655c7019d6146f6f00e75d4a54139d",
     ),
     (
         "default.ron",
-        "c0c7e43451b4419991b6fdb88f606180466cead7b1eef3906f35236700b3168f",
+        "a016e4fea064f11d6a575af968e30fe7e9488ae884600f12b00e094e92a4f51a",
     ),
     (
         "dynosim-round-robin.ron",
@@ -81,11 +81,11 @@ pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
     ),
     (
         "h100-llama3-8b.ron",
-        "964e8d40d691fc6462335cbb668c478350db282fea5a86957424ff1650617984",
+        "a1cabbe6c2717fbfe05c18c79c2c4db4337644b072f5f2f2682c2d7193566e6c",
     ),
     (
         "reasoning-priority.ron",
-        "9620d12db03ea65520aebae09106847031f0300b7a0a0e741712ec786277b547",
+        "c91bd60169b3866ee9a2d82bf331f1f565964b0c114066a0032322885032ce46",
     ),
 ];
 
