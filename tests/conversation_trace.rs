@@ -15,7 +15,7 @@ fn the_conversation_trace_scenario_serves_the_whole_trace() {
     };
     let path = common::repo_root().join("scenarios/conversation-trace.ron");
     let scenario = Scenario::load(&path).unwrap();
-    let WorkloadSpec::MooncakeTrace { path: trace } = &scenario.workload else {
+    let WorkloadSpec::MooncakeTrace { path: trace, .. } = &scenario.workload else {
         panic!("conversation-trace.ron names no trace");
     };
     // The scenario's own path, taken from its folder, is the trace in ../shared.
@@ -27,7 +27,9 @@ fn the_conversation_trace_scenario_serves_the_whole_trace() {
             .canonicalize()
             .unwrap()
     );
-    let requests = read_mooncake_trace(&trace).unwrap();
+    let requests = read_mooncake_trace(&trace, scenario.workload.trace_check(512))
+        .unwrap()
+        .requests;
     let report = simulate(&scenario, &requests).unwrap();
     common::check_report_digest("conversation-trace.ron", &report.to_json())
         .unwrap_or_else(|mismatch| panic!("the report changed: {mismatch}"));

@@ -27,7 +27,9 @@ fn round_robin_on_the_conversation_trace_agrees_with_dynosim() {
     let scenario =
         Scenario::load(&common::repo_root().join("scenarios/dynosim-round-robin.ron")).unwrap();
     let trace = shared.join("data/mooncake/conversation_trace.jsonl");
-    let requests = read_mooncake_trace(&trace).unwrap();
+    let requests = read_mooncake_trace(&trace, scenario.workload.trace_check(512))
+        .unwrap()
+        .requests;
     let report = simulate(&scenario, &requests).unwrap();
     common::check_report_digest("dynosim-round-robin.ron", &report.to_json())
         .unwrap_or_else(|mismatch| panic!("the report changed: {mismatch}"));

@@ -13,7 +13,7 @@ use kvtwin_sim::cache::curve::HitCurve;
 use kvtwin_sim::cache::replay;
 use kvtwin_sim::cluster::simulate;
 use kvtwin_sim::scenario::Scenario;
-use kvtwin_sim::workload::{read_mooncake_trace, Request};
+use kvtwin_sim::workload::{read_mooncake_trace, Request, TraceCheck};
 use std::path::Path;
 
 /// One row of the reference: capacity in blocks, hit_blocks, hit_tokens.
@@ -23,7 +23,12 @@ type Row = (usize, f64, f64);
 fn reference(what: &str) -> Option<(Vec<Row>, Vec<Request>)> {
     let shared = common::shared_dir(what)?;
     let dir = shared.join("data").join("mooncake");
-    let requests = read_mooncake_trace(&dir.join("conversation_trace.jsonl")).unwrap();
+    let requests = read_mooncake_trace(
+        &dir.join("conversation_trace.jsonl"),
+        TraceCheck::strict(512),
+    )
+    .unwrap()
+    .requests;
     assert_eq!(requests.len(), 12_031);
     let csv = std::fs::read_to_string(dir.join("conversation_lru_reference.csv")).unwrap();
     let mut lines = csv.lines();

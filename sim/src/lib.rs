@@ -28,6 +28,7 @@ pub mod compute;
 pub mod fabric;
 pub mod hardware;
 pub mod links;
+pub mod mooncake;
 pub mod plan;
 pub mod queue;
 pub mod ron_file;

@@ -8,6 +8,7 @@
 
 use crate::autoscale::AutoscaleSpec;
 use crate::hardware::{HardwareProfile, Link};
+use crate::mooncake::{TraceCheck, TraceMismatch};
 use crate::ron_file::{self, RonFileError};
 use crate::traffic::{TrafficError, TrafficSpec};
 use crate::workload::{ConversationSpec, ReasoningSpec, Request};
@@ -281,13 +282,35 @@ pub enum WorkloadSpec {
     MooncakeTrace {
         /// The trace file.
         path: PathBuf,
+        /// What to do with a row whose `input_length` and `hash_ids` disagree at the
+        /// worker's block size (default `Error`; see [`crate::mooncake`]).
+        #[serde(default, skip_serializing_if = "is_default_mismatch")]
+        mismatch: TraceMismatch,
     },
     /// Synthetic multi-turn conversations with a reasoning model: each turn thinks,
     /// then answers, and the next turn's prompt carries the answer but not the thinking.
     Reasoning(ReasoningSpec),
 }
 
+fn is_default_mismatch(mismatch: &TraceMismatch) -> bool {
+    *mismatch == TraceMismatch::default()
+}
+
 impl WorkloadSpec {
+    /// How a trace's rows are checked at `block_size_tokens` a block: the trace's own
+    /// policy, the default for a synthetic workload (a `--trace` given on the command
+    /// line in its place).
+    pub fn trace_check(&self, block_size_tokens: usize) -> TraceCheck {
+        let mismatch = match self {
+            WorkloadSpec::MooncakeTrace { mismatch, .. } => *mismatch,
+            _ => TraceMismatch::default(),
+        };
+        TraceCheck {
+            block_tokens: block_size_tokens as u64,
+            mismatch,
+        }
+    }
+
     /// The requests of a synthetic workload, in arrival order, or `None` for a trace
     /// (which a run reads as it goes).
     pub fn generate(&self, seed: u64, block_size_tokens: usize) -> Option<Vec<Request>> {
@@ -681,6 +704,30 @@ mod tests {
         ),
         workload: MooncakeTrace(path: "trace.jsonl"),
     )"#;
+
+    #[test]
+    fn a_trace_workload_checks_its_rows_at_the_workers_block_size_with_its_own_policy() {
+        let scenario = Scenario::parse(GOOD, Path::new("t.ron")).unwrap();
+        assert_eq!(scenario.workload.trace_check(16), TraceCheck::strict(16));
+        let extend = GOOD.replace(
+            r#"MooncakeTrace(path: "trace.jsonl")"#,
+            r#"MooncakeTrace(path: "trace.jsonl", mismatch: Extend)"#,
+        );
+        let scenario = Scenario::parse(&extend, Path::new("t.ron")).unwrap();
+        let check = scenario
+            .workload
+            .trace_check(scenario.worker.block_size_tokens);
+        assert_eq!(
+            (check.block_tokens, check.mismatch),
+            (16, TraceMismatch::Extend)
+        );
+        let bad = GOOD.replace(
+            r#"MooncakeTrace(path: "trace.jsonl")"#,
+            r#"MooncakeTrace(path: "trace.jsonl", mismatch: Ignore)"#,
+        );
+        let error = Scenario::parse(&bad, Path::new("t.ron")).unwrap_err();
+        assert!(error.to_string().contains("Ignore"), "{error}");
+    }
 
     proptest::proptest! {
         #[test]

@@ -1,12 +1,10 @@
 //! Workloads: the requests a run replays.
 //!
 //! Owns: [`Request`], the synthetic generators of multi-turn conversations
-//! ([`ConversationSpec`]) and of reasoning conversations ([`ReasoningSpec`]), and the
-//! Mooncake trace readers ([`read_mooncake_trace`], whole,
-//! and [`MooncakeTraceReader`], a request at a time).
+//! ([`ConversationSpec`]) and of reasoning conversations ([`ReasoningSpec`]); the
+//! Mooncake trace readers live in [`crate::mooncake`] and are re-exported here.
 //! Synthetic workloads draw from one ChaCha stream seeded by the run seed, so the same
-//! seed gives the same requests. In a Mooncake trace each hash id is a 512-token block's
-//! tokens; blocks are chained into sequence hashes, so equal hashes mean equal prefixes.
+//! seed gives the same requests.
 //! Never: read a clock, or iterate anything unordered.
 
 use kvtwin::block::BlockIdentity;
@@ -14,7 +12,11 @@ use kvtwin::ids::{LocalBlockHash, RequestId, Timestamp};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+
+pub use crate::mooncake::{
+    read_mooncake_trace, MooncakeTraceReader, TraceCheck, TraceError, TraceInput, TraceMismatch,
+    TraceRead,
+};
 
 /// One inference request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -216,121 +218,6 @@ impl ReasoningSpec {
     }
 }
 
-/// A trace could not be read.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TraceError {
-    /// The file could not be read.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// A line is not a trace record.
-    #[error("{path}:{line}: {source}")]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// 1-based line number.
-        line: usize,
-        /// Why.
-        source: serde_json::Error,
-    },
-}
-
-#[derive(Deserialize)]
-struct MooncakeRecord {
-    timestamp: u64,
-    input_length: u64,
-    output_length: u64,
-    hash_ids: Vec<u64>,
-}
-
-/// Reads a Mooncake-format trace (JSON lines of `timestamp` in ms, `input_length`,
-/// `output_length`, `hash_ids`) whole. Blank lines are skipped; any other bad line is an
-/// error naming it. [`MooncakeTraceReader`] reads one request at a time.
-pub fn read_mooncake_trace(path: &Path) -> Result<Vec<Request>, TraceError> {
-    MooncakeTraceReader::open(path)?.collect()
-}
-
-/// A Mooncake-format trace read one line at a time, so that a run holds only the requests
-/// in flight however long the trace is.
-pub struct MooncakeTraceReader {
-    path: PathBuf,
-    lines: std::io::Lines<std::io::BufReader<std::fs::File>>,
-    line: usize,
-    next_id: u64,
-}
-
-impl MooncakeTraceReader {
-    /// Opens the trace at `path`.
-    pub fn open(path: &Path) -> Result<Self, TraceError> {
-        use std::io::BufRead;
-        let file = std::fs::File::open(path).map_err(|source| TraceError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
-        Ok(Self {
-            path: path.to_owned(),
-            lines: std::io::BufReader::new(file).lines(),
-            line: 0,
-            next_id: 0,
-        })
-    }
-}
-
-impl Iterator for MooncakeTraceReader {
-    type Item = Result<Request, TraceError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            let line = match self.lines.next()? {
-                Ok(line) => line,
-                Err(source) => {
-                    return Some(Err(TraceError::Io {
-                        path: self.path.clone(),
-                        source,
-                    }))
-                }
-            };
-            self.line += 1;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let record: MooncakeRecord = match serde_json::from_str(&line) {
-                Ok(record) => record,
-                Err(source) => {
-                    return Some(Err(TraceError::Parse {
-                        path: self.path.clone(),
-                        line: self.line,
-                        source,
-                    }))
-                }
-            };
-            // A hash id names a block's tokens; the sequence hash chains it to its
-            // prefix as an engine's would, so that the router's chain check accepts the
-            // events and a block is shared only under the same prefix.
-            let locals: Vec<LocalBlockHash> = record
-                .hash_ids
-                .iter()
-                .map(|id| LocalBlockHash::new(*id))
-                .collect();
-            let id = RequestId::new(self.next_id);
-            self.next_id += 1;
-            return Some(Ok(Request {
-                id,
-                arrival: Timestamp::from_nanos(record.timestamp.saturating_mul(1_000_000)),
-                blocks: BlockIdentity::chain(&locals),
-                input_tokens: record.input_length,
-                output_tokens: record.output_length,
-                think_tokens: 0,
-            }));
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,31 +299,5 @@ mod tests {
             extended += 1;
         }
         assert!(extended >= 30, "{extended} follow-up turns");
-    }
-
-    #[test]
-    fn a_bad_trace_line_is_an_error_naming_the_line() {
-        let dir = std::env::temp_dir().join(format!("kvtwin-trace-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("bad.jsonl");
-        std::fs::write(&path, "{\"timestamp\":0,\"input_length\":600,\"output_length\":5,\"hash_ids\":[1,2]}\n\nnot json\n").unwrap();
-        let error = read_mooncake_trace(&path).unwrap_err();
-        assert!(
-            matches!(error, TraceError::Parse { line: 3, .. }),
-            "{error}"
-        );
-        std::fs::write(
-            &path,
-            "{\"timestamp\":2,\"input_length\":600,\"output_length\":5,\"hash_ids\":[1,2]}\n",
-        )
-        .unwrap();
-        let requests = read_mooncake_trace(&path).unwrap();
-        assert_eq!(
-            requests[0].blocks[1].parent,
-            Some(requests[0].blocks[0].sequence_hash)
-        );
-        assert_eq!(requests[0].blocks[1].local_hash, LocalBlockHash::new(2));
-        assert_eq!(requests[0].arrival, Timestamp::from_nanos(2_000_000));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

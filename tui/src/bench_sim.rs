@@ -132,7 +132,8 @@ pub(crate) fn run(args: &SimArgs) -> Result<()> {
     let (report, wall_s) = match &args.trace {
         Some(trace) => {
             let start = Instant::now();
-            let report = crate::simulate_trace(&scenario, trace)?;
+            let check = crate::trace_args::trace_check(&scenario, None);
+            let report = crate::simulate_trace(&scenario, trace, check)?;
             (report, start.elapsed().as_secs_f64())
         }
         None => {

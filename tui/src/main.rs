@@ -22,6 +22,7 @@ mod progress;
 mod service;
 mod sweep;
 mod sweep_plot;
+mod trace_args;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -29,8 +30,11 @@ use kvtwin::pool::EvictionPolicyKind;
 use kvtwin_sim::cache;
 use kvtwin_sim::cluster::{simulate, simulate_stream, Report};
 use kvtwin_sim::scenario::{Scenario, WorkloadSpec};
-use kvtwin_sim::workload::{read_mooncake_trace, MooncakeTraceReader, Request};
+use kvtwin_sim::workload::{
+    read_mooncake_trace, MooncakeTraceReader, Request, TraceCheck, TraceMismatch,
+};
 use std::path::{Path, PathBuf};
+use trace_args::MismatchArg;
 
 const DEFAULT_SCENARIO: &str = "scenarios/default.ron";
 
@@ -74,6 +78,12 @@ enum Command {
         /// into this folder; the scenario needs an `autoscale` section.
         #[arg(long)]
         plot: Option<PathBuf>,
+        /// A trace row whose input_length exceeds its hash_ids × the block size, or
+        /// whose hash_ids run past its tokens: stop with an error naming it (the
+        /// default, as DynoSim does), clamp or extend it; the report counts them.
+        /// Replaces the scenario's `mismatch`.
+        #[arg(long, value_enum)]
+        trace_mismatch: Option<MismatchArg>,
     },
     /// Replay a trace through one cache of each capacity and print the hit ratios.
     Cache {
@@ -120,6 +130,10 @@ enum Command {
         /// DIR/cache-curve.svg and DIR/cache-curve.png.
         #[arg(long, requires = "curve", value_name = "DIR")]
         plot: Option<PathBuf>,
+        /// A row whose tokens and hash_ids disagree at --block-tokens: error (the
+        /// default), clamp or extend; the count goes to stderr.
+        #[arg(long, value_enum, default_value_t = MismatchArg::Error)]
+        trace_mismatch: MismatchArg,
     },
     /// The cheapest configuration of a design space that meets an SLO (latency bounds),
     /// with the Pareto fronts of cost, latency and throughput.
@@ -191,6 +205,7 @@ fn main() -> Result<()> {
         json: None,
         speedup: None,
         plot: None,
+        trace_mismatch: None,
     }) {
         Command::Run {
             scenario,
@@ -200,6 +215,7 @@ fn main() -> Result<()> {
             json,
             speedup,
             plot,
+            trace_mismatch,
         } => run(
             &scenario,
             RunOptions {
@@ -209,6 +225,7 @@ fn main() -> Result<()> {
                 json,
                 speedup,
                 plot,
+                trace_mismatch,
             },
         ),
         Command::Cache {
@@ -222,7 +239,12 @@ fn main() -> Result<()> {
             sample_rate,
             compare_exact,
             plot,
+            trace_mismatch,
         } => {
+            let check = TraceCheck {
+                block_tokens: block_tokens as u64,
+                mismatch: trace_mismatch.into(),
+            };
             if curve {
                 let extras = CurveExtras {
                     sample_rate,
@@ -230,7 +252,10 @@ fn main() -> Result<()> {
                     plot,
                 };
                 cache_curve(
-                    &trace,
+                    TraceArg {
+                        path: &trace,
+                        check,
+                    },
                     &capacity_blocks,
                     block_tokens,
                     block_bytes,
@@ -239,7 +264,11 @@ fn main() -> Result<()> {
                     &extras,
                 )
             } else {
-                cache_sizes(&trace, &capacity_blocks, block_tokens, policy, json)
+                let trace = TraceArg {
+                    path: &trace,
+                    check,
+                };
+                cache_sizes(trace, &capacity_blocks, block_tokens, policy, json)
             }
         }
         Command::Bench(Bench::Router { workload, threads }) => bench::router(&workload, threads),
@@ -273,7 +302,7 @@ pub(crate) fn requests_of(
         return Requests::Trace(trace);
     }
     match &scenario.workload {
-        WorkloadSpec::MooncakeTrace { path } => {
+        WorkloadSpec::MooncakeTrace { path, .. } => {
             Requests::Trace(scenario_path.parent().unwrap_or(Path::new(".")).join(path))
         }
         synthetic => Requests::Generated(
@@ -285,20 +314,60 @@ pub(crate) fn requests_of(
 }
 
 /// Simulates `scenario` on a trace read a request at a time (memory follows the requests
-/// in flight, not the trace); a bad line stops the run with an error naming it.
-pub(crate) fn simulate_trace(scenario: &Scenario, trace: &Path) -> Result<Report> {
-    let reader = MooncakeTraceReader::open(trace)
+/// in flight, not the trace), every row checked by `check`; a bad line stops the run with
+/// an error naming it. The report says what the check found.
+pub(crate) fn simulate_trace(
+    scenario: &Scenario,
+    trace: &Path,
+    check: TraceCheck,
+) -> Result<Report> {
+    let mut reader = MooncakeTraceReader::open(trace, check)
         .with_context(|| format!("reading trace {}", trace.display()))?;
     let mut error = None;
-    let report = simulate_stream(
+    let mut report = simulate_stream(
         scenario,
-        reader.map_while(|request| request.map_err(|e| error = Some(e)).ok()),
+        reader
+            .by_ref()
+            .map_while(|request| request.map_err(|e| error = Some(e)).ok()),
     )
     .context("building the cluster")?;
     if let Some(error) = error {
         return Err(error).with_context(|| format!("reading trace {}", trace.display()));
     }
+    report.trace = Some(reader.input());
     Ok(report)
+}
+
+/// A trace named on the command line and the check to read it with.
+#[derive(Clone, Copy)]
+struct TraceArg<'a> {
+    path: &'a Path,
+    check: TraceCheck,
+}
+
+/// Reads `trace` whole with `check`, saying on stderr what the check changed.
+fn read_trace(trace: &Path, check: TraceCheck) -> Result<kvtwin_sim::workload::TraceRead> {
+    let read = read_mooncake_trace(trace, check)
+        .with_context(|| format!("reading trace {}", trace.display()))?;
+    if read.input.mismatched_rows() > 0 {
+        eprintln!(
+            "kvtwin: {}: {} of {} rows {} (--trace-mismatch {}): {} with tokens past their \
+             hash_ids, {} with hash_ids past their tokens at {} tokens a block",
+            trace.display(),
+            read.input.mismatched_rows(),
+            read.input.rows,
+            if read.input.mismatch == TraceMismatch::Clamp {
+                "clamped"
+            } else {
+                "extended"
+            },
+            read.input.mismatch.name(),
+            read.input.tokens_past_hash_ids,
+            read.input.hash_ids_past_tokens,
+            read.input.block_tokens,
+        );
+    }
+    Ok(read)
 }
 
 /// What `kvtwin run` was asked beyond its scenario.
@@ -309,6 +378,7 @@ struct RunOptions {
     json: Option<PathBuf>,
     speedup: Option<f64>,
     plot: Option<PathBuf>,
+    trace_mismatch: Option<MismatchArg>,
 }
 
 fn run(path: &Path, options: RunOptions) -> Result<()> {
@@ -319,6 +389,7 @@ fn run(path: &Path, options: RunOptions) -> Result<()> {
         json,
         speedup,
         plot,
+        trace_mismatch,
     } = options;
     let mut scenario = Scenario::load(path).with_context(|| {
         if path == Path::new(DEFAULT_SCENARIO) {
@@ -345,12 +416,17 @@ fn run(path: &Path, options: RunOptions) -> Result<()> {
             path.display()
         );
     }
+    let check = trace_args::trace_check(&scenario, trace_mismatch);
     let mut requests = requests_of(&scenario, path, trace);
+    let mut trace_input = None;
     if scenario.traffic.is_some() {
         // Reshaping time needs the whole stream: a trace is read at once.
         let all = match requests {
-            Requests::Trace(trace) => read_mooncake_trace(&trace)
-                .with_context(|| format!("reading trace {}", trace.display()))?,
+            Requests::Trace(trace) => {
+                let read = read_trace(&trace, check)?;
+                trace_input = Some(read.input);
+                read.requests
+            }
             Requests::Generated(requests) => requests,
         };
         requests = Requests::Generated(
@@ -366,7 +442,7 @@ fn run(path: &Path, options: RunOptions) -> Result<()> {
                 scenario.name,
                 trace.display()
             );
-            simulate_trace(&scenario, &trace)?
+            simulate_trace(&scenario, &trace, check)?
         }
         Requests::Generated(requests) => {
             eprintln!(
@@ -375,7 +451,9 @@ fn run(path: &Path, options: RunOptions) -> Result<()> {
                 scenario.name,
                 path.display()
             );
-            simulate(&scenario, &requests).context("building the cluster")?
+            let mut report = simulate(&scenario, &requests).context("building the cluster")?;
+            report.trace = trace_input;
+            report
         }
     };
     println!("{report}");
@@ -395,14 +473,13 @@ fn run(path: &Path, options: RunOptions) -> Result<()> {
 }
 
 fn cache_sizes(
-    trace: &Path,
+    trace: TraceArg<'_>,
     capacities: &[usize],
     block_tokens: usize,
     policy: Policy,
     json: bool,
 ) -> Result<()> {
-    let requests =
-        read_mooncake_trace(trace).with_context(|| format!("reading trace {}", trace.display()))?;
+    let requests = read_trace(trace.path, trace.check)?.requests;
     let eviction = match policy {
         Policy::Lru => EvictionPolicyKind::Lru,
         Policy::Priority => EvictionPolicyKind::Priority,
@@ -497,7 +574,7 @@ impl Curve {
 /// with `--sample-rate` (and checked against the exact one with `--compare-exact`),
 /// drawn with `--plot`.
 fn cache_curve(
-    trace: &Path,
+    trace: TraceArg<'_>,
     capacities: &[usize],
     block_tokens: usize,
     block_bytes: Option<u64>,
@@ -521,8 +598,7 @@ fn cache_curve(
         .sample_rate
         .map(|r| cache::shards::SampleRate::new(r).with_context(|| format!("--sample-rate {r}")))
         .transpose()?;
-    let requests =
-        read_mooncake_trace(trace).with_context(|| format!("reading trace {}", trace.display()))?;
+    let requests = read_trace(trace.path, trace.check)?.requests;
     let timed = |what: &str, started: std::time::Instant| {
         eprintln!(
             "kvtwin: {what} in {:.1} ms",

@@ -175,13 +175,16 @@ pub(crate) fn workload_of(
 ) -> Result<Workload> {
     let path = match (trace, &base.workload) {
         (Some(trace), _) => trace.to_path_buf(),
-        (None, WorkloadSpec::MooncakeTrace { path }) => {
+        (None, WorkloadSpec::MooncakeTrace { path, .. }) => {
             scenario_path.parent().unwrap_or(Path::new(".")).join(path)
         }
         (None, _) => return Ok(Workload::Synthetic),
     };
-    let requests =
-        read_mooncake_trace(&path).with_context(|| format!("reading trace {}", path.display()))?;
+    // Read once at the base scenario's block size and policy.
+    let check = base.workload.trace_check(base.worker.block_size_tokens);
+    let requests = read_mooncake_trace(&path, check)
+        .with_context(|| format!("reading trace {}", path.display()))?
+        .requests;
     Ok(Workload::Trace(requests.into()))
 }
 

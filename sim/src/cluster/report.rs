@@ -10,6 +10,7 @@ use super::Cluster;
 use crate::autoscale::AutoscaleReport;
 use crate::checkers;
 use crate::hardware::LinkUsage;
+use crate::mooncake::{TraceInput, TraceMismatch};
 use crate::scenario::Routing;
 use kvtwin::stats::Latencies;
 use serde::Serialize;
@@ -311,6 +312,11 @@ pub struct Report {
     /// `autoscale` section (and then left out of the JSON).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub autoscale: Option<AutoscaleReport>,
+    /// What the trace's row check found (rows, rows changed and how); absent for a
+    /// synthetic workload (and then left out of the JSON). The simulator never sees the
+    /// file: whoever read it sets this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceInput>,
     /// Simulated time at the end.
     pub simulated_s: f64,
     /// Forward passes run.
@@ -405,6 +411,21 @@ impl fmt::Display for Report {
             "queueing  arrival to first pass: mean {:.1} ms, p50 {:.1} ms, p99 {:.1} ms",
             self.queueing.mean_ms, self.queueing.p50_ms, self.queueing.p99_ms
         )?;
+        if let Some(trace) = &self.trace {
+            writeln!(
+                f,
+                "trace     {} rows checked at {} tokens a block: {} with tokens past their hash_ids, {} with hash_ids past their tokens ({})",
+                trace.rows,
+                trace.block_tokens,
+                trace.tokens_past_hash_ids,
+                trace.hash_ids_past_tokens,
+                match trace.mismatch {
+                    TraceMismatch::Error => "none accepted",
+                    TraceMismatch::Clamp => "clamped",
+                    TraceMismatch::Extend => "extended",
+                }
+            )?;
+        }
         writeln!(f, "output    {:.0} tokens/s", self.output_tokens_per_s)?;
         if let Some(outputs) = &self.output_blocks {
             writeln!(
@@ -650,6 +671,7 @@ impl Cluster<'_> {
                     reasoning_cooled: self.tally.think_blocks_cooled,
                 }),
             autoscale: None,
+            trace: None,
             simulated_s: simulated_ns as f64 / 1e9,
             passes: self.tally.passes,
             preemptions: self.tally.preemptions,

@@ -199,7 +199,8 @@ async fn open_source(args: &DashArgs) -> Result<(Box<dyn Source>, SourceKind, On
         let speed = if args.once { f64::INFINITY } else { args.speed };
         let source = match crate::requests_of(&scenario, path, args.trace.clone()) {
             crate::Requests::Trace(trace) => {
-                let reader = kvtwin_sim::workload::MooncakeTraceReader::open(&trace)
+                let check = crate::trace_args::trace_check(&scenario, None);
+                let reader = kvtwin_sim::workload::MooncakeTraceReader::open(&trace, check)
                     .with_context(|| format!("reading trace {}", trace.display()))?;
                 // A bad line ends the requests there; the run goes on with those before
                 // it, and the status line says why it ended when the run finishes.

@@ -1,0 +1,340 @@
+//! Mooncake-format traces: JSON lines of `timestamp` (ms), `input_length`,
+//! `output_length` and `hash_ids`, each hash id one block's tokens. Blocks are chained
+//! into sequence hashes, so equal hashes mean equal prefixes.
+//!
+//! Owns: [`MooncakeTraceReader`] (a request at a time, so a run holds only the requests
+//! in flight), [`read_mooncake_trace`] (whole), the row check ([`TraceCheck`],
+//! [`TraceMismatch`]) and what it found ([`TraceInput`]), and [`TraceError`].
+//!
+//! A row is consistent when its hash ids cover its tokens at the run's block size and
+//! no hash id lies wholly past them: `block_tokens × (n − 1) < input_length ≤
+//! block_tokens × n` for `n` hash ids (`n = 0` only with no tokens). Another tool given
+//! an inconsistent row simulates a different workload (DynoSim rejects it), so the
+//! default is an error naming the file, line and field; `Clamp` and `Extend` accept
+//! such rows, each in a stated way, and every row they change is counted.
+//! Never: read a clock, or skip a row silently (blank lines are not rows).
+
+use crate::workload::Request;
+use kvtwin::block::BlockIdentity;
+use kvtwin::ids::{LocalBlockHash, RequestId, Timestamp};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Tokens per hash id in Mooncake's own traces (FAST '25): a run at a smaller block size
+/// reads their rows as too long, which the error says.
+pub const MOONCAKE_BLOCK_TOKENS: u64 = 512;
+
+/// What to do with a row whose `input_length` and `hash_ids` disagree.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum TraceMismatch {
+    /// Stop at the first such row with an error naming it (the default: what DynoSim
+    /// does, so two tools given one file simulate one workload or neither does).
+    #[default]
+    Error,
+    /// Shrink what is long: tokens past the last hash id's block are dropped
+    /// (`input_length = block_tokens × n`), hash ids wholly past the tokens are dropped.
+    Clamp,
+    /// Grow what is short: tokens past the hash ids get hash ids of their own (unique to
+    /// the row, so never shared), hash ids past the tokens get their tokens
+    /// (`input_length = block_tokens × n`).
+    Extend,
+}
+
+impl TraceMismatch {
+    /// The policy's name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            TraceMismatch::Error => "error",
+            TraceMismatch::Clamp => "clamp",
+            TraceMismatch::Extend => "extend",
+        }
+    }
+}
+
+/// How rows are checked: against the run's block size, with a policy for the rows that
+/// fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceCheck {
+    /// Tokens per block, what one hash id covers.
+    pub block_tokens: u64,
+    /// What to do with an inconsistent row.
+    pub mismatch: TraceMismatch,
+}
+
+impl TraceCheck {
+    /// The default check at `block_tokens` a block: an inconsistent row is an error.
+    pub fn strict(block_tokens: u64) -> Self {
+        Self {
+            block_tokens,
+            mismatch: TraceMismatch::Error,
+        }
+    }
+}
+
+/// What the check found in the rows read so far; the report's `trace` section.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TraceInput {
+    /// Rows read (blank lines are not rows).
+    pub rows: u64,
+    /// Rows whose `input_length` exceeds `block_tokens` × their hash ids.
+    pub tokens_past_hash_ids: u64,
+    /// Rows with hash ids wholly past their tokens.
+    pub hash_ids_past_tokens: u64,
+    /// The policy applied to them.
+    pub mismatch: TraceMismatch,
+    /// The block size the rows were checked at.
+    pub block_tokens: u64,
+}
+
+impl TraceInput {
+    /// Rows the policy changed (or, under `Error`, the one that stopped the read).
+    pub fn mismatched_rows(&self) -> u64 {
+        self.tokens_past_hash_ids + self.hash_ids_past_tokens
+    }
+}
+
+/// A trace could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TraceError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A line is not a trace record.
+    #[error("{path}:{line}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// A row's `input_length` and `hash_ids` disagree at the run's block size.
+    #[error(
+        "{path}:{line}: field `{field}`: input_length {input_length} with {hash_ids} hash_ids \
+         of {block_tokens} tokens ({detail}); --trace-mismatch clamp or extend accepts such rows"
+    )]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// The field at fault: `input_length` (tokens past the hash ids) or `hash_ids`
+        /// (hash ids past the tokens).
+        field: &'static str,
+        /// The row's tokens.
+        input_length: u64,
+        /// The row's hash ids.
+        hash_ids: usize,
+        /// Tokens per hash id.
+        block_tokens: u64,
+        /// What is wrong, in words.
+        detail: String,
+    },
+}
+
+#[derive(Deserialize)]
+struct MooncakeRecord {
+    timestamp: u64,
+    input_length: u64,
+    output_length: u64,
+    hash_ids: Vec<u64>,
+}
+
+/// A whole trace and what its check found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceRead {
+    /// The requests, in file order.
+    pub requests: Vec<Request>,
+    /// What the check found.
+    pub input: TraceInput,
+}
+
+/// Reads a Mooncake-format trace whole, every row checked by `check`. Blank lines are
+/// skipped; any other bad line is an error naming it. [`MooncakeTraceReader`] reads one
+/// request at a time.
+pub fn read_mooncake_trace(path: &Path, check: TraceCheck) -> Result<TraceRead, TraceError> {
+    let mut reader = MooncakeTraceReader::open(path, check)?;
+    let requests = reader.by_ref().collect::<Result<Vec<_>, _>>()?;
+    Ok(TraceRead {
+        requests,
+        input: reader.input(),
+    })
+}
+
+/// A Mooncake-format trace read one line at a time, so that a run holds only the requests
+/// in flight however long the trace is.
+pub struct MooncakeTraceReader {
+    path: PathBuf,
+    lines: std::io::Lines<std::io::BufReader<std::fs::File>>,
+    line: usize,
+    next_id: u64,
+    check: TraceCheck,
+    input: TraceInput,
+}
+
+impl MooncakeTraceReader {
+    /// Opens the trace at `path`, to check every row with `check`.
+    pub fn open(path: &Path, check: TraceCheck) -> Result<Self, TraceError> {
+        use std::io::BufRead;
+        let file = std::fs::File::open(path).map_err(|source| TraceError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(Self {
+            path: path.to_owned(),
+            lines: std::io::BufReader::new(file).lines(),
+            line: 0,
+            next_id: 0,
+            check,
+            input: TraceInput {
+                mismatch: check.mismatch,
+                block_tokens: check.block_tokens,
+                ..TraceInput::default()
+            },
+        })
+    }
+
+    /// What the check found in the rows read so far.
+    pub fn input(&self) -> TraceInput {
+        self.input
+    }
+
+    /// `record` made consistent under the check's policy, counted; an error under
+    /// `Error`.
+    fn checked(&mut self, mut record: MooncakeRecord) -> Result<MooncakeRecord, TraceError> {
+        let block = self.check.block_tokens.max(1);
+        let ids = record.hash_ids.len() as u64;
+        let covered = block.saturating_mul(ids);
+        let needed = record.input_length.div_ceil(block);
+        let (field, detail) = if record.input_length > covered {
+            self.input.tokens_past_hash_ids += 1;
+            let mut detail = format!(
+                "{} tokens past the {covered} the hash_ids cover",
+                record.input_length - covered
+            );
+            if block < MOONCAKE_BLOCK_TOKENS
+                && record.input_length <= MOONCAKE_BLOCK_TOKENS.saturating_mul(ids)
+            {
+                detail.push_str(&format!(
+                    "; the row fits at Mooncake's {MOONCAKE_BLOCK_TOKENS} tokens a block: \
+                     is the scenario's block_size_tokens the trace's?"
+                ));
+            }
+            ("input_length", detail)
+        } else if ids > needed {
+            self.input.hash_ids_past_tokens += 1;
+            (
+                "hash_ids",
+                format!(
+                    "{} hash_ids past the {needed} the tokens need",
+                    ids - needed
+                ),
+            )
+        } else {
+            return Ok(record);
+        };
+        match self.check.mismatch {
+            TraceMismatch::Error => Err(TraceError::Mismatch {
+                path: self.path.clone(),
+                line: self.line,
+                field,
+                input_length: record.input_length,
+                hash_ids: record.hash_ids.len(),
+                block_tokens: block,
+                detail,
+            }),
+            TraceMismatch::Clamp => {
+                if field == "input_length" {
+                    record.input_length = covered;
+                } else {
+                    record.hash_ids.truncate(needed as usize);
+                }
+                Ok(record)
+            }
+            TraceMismatch::Extend => {
+                if field == "input_length" {
+                    let line = self.line as u64;
+                    let extra = (ids..needed).map(|k| fresh_hash_id(line, k));
+                    record.hash_ids.extend(extra);
+                } else {
+                    record.input_length = covered;
+                }
+                Ok(record)
+            }
+        }
+    }
+}
+
+/// A hash id for block `k` of the row on `line` that no other row has: SplitMix64 of the
+/// pair, with the top bit set (trace ids are counters, far below it).
+fn fresh_hash_id(line: u64, k: u64) -> u64 {
+    let mut z = (line << 24 ^ k).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) | 1 << 63
+}
+
+impl Iterator for MooncakeTraceReader {
+    type Item = Result<Request, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let line = match self.lines.next()? {
+                Ok(line) => line,
+                Err(source) => {
+                    return Some(Err(TraceError::Io {
+                        path: self.path.clone(),
+                        source,
+                    }))
+                }
+            };
+            self.line += 1;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let record: MooncakeRecord = match serde_json::from_str(&line) {
+                Ok(record) => record,
+                Err(source) => {
+                    return Some(Err(TraceError::Parse {
+                        path: self.path.clone(),
+                        line: self.line,
+                        source,
+                    }))
+                }
+            };
+            self.input.rows += 1;
+            let record = match self.checked(record) {
+                Ok(record) => record,
+                Err(error) => return Some(Err(error)),
+            };
+            // A hash id names a block's tokens; the sequence hash chains it to its
+            // prefix as an engine's would, so that the router's chain check accepts the
+            // events and a block is shared only under the same prefix.
+            let locals: Vec<LocalBlockHash> = record
+                .hash_ids
+                .iter()
+                .map(|id| LocalBlockHash::new(*id))
+                .collect();
+            let id = RequestId::new(self.next_id);
+            self.next_id += 1;
+            return Some(Ok(Request {
+                id,
+                arrival: Timestamp::from_nanos(record.timestamp.saturating_mul(1_000_000)),
+                blocks: BlockIdentity::chain(&locals),
+                input_tokens: record.input_length,
+                output_tokens: record.output_length,
+                think_tokens: 0,
+            }));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
