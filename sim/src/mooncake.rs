@@ -172,7 +172,7 @@ pub fn read_mooncake_trace(path: &Path, check: TraceCheck) -> Result<TraceRead, 
 /// in flight however long the trace is.
 pub struct MooncakeTraceReader {
     path: PathBuf,
-    lines: std::io::Lines<std::io::BufReader<std::fs::File>>,
+    lines: std::io::Lines<Box<dyn std::io::BufRead + Send>>,
     line: usize,
     next_id: u64,
     check: TraceCheck,
@@ -182,14 +182,25 @@ pub struct MooncakeTraceReader {
 impl MooncakeTraceReader {
     /// Opens the trace at `path`, to check every row with `check`.
     pub fn open(path: &Path, check: TraceCheck) -> Result<Self, TraceError> {
-        use std::io::BufRead;
         let file = std::fs::File::open(path).map_err(|source| TraceError::Io {
             path: path.to_owned(),
             source,
         })?;
-        Ok(Self {
+        Ok(Self::from_reader(path, std::io::BufReader::new(file), check))
+    }
+
+    /// Reads the trace from `reader` (a pipe, bytes in memory), naming it `path` in
+    /// errors.
+    pub fn from_reader(
+        path: &Path,
+        reader: impl std::io::BufRead + Send + 'static,
+        check: TraceCheck,
+    ) -> Self {
+        use std::io::BufRead;
+        let reader: Box<dyn BufRead + Send> = Box::new(reader);
+        Self {
             path: path.to_owned(),
-            lines: std::io::BufReader::new(file).lines(),
+            lines: reader.lines(),
             line: 0,
             next_id: 0,
             check,
@@ -198,7 +209,7 @@ impl MooncakeTraceReader {
                 block_tokens: check.block_tokens,
                 ..TraceInput::default()
             },
-        })
+        }
     }
 
     /// What the check found in the rows read so far.

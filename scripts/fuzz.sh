@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Runs kvtwin's fuzz targets (fuzz/, cargo-fuzz on the nightly toolchain) for SECONDS
+# each, two at a time, from a seed corpus the project's own encoders write
+# (fuzz/examples/seeds.rs) into target/fuzz-corpus/ (grown by the runs, never committed).
+# Prints one line per target (runs, execs/s, coverage, corpus) and fails on any crash,
+# whose input cargo-fuzz leaves under fuzz/artifacts/TARGET/.
+#
+#   scripts/fuzz.sh [SECONDS] [TARGET...]      (default: 30 s, every target)
+#
+# FUZZ_SANITIZER=address|none (default none: the decoders are safe Rust, so what the
+# runs hunt is panics and broken round trips, and a build without ASan is minutes faster).
+# Needs: rustup's nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz --locked`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=${1:-30}
+shift || true
+sanitizer=${FUZZ_SANITIZER:-none}
+corpus=target/fuzz-corpus
+logs=target/fuzz-logs
+mkdir -p "$corpus" "$logs"
+
+if [ "$#" -gt 0 ]; then
+    targets=("$@")
+else
+    mapfile -t targets < <(cargo +nightly fuzz list)
+fi
+
+# The seeds: built with the default toolchain, written fresh (the corpus keeps what the
+# runs found beside them).
+cargo run --quiet --manifest-path fuzz/Cargo.toml --example seeds -- "$corpus" . >/dev/null
+cargo +nightly fuzz build --sanitizer "$sanitizer"
+
+run_one() {
+    local target=$1
+    # -max_total_time bounds the run; -rss_limit_mb and -max_len bound one input.
+    if cargo +nightly fuzz run --sanitizer "$sanitizer" "$target" "$corpus/$target" -- \
+        -max_total_time="$seconds" -rss_limit_mb=2048 -max_len=65536 \
+        -print_final_stats=1 >"$logs/$target.log" 2>&1; then
+        local runs execs cov corp
+        runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$logs/$target.log" | grep -o '[0-9]*$' || echo 0)
+        execs=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$logs/$target.log" | grep -o '[0-9]*$' || echo 0)
+        cov=$(grep -o 'cov: [0-9]*' "$logs/$target.log" | tail -1 | grep -o '[0-9]*' || echo 0)
+        corp=$(find "$corpus/$target" -type f | wc -l)
+        printf 'fuzz %-14s ok   %10s runs %8s execs/s  cov %6s  corpus %5s  (%s s)\n' \
+            "$target" "$runs" "$execs" "$cov" "$corp" "$seconds"
+    else
+        printf 'fuzz %-14s FAILED: see %s and fuzz/artifacts/%s/\n' "$target" "$logs/$target.log" "$target"
+        tail -40 "$logs/$target.log"
+        return 1
+    fi
+}
+
+status=0
+pids=()
+for target in "${targets[@]}"; do
+    run_one "$target" &
+    pids+=($!)
+    # Two at a time: one per core.
+    if [ "${#pids[@]}" -ge 2 ]; then
+        wait "${pids[0]}" || status=1
+        pids=("${pids[@]:1}")
+    fi
+done
+for pid in "${pids[@]}"; do
+    wait "$pid" || status=1
+done
+exit "$status"
