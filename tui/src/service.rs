@@ -586,4 +586,40 @@ mod tests {
         let error = Cli::try_parse_from(["router", "--zmq", "1=h:1"]).unwrap_err();
         assert!(error.to_string().contains("not a ZMQ endpoint"), "{error}");
     }
+
+    #[test]
+    fn the_access_flags_parse_and_tls_needs_both_files() {
+        use clap::Parser;
+        #[derive(Parser, Debug)]
+        struct Cli {
+            #[command(flatten)]
+            router: RouterArgs,
+        }
+        let zmq = ["router", "--zmq", "1=tcp://h:1"];
+        let parsed = Cli::try_parse_from(zmq.into_iter().chain([
+            "--auth-token-file",
+            "/run/token",
+            "--metrics-auth",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--insecure",
+        ]))
+        .unwrap()
+        .router;
+        assert_eq!(
+            parsed.auth_token_file.as_deref(),
+            Some(std::path::Path::new("/run/token"))
+        );
+        assert!(parsed.metrics_auth && parsed.insecure);
+        for half in [["--tls-cert", "c.pem"], ["--tls-key", "k.pem"]] {
+            let error = Cli::try_parse_from(zmq.into_iter().chain(half)).unwrap_err();
+            assert!(error.to_string().contains("--tls-"), "{error}");
+        }
+        // No flags: no token wanted, plain HTTP, on loopback.
+        let plain = Cli::try_parse_from(zmq).unwrap().router;
+        assert!(!plain.metrics_auth && !plain.insecure && plain.tls_cert.is_none());
+        assert!(matches!(plain.transport().unwrap(), Transport::Plain));
+    }
 }
