@@ -2,8 +2,10 @@
 //!
 //! Owns: their flags, the strict parsing of `--zmq WORKER_ID=ENDPOINT[,replay=ENDPOINT]`
 //! ([`ZmqSourceArg`]), the tokio runtime, and the wiring of library parts: a
-//! `RouterState` fed by `ZmqSource`s or a `NatsSource` and served by `service::http`, or
-//! one `run_relay`. Both run until Ctrl-C (or SIGTERM) and log to stderr.
+//! `RouterState` fed by `ZmqSource`s or a `NatsSource` and served by `service::http`
+//! (with the access flags: a token, `/metrics` open or not, TLS, and the refusal of a
+//! non-loopback address without a token), or one `run_relay`. Both run until Ctrl-C (or
+//! SIGTERM) and log to stderr, never the token.
 //! Never: decode, translate or apply an event itself (`kvtwin_plane::service` does).
 
 use anyhow::{bail, Context, Result};
@@ -13,16 +15,21 @@ use kvtwin_plane::nats::{
     ConsumeMode, NatsMode, PublisherConfig as NatsPublisherConfig,
     SubscriberConfig as NatsSubscriberConfig,
 };
-use kvtwin_plane::service::http::{serve, SharedState};
+use kvtwin_plane::service::auth::{
+    check_exposure, load_token, Access, Exposure, MetricsAccess, TokenSource, TOKEN_ENV,
+};
+use kvtwin_plane::service::http::{serve_with, SharedState, Transport};
 use kvtwin_plane::service::nats_source::{NatsSource, NatsSourceConfig};
 use kvtwin_plane::service::relay::{run_relay, NatsFormat, RelayConfig};
 use kvtwin_plane::service::source::{VllmDecoder, ZmqSource};
 use kvtwin_plane::service::state::RouterState;
+use kvtwin_plane::service::tls::server_config;
 use kvtwin_plane::wire::{DecodeLimits, EngineDecoder, UnknownEvents};
 use kvtwin_plane::zmq::SubscriberConfig;
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
@@ -93,7 +100,9 @@ pub(crate) fn parse_zmq_source(text: &str) -> Result<ZmqSourceArg, String> {
 
 #[derive(Args, Debug)]
 pub(crate) struct RouterArgs {
-    /// Where the HTTP API listens (POST /v1/route, GET /v1/workers, /healthz, /metrics).
+    /// Where the HTTP API listens (POST /v1/route, GET /v1/workers, GET /v1/stream,
+    /// /healthz, /readyz, /metrics). An address other than loopback needs a token, or
+    /// --insecure.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
     /// Tokens per block (the engines' block size): how queries' tokens are hashed. A ZMQ
@@ -119,6 +128,24 @@ pub(crate) struct RouterArgs {
     /// state from it) instead of core NATS.
     #[arg(long, value_name = "STREAM")]
     jetstream: Option<String>,
+    /// A file holding the API's bearer token (read once, trimmed); without it the
+    /// KVTWIN_AUTH_TOKEN environment variable, if set. With a token every endpoint but
+    /// /healthz and /readyz (and /metrics, unless --metrics-auth) needs
+    /// `Authorization: Bearer <token>`; without one the API is open.
+    #[arg(long, value_name = "PATH")]
+    auth_token_file: Option<PathBuf>,
+    /// /metrics needs the token too (by default it is open, for scrapers without secrets).
+    #[arg(long)]
+    metrics_auth: bool,
+    /// Serve HTTPS with this certificate chain (PEM, leaf first); needs --tls-key.
+    #[arg(long, value_name = "PATH", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM); needs --tls-cert.
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve on a non-loopback --listen address without a token (refused otherwise).
+    #[arg(long)]
+    insecure: bool,
 }
 
 impl RouterArgs {
@@ -145,6 +172,61 @@ impl RouterArgs {
         }
         Ok(())
     }
+
+    /// Who may call the API, from the token flags (the file read here, once), and the
+    /// refusal of an open non-loopback address.
+    fn access(&self) -> Result<Access> {
+        let token = load_token(&TokenSource {
+            file: self.auth_token_file.clone(),
+        })?;
+        if self.metrics_auth && token.is_none() {
+            bail!("--metrics-auth needs a token (--auth-token-file PATH or {TOKEN_ENV})");
+        }
+        let access = Access {
+            token,
+            metrics: if self.metrics_auth {
+                MetricsAccess::Token
+            } else {
+                MetricsAccess::Open
+            },
+        };
+        let exposure = if self.insecure {
+            Exposure::Open
+        } else {
+            Exposure::LoopbackUnlessToken
+        };
+        check_exposure(self.listen, &access, exposure)?;
+        Ok(access)
+    }
+
+    /// Plain HTTP, or HTTPS with the certificate and key given.
+    fn transport(&self) -> Result<Transport> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(Transport::Tls(server_config(cert, key)?)),
+            (None, None) => Ok(Transport::Plain),
+            _ => bail!("--tls-cert and --tls-key go together"),
+        }
+    }
+}
+
+/// How the start-up line describes who may call the API (never the token itself).
+fn describe_access(args: &RouterArgs, access: &Access) -> String {
+    if access.token.is_none() {
+        return if args.listen.ip().is_loopback() {
+            String::new()
+        } else {
+            "; WARNING: no token on a non-loopback address (--insecure)".to_string()
+        };
+    }
+    let from = match &args.auth_token_file {
+        Some(path) => path.display().to_string(),
+        None => TOKEN_ENV.to_string(),
+    };
+    let open = match access.metrics {
+        MetricsAccess::Open => "/healthz, /readyz, /metrics",
+        MetricsAccess::Token => "/healthz, /readyz",
+    };
+    format!("; bearer token from {from} required except on {open}")
 }
 
 #[derive(Args, Debug)]
@@ -282,6 +364,14 @@ pub(crate) async fn connect_nats(
 
 pub(crate) fn router(args: &RouterArgs) -> Result<()> {
     args.validate()?;
+    // Before the runtime and the socket: a bad token or certificate stops the start.
+    let access = args.access()?;
+    let transport = args.transport()?;
+    let scheme = match transport {
+        Transport::Tls(_) => "https",
+        _ => "http",
+    };
+    let access_line = describe_access(args, &access);
     let subject = args.subject.as_deref().unwrap_or(DEFAULT_SUBJECT);
     runtime()?.block_on(async {
         let stop = stop_on_signal();
@@ -309,11 +399,11 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
             nats_task = Some(tokio::spawn(source.run(state.clone(), stopped(&stop))));
         }
         eprintln!(
-            "kvtwin router: listening on http://{address} (POST /v1/route, GET /v1/workers, \
-             GET /v1/stream, /healthz, /metrics), block size {}",
+            "kvtwin router: listening on {scheme}://{address} (POST /v1/route, GET /v1/workers, \
+             GET /v1/stream, /healthz, /readyz, /metrics), block size {}{access_line}",
             args.block_size
         );
-        serve(listener, state.clone(), stopped(&stop))
+        serve_with(listener, state.clone(), access, transport, stopped(&stop))
             .await
             .context("serving HTTP")?;
         let _ = stop.send(true);
@@ -495,5 +585,41 @@ mod tests {
         assert!(error.to_string().contains("given twice"), "{error}");
         let error = Cli::try_parse_from(["router", "--zmq", "1=h:1"]).unwrap_err();
         assert!(error.to_string().contains("not a ZMQ endpoint"), "{error}");
+    }
+
+    #[test]
+    fn the_access_flags_parse_and_tls_needs_both_files() {
+        use clap::Parser;
+        #[derive(Parser, Debug)]
+        struct Cli {
+            #[command(flatten)]
+            router: RouterArgs,
+        }
+        let zmq = ["router", "--zmq", "1=tcp://h:1"];
+        let parsed = Cli::try_parse_from(zmq.into_iter().chain([
+            "--auth-token-file",
+            "/run/token",
+            "--metrics-auth",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--insecure",
+        ]))
+        .unwrap()
+        .router;
+        assert_eq!(
+            parsed.auth_token_file.as_deref(),
+            Some(std::path::Path::new("/run/token"))
+        );
+        assert!(parsed.metrics_auth && parsed.insecure);
+        for half in [["--tls-cert", "c.pem"], ["--tls-key", "k.pem"]] {
+            let error = Cli::try_parse_from(zmq.into_iter().chain(half)).unwrap_err();
+            assert!(error.to_string().contains("--tls-"), "{error}");
+        }
+        // No flags: no token wanted, plain HTTP, on loopback.
+        let plain = Cli::try_parse_from(zmq).unwrap().router;
+        assert!(!plain.metrics_auth && !plain.insecure && plain.tls_cert.is_none());
+        assert!(matches!(plain.transport().unwrap(), Transport::Plain));
     }
 }

@@ -1,5 +1,5 @@
 //! The router service's HTTP API on a real loopback socket: route by tokens and by token
-//! hashes, workers, health, metrics, and bad requests answered 400 and counted.
+//! hashes, workers, health and readiness, metrics, and bad requests answered 400 and counted.
 
 mod support;
 
@@ -81,6 +81,10 @@ fn the_api_routes_reports_and_refuses_bad_requests() {
     assert_eq!(
         request(addr, "GET", "/healthz", None),
         (200, "ok\n".to_string())
+    );
+    assert_eq!(
+        request(addr, "GET", "/readyz", None),
+        (200, "ready\n".to_string())
     );
 
     let (status, text) = request(addr, "POST", "/v1/route", Some("{not json"));

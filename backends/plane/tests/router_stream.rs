@@ -6,6 +6,7 @@ mod support;
 
 use kvtwin::ids::WorkerId;
 use kvtwin::tier::Tier;
+use kvtwin_plane::service::client::ClientError;
 use kvtwin_plane::service::http::{self, SharedState};
 use kvtwin_plane::service::state::RouterState;
 use kvtwin_plane::service::stream::{StreamMessage, WorkerKey};
@@ -176,7 +177,10 @@ fn a_wrong_path_or_no_server_is_a_typed_error() {
             .await
             .unwrap_err();
         assert!(
-            matches!(error, StreamClientError::Status { status: 404 }),
+            matches!(
+                error,
+                StreamClientError::Client(ClientError::Status { status: 404 })
+            ),
             "{error}"
         );
         // A port nothing listens on: bind one, note it, let it go.
@@ -188,7 +192,10 @@ fn a_wrong_path_or_no_server_is_a_typed_error() {
             .await
             .unwrap_err();
         assert!(
-            matches!(error, StreamClientError::Connect { .. }),
+            matches!(
+                error,
+                StreamClientError::Client(ClientError::Connect { .. })
+            ),
             "{error}"
         );
     });

@@ -1,7 +1,7 @@
 //! `kvtwin dash`'s flags, and the choice of source they make.
 //!
-//! Owns: [`DashArgs`] (one source per invocation: `--router`, `--zmq`, `--nats`, `--sim`
-//! or `--replay`; `--record`, `--speed`, `--once`) and [`dash`] (build the source, run
+//! Owns: [`DashArgs`] (one source per invocation: `--router` (with its token and CA),
+//! `--zmq`, `--nats`, `--sim` or `--replay`; `--record`, `--speed`, `--once`) and [`dash`] (build the source, run
 //! the loop or print one frame).
 //! Never: fold updates or draw (the app and the ui do), or parse engine events.
 
@@ -15,6 +15,9 @@ use super::source::{ReplaySource, Source};
 use crate::service::{parse_zmq_source, ZmqSourceArg};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use kvtwin_plane::service::auth::{load_token, TokenSource};
+use kvtwin_plane::service::client::ClientAccess;
+use kvtwin_plane::service::tls::client_config;
 use kvtwin_sim::scenario::Scenario;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -31,9 +34,18 @@ const DEFAULT_SUBJECT: &str = "kvtwin.kv_events";
         .args(["router", "zmq", "nats", "sim", "replay"]),
 ))]
 pub(crate) struct DashArgs {
-    /// A running `kvtwin router` (its /v1/stream), e.g. http://127.0.0.1:8080.
+    /// A running `kvtwin router` (its /v1/stream), e.g. http://127.0.0.1:8080 or
+    /// https://router.example:8443.
     #[arg(long, value_name = "URL")]
     router: Option<String>,
+    /// A file holding the router's bearer token (with --router); without it the
+    /// KVTWIN_AUTH_TOKEN environment variable, if set.
+    #[arg(long, value_name = "PATH", requires = "router")]
+    router_token_file: Option<PathBuf>,
+    /// The CA certificate (PEM) an https router's certificate is checked against, e.g.
+    /// its own self-signed one (with --router); without it, the system's roots.
+    #[arg(long, value_name = "PATH", requires = "router")]
+    router_ca: Option<PathBuf>,
     /// Be a router replica fed by this engine's ZMQ KV events (repeat per engine).
     #[arg(long = "zmq", value_name = "WORKER_ID=ENDPOINT[,replay=ENDPOINT]", value_parser = parse_zmq_source)]
     zmq: Vec<ZmqSourceArg>,
@@ -167,7 +179,16 @@ pub(crate) fn dash(args: &DashArgs) -> Result<()> {
 /// The source the flags name, what kind it is, and when `--once` prints.
 async fn open_source(args: &DashArgs) -> Result<(Box<dyn Source>, SourceKind, OnceUntil)> {
     if let Some(url) = &args.router {
-        let source = RouterSource::start(url).context("--router")?;
+        let access = ClientAccess {
+            token: load_token(&TokenSource {
+                file: args.router_token_file.clone(),
+            })?,
+            tls: match &args.router_ca {
+                Some(ca) => Some(client_config(Some(ca))?),
+                None => None,
+            },
+        };
+        let source = RouterSource::start(url, access).context("--router")?;
         return Ok((Box::new(source), SourceKind::Router, OnceUntil::FirstFull));
     }
     if !args.zmq.is_empty() {

@@ -1,7 +1,8 @@
 //! `kvtwin dash --router URL`: a running router's `/v1/stream` as a dashboard source.
 //!
-//! Owns: [`RouterSource`] (a [`LiveFeed`] from a task that connects, reads stream messages into deltas, and
-//! on any failure says so in the status line and connects again with backoff).
+//! Owns: [`RouterSource`] (a [`LiveFeed`] from a task that connects, over http or https
+//! and with the router's token when given, reads stream messages into deltas, and on any
+//! failure (a 401 included) says so in the status line and connects again with backoff).
 //! Never: poll the router's other endpoints, or parse SSE or JSON itself
 //! (`kvtwin_plane::service::stream_client` does).
 
@@ -9,6 +10,7 @@ use super::model::{TimedUpdate, Update};
 use super::plane_delta::delta_of_message;
 use super::source::{LiveClock, LiveFeed};
 use anyhow::{bail, Result};
+use kvtwin_plane::service::client::ClientAccess;
 use kvtwin_plane::service::stream_client::StreamClient;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -36,14 +38,15 @@ impl Drop for AbortOnDrop {
 }
 
 impl RouterSource {
-    /// Starts reading `url` (`http://HOST:PORT`); must run inside a tokio runtime.
-    pub(crate) fn start(url: &str) -> Result<LiveFeed> {
-        if !url.starts_with("http://") {
-            bail!("{url:?} is not a router URL: http://HOST:PORT, e.g. http://127.0.0.1:8080");
+    /// Starts reading `url` (`http://HOST:PORT` or `https://HOST:PORT`) with `access`'s
+    /// token and roots; must run inside a tokio runtime.
+    pub(crate) fn start(url: &str, access: ClientAccess) -> Result<LiveFeed> {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            bail!("{url:?} is not a router URL: http[s]://HOST:PORT, e.g. http://127.0.0.1:8080");
         }
         let clock = LiveClock::start();
         let (sender, updates) = mpsc::channel(CHANNEL_BOUND);
-        let task = tokio::spawn(read_forever(url.to_string(), sender, clock));
+        let task = tokio::spawn(read_forever(url.to_string(), access, sender, clock));
         Ok(LiveFeed::new(
             updates,
             clock,
@@ -54,10 +57,15 @@ impl RouterSource {
 }
 
 /// Connects, reads, and connects again, until the receiver goes.
-async fn read_forever(url: String, sender: mpsc::Sender<TimedUpdate>, clock: LiveClock) {
+async fn read_forever(
+    url: String,
+    access: ClientAccess,
+    sender: mpsc::Sender<TimedUpdate>,
+    clock: LiveClock,
+) {
     let mut backoff = BACKOFF_START;
     loop {
-        let error = match StreamClient::connect(&url).await {
+        let error = match StreamClient::connect_with(&url, &access).await {
             Ok(mut client) => {
                 if sender
                     .send(clock.status(true, format!("connected to {url}")))

@@ -1,5 +1,7 @@
 //! What the `kvtwin` process tests share: a `kvtwin` child process with its stderr
-//! lines, one-shot HTTP/1.1 requests, and waiting for a router to catch up.
+//! lines, one-shot HTTP/1.1 requests (with a bearer token when a router wants one), and
+//! waiting for a router to catch up. Every `kvtwin` runs without the caller's
+//! `KVTWIN_AUTH_TOKEN`, so a developer's own token never changes what a test sees.
 #![allow(dead_code)] // Each test file uses its own part.
 
 use serde_json::Value;
@@ -15,10 +17,22 @@ pub(crate) struct Process {
     lines: mpsc::Receiver<String>,
 }
 
+/// `kvtwin` with `args`, without the caller's token variable.
+fn command(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kvtwin"));
+    command.args(args).env_remove("KVTWIN_AUTH_TOKEN");
+    command
+}
+
 impl Process {
     pub(crate) fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
-            .args(args)
+        Self::start_env(args, &[])
+    }
+
+    /// As [`Process::start`], with `env` set for it.
+    pub(crate) fn start_env(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut child = command(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -44,6 +58,15 @@ impl Process {
                 Err(_) => panic!("no line with {needle:?} from kvtwin"),
             }
         }
+    }
+
+    /// The stderr lines that came since the last look, waiting `settle` for more.
+    pub(crate) fn lines_now(&self, settle: Duration) -> Vec<String> {
+        let mut lines = Vec::new();
+        while let Ok(line) = self.lines.recv_timeout(settle) {
+            lines.push(line);
+        }
+        lines
     }
 
     /// Sends SIGINT (what Ctrl-C sends) and waits for the exit (10 s at most); stdout.
@@ -83,19 +106,40 @@ impl Drop for Process {
     }
 }
 
-/// The router's address from its "listening on http://ADDR ..." line.
+/// The router's address from its "listening on http://ADDR ..." (or https) line.
 pub(crate) fn listening_on(router: &Process) -> String {
-    let line = router.wait_line("listening on http://");
-    let start = line.find("http://").unwrap() + "http://".len();
-    line[start..].split_whitespace().next().unwrap().to_string()
+    listening_line(router).1
+}
+
+/// The router's whole "listening on" line and its address.
+pub(crate) fn listening_line(router: &Process) -> (String, String) {
+    let line = router.wait_line("listening on http");
+    let start = line.find("://").unwrap() + "://".len();
+    let address = line[start..].split_whitespace().next().unwrap().to_string();
+    (line, address)
 }
 
 /// One HTTP/1.1 request; the status code and the body.
 pub(crate) fn http(address: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    http_token(address, None, method, path, body)
+}
+
+/// One HTTP/1.1 request, with `Authorization: Bearer <token>` when given; the status
+/// code and the body.
+pub(crate) fn http_token(
+    address: &str,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String) {
     let mut stream = TcpStream::connect(address).unwrap();
+    let authorization = token
+        .map(|token| format!("Authorization: Bearer {token}\r\n"))
+        .unwrap_or_default();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\n{authorization}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -134,10 +178,7 @@ pub(crate) fn wait_worker(address: &str, worker: u64, last_event_id: u64) -> Val
 
 /// Runs `kvtwin` with `args`, which may fail: (success, stdout, stderr).
 pub(crate) fn kvtwin_outcome(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
-        .args(args)
-        .output()
-        .unwrap();
+    let out = command(args).output().unwrap();
     (
         out.status.success(),
         String::from_utf8(out.stdout).unwrap(),
@@ -147,10 +188,7 @@ pub(crate) fn kvtwin_outcome(args: &[&str]) -> (bool, String, String) {
 
 /// Runs `kvtwin` with `args`; its stdout (it must succeed).
 pub(crate) fn kvtwin(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvtwin"))
-        .args(args)
-        .output()
-        .unwrap();
+    let out = command(args).output().unwrap();
     assert!(
         out.status.success(),
         "kvtwin {args:?}: {}",

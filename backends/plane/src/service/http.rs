@@ -1,6 +1,8 @@
 //! The router service's HTTP/JSON API (axum).
 //!
-//! Owns: [`app`] (the routes), [`serve`], the request and response bodies.
+//! Owns: [`app`] and [`app_with`] (the routes, behind `auth::require_token` when a token
+//! is set), [`serve`] and [`serve_with`] (plain HTTP or HTTPS, [`Transport`]), the
+//! request and response bodies.
 //! - `POST /v1/route` with `{"tokens": [u32, ...]}` (hashed with the router's block size)
 //!   or `{"local_hashes": [u64, ...]}` answers `{"worker": W, "dp_rank": d, "overlaps":
 //!   {"W": n, ...}, "tier_overlaps": {"W": {"device": n, "host": n, "disk": n, "remote":
@@ -39,14 +41,22 @@
 //!   (on one line on the wire). Each client has its own cursor and is sent at most one
 //!   message per tick, written before the next is built: nothing queues. A client that
 //!   reconnects starts again from a full snapshot.
-//! - `GET /healthz`: `ok`. `GET /metrics`: Prometheus text.
+//! - `GET /healthz`: `ok` while the process serves. `GET /readyz`: `ready`.
+//!   `GET /metrics`: Prometheus text.
+//!
+//! With a token (`Access::token`), every request but `/healthz`, `/readyz` and (unless
+//! `MetricsAccess::Token`) `/metrics` needs `Authorization: Bearer <token>`; anything
+//! else is a 401 with `WWW-Authenticate: Bearer` (see `auth`). Without one, all are
+//! open, as before tokens existed.
 //!
 //! A body that is not JSON, or has neither or both of `tokens` and `local_hashes`, is a
 //! 400 with `{"error": ...}`, counted as `bad_json` / `bad_request`.
 //! Never: hold the state's lock across an await, or apply events (sources do).
 
+use super::auth::{require_token, Access};
 use super::state::{RouteAnswer, RouterState};
 use super::stream::StreamCursor;
+use super::tls::TlsListener;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -80,26 +90,83 @@ pub fn lock(state: &SharedState) -> MutexGuard<'_, RouterState> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The routes over `state`.
+/// The routes over `state`, open to everyone.
 pub fn app(state: SharedState) -> Router {
-    Router::new()
+    app_with(state, Access::default())
+}
+
+/// The routes over `state`, with `access` deciding who may call them.
+pub fn app_with(state: SharedState, access: Access) -> Router {
+    let routes = Router::new()
         .route("/v1/route", post(route))
         .route("/v1/workers", get(workers))
         .route("/v1/stream", get(stream))
         .route("/healthz", get(|| async { "ok\n" }))
+        // Ready as soon as it serves. TODO(#19): wait until the sources have caught up
+        // (replay done, JetStream read to its end) before answering 200.
+        .route("/readyz", get(|| async { "ready\n" }))
         .route("/metrics", get(metrics))
-        .with_state(state)
+        .with_state(state);
+    if access.token.is_none() {
+        // No layer at all: without a token the service answers exactly as before.
+        return routes;
+    }
+    // On the whole router, the fallback included: an unknown path is a 401 too.
+    routes.layer(axum::middleware::from_fn_with_state(
+        std::sync::Arc::new(access),
+        require_token,
+    ))
 }
 
-/// Serves `app(state)` on `listener` until `shutdown` resolves.
+/// How the API is served.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub enum Transport {
+    /// Plain HTTP/1.1.
+    #[default]
+    Plain,
+    /// HTTPS: TLS with this configuration (`tls::server_config`), then HTTP/1.1.
+    Tls(std::sync::Arc<rustls::ServerConfig>),
+}
+
+/// Serves `app(state)` on `listener`, plain and open, until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: SharedState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(
+        listener,
+        state,
+        Access::default(),
+        Transport::Plain,
+        shutdown,
+    )
+    .await
+}
+
+/// Serves `app_with(state, access)` on `listener` over `transport` until `shutdown`
+/// resolves.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    state: SharedState,
+    access: Access,
+    transport: Transport,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = app_with(state, access);
+    match transport {
+        Transport::Plain => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        Transport::Tls(config) => {
+            axum::serve(TlsListener::new(listener, config), app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    }
 }
 
 #[derive(Deserialize)]

@@ -2,7 +2,9 @@
 //!
 //! Owns: [`translate`] (engine block hashes to kvtwin's chained hashes, per worker),
 //! [`state::RouterState`] (the indexer, per-worker views, route answers), [`metrics`]
-//! (counters and the Prometheus text), [`http`] (the HTTP/JSON API), [`stream`] (the
+//! (counters and the Prometheus text), [`http`] (the HTTP/JSON API), [`auth`] (its
+//! bearer token and who needs it), [`tls`] (HTTPS with rustls), [`client`] (the
+//! connection every in-repository client makes: http or https, the token), [`stream`] (the
 //! change stream's messages and the cursor that makes them), [`sse`] (server-sent events
 //! framing), [`stream_client`] (a client of `/v1/stream`), [`source`] (engine
 //! event sources: a ZMQ subscriber thread per engine applying decoded batches),
@@ -13,6 +15,8 @@
 //! Never: decode wire formats (`crate::wire` does) or own sockets beyond what a source
 //! needs; the index itself is `kvtwin::router`'s.
 
+pub mod auth;
+pub mod client;
 pub mod http;
 pub mod metrics;
 pub mod nats_source;
@@ -24,4 +28,5 @@ pub mod state;
 pub mod stream;
 pub mod stream_client;
 pub mod synthetic;
+pub mod tls;
 pub mod translate;

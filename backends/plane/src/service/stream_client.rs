@@ -1,8 +1,9 @@
 //! A client of a router's `GET /v1/stream`: one HTTP/1 connection, its server-sent
 //! events parsed as they arrive, each `delta` event decoded into a [`StreamMessage`].
 //!
-//! Owns: [`StreamClient`] (the connection: a tokio socket driven by hyper's client
-//! connection API on a task of its own, aborted when the client drops) and
+//! Owns: [`StreamClient`] (the connection, made by `client::Connection`: a tokio socket,
+//! TLS for https URLs, hyper's client connection API on a task of its own, aborted
+//! when the client drops; the token of its `ClientAccess` on the request) and
 //! [`StreamClientError`].
 //! Invariants: memory is bounded by the SSE line limit (16 MiB) and one chunk's events;
 //! nothing is read from the socket until the caller asks for the next message, so a slow
@@ -12,13 +13,14 @@
 //! snapshot, so nothing needs replaying), or time out (wrap calls in
 //! `tokio::time::timeout` to bound them).
 
+use super::client::{expect_ok, ClientAccess, ClientError, Connection, RouterUrl};
 use super::sse::{SseError, SseEvent, SseParser, MAX_LINE_BYTES_DEFAULT};
 use super::stream::StreamMessage;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper::{header, Request, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::header::{self, HeaderValue};
+use hyper::Method;
 use std::collections::VecDeque;
 
 /// The path asked for when the URL gives none.
@@ -28,32 +30,10 @@ pub const STREAM_PATH: &str = "/v1/stream";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StreamClientError {
-    /// The URL is not `http://HOST:PORT[/PATH]`.
-    #[error("bad stream URL {url:?}: {reason}")]
-    BadUrl {
-        /// The URL given.
-        url: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-    /// The TCP connection failed.
-    #[error("cannot connect to {address}: {source}")]
-    Connect {
-        /// `HOST:PORT`.
-        address: String,
-        /// The socket's error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The HTTP exchange failed (handshake, request, or the body broke off).
-    #[error("HTTP: {0}")]
-    Http(#[from] hyper::Error),
-    /// The router answered something other than 200.
-    #[error("the router answered HTTP {status}")]
-    Status {
-        /// The status code.
-        status: u16,
-    },
+    /// Reaching the router failed: the URL, the socket, TLS, HTTP, or a status other
+    /// than 200 (401 without the right token).
+    #[error(transparent)]
+    Client(#[from] ClientError),
     /// The body is not valid server-sent events.
     #[error("bad server-sent events: {0}")]
     Sse(#[from] SseError),
@@ -62,38 +42,10 @@ pub enum StreamClientError {
     Json(#[from] serde_json::Error),
 }
 
-/// `(HOST:PORT, PATH)` of `http://HOST:PORT[/PATH]`; the path defaults to
-/// [`STREAM_PATH`].
-fn split_url(url: &str) -> Result<(String, String), StreamClientError> {
-    let bad = |reason| StreamClientError::BadUrl {
-        url: url.to_string(),
-        reason,
-    };
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| bad("only http:// is supported"))?;
-    let (authority, path) = match rest.find('/') {
-        Some(at) => (&rest[..at], &rest[at..]),
-        None => (rest, ""),
-    };
-    if authority.is_empty() {
-        return Err(bad("no host"));
+impl From<hyper::Error> for StreamClientError {
+    fn from(error: hyper::Error) -> Self {
+        Self::Client(ClientError::Http(error))
     }
-    if authority.contains('@') {
-        return Err(bad("user info is not supported"));
-    }
-    let has_port = authority
-        .rsplit_once(':')
-        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-    if !has_port {
-        return Err(bad("no port"));
-    }
-    let path = if path.is_empty() || path == "/" {
-        STREAM_PATH
-    } else {
-        path
-    };
-    Ok((authority.to_string(), path.to_string()))
 }
 
 /// A connected stream; see the module documentation.
@@ -104,61 +56,36 @@ pub struct StreamClient {
     /// Events of the last chunk not handed out yet (bounded by one chunk).
     pending: VecDeque<SseEvent>,
     scratch: Vec<SseEvent>,
-    connection: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for StreamClient {
-    fn drop(&mut self) {
-        self.connection.abort();
-    }
+    /// Kept for its task: dropping it stops the connection.
+    _connection: Connection,
 }
 
 impl StreamClient {
-    /// Connects to `url` (`http://HOST:PORT`, the path `/v1/stream` by default) and
-    /// waits for the response head; must run inside a tokio runtime.
+    /// Connects to `url` (`http://HOST:PORT` or `https://HOST:PORT`, the path
+    /// `/v1/stream` by default) without a token, trusting the system's roots for https;
+    /// must run inside a tokio runtime.
     pub async fn connect(url: &str) -> Result<Self, StreamClientError> {
-        let (address, path) = split_url(url)?;
-        let socket = tokio::net::TcpStream::connect(&address)
-            .await
-            .map_err(|source| StreamClientError::Connect {
-                address: address.clone(),
-                source,
-            })?;
-        let _ = socket.set_nodelay(true);
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(TokioIo::new(socket)).await?;
-        // The connection's own task moves the bytes; its error reaches us through the
-        // response or the body.
-        let connection = tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        let request = Request::get(path.as_str())
-            .header(header::HOST, address.as_str())
-            .header(header::ACCEPT, "text/event-stream")
-            .body(Empty::<Bytes>::new())
-            .map_err(|_| StreamClientError::BadUrl {
-                url: url.to_string(),
-                reason: "not a valid request target",
-            })?;
-        let response = match sender.send_request(request).await {
-            Ok(response) => response,
-            Err(error) => {
-                connection.abort();
-                return Err(error.into());
-            }
-        };
-        if response.status() != StatusCode::OK {
-            connection.abort();
-            return Err(StreamClientError::Status {
-                status: response.status().as_u16(),
-            });
-        }
+        Self::connect_with(url, &ClientAccess::default()).await
+    }
+
+    /// Connects to `url` with `access`'s token and TLS roots, and waits for the response
+    /// head; must run inside a tokio runtime.
+    pub async fn connect_with(url: &str, access: &ClientAccess) -> Result<Self, StreamClientError> {
+        let url = RouterUrl::parse(url, STREAM_PATH)?;
+        let mut connection = Connection::open(&url, access).await?;
+        let mut request = access.request(&url, Method::GET, &url.path, Bytes::new())?;
+        request.headers_mut().insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        let response = connection.sender.send_request(request).await?;
+        expect_ok(response.status())?;
         Ok(Self {
             body: response.into_body(),
             parser: SseParser::new(MAX_LINE_BYTES_DEFAULT),
             pending: VecDeque::new(),
             scratch: Vec::new(),
-            connection,
+            _connection: connection,
         })
     }
 
@@ -181,39 +108,6 @@ impl StreamClient {
             let result = self.parser.push(&data, &mut self.scratch);
             self.pending.extend(self.scratch.drain(..));
             result?;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_name_a_host_and_port_and_the_path_defaults_to_the_stream() {
-        assert_eq!(
-            split_url("http://127.0.0.1:8080").unwrap(),
-            ("127.0.0.1:8080".to_string(), "/v1/stream".to_string())
-        );
-        assert_eq!(
-            split_url("http://localhost:1/").unwrap().1,
-            "/v1/stream".to_string()
-        );
-        assert_eq!(
-            split_url("http://[::1]:9/x/y?z=1").unwrap(),
-            ("[::1]:9".to_string(), "/x/y?z=1".to_string())
-        );
-        for bad in [
-            "https://h:1",
-            "http://h",
-            "http://:80",
-            "h:80",
-            "http://u@h:1",
-        ] {
-            assert!(
-                matches!(split_url(bad), Err(StreamClientError::BadUrl { .. })),
-                "{bad}"
-            );
         }
     }
 }

@@ -1,11 +1,14 @@
 //! Helpers shared by the service's integration tests: a minimal HTTP/1.1 client over a
-//! real loopback socket (one request per connection).
+//! real loopback socket (one request per connection), servers on free ports (plain, or
+//! with a token and TLS), and self-signed certificates made on the spot.
 
 #![allow(dead_code)] // Each test file uses its own subset.
 
-use kvtwin_plane::service::http::{self, SharedState};
+use kvtwin_plane::service::auth::Access;
+use kvtwin_plane::service::http::{self, SharedState, Transport};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Sends one request and returns (status, body).
@@ -15,29 +18,48 @@ pub(crate) fn http(
     path: &str,
     body: Option<&str>,
 ) -> (u16, String) {
+    let (status, _, body) = http_with(addr, method, path, body, &[]);
+    (status, body)
+}
+
+/// Sends one request with `headers` added; (status, head, body). A status of 0 means
+/// no HTTP answer came back.
+pub(crate) fn http_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> (u16, String, String) {
     let mut stream = TcpStream::connect(addr).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     let body = body.unwrap_or("");
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+         Content-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
+    let mut response = Vec::new();
+    // A TLS server may reset a plain-text client; what came before still counts.
+    let _ = stream.read_to_end(&mut response);
+    let response = String::from_utf8_lossy(&response).into_owned();
     let status = response
-        .split(' ')
-        .nth(1)
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
         .and_then(|code| code.parse().ok())
         .unwrap_or(0);
-    let body = response
+    let (head, body) = response
         .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
+        .map(|(head, body)| (head.to_string(), body.to_string()))
         .unwrap_or_default();
-    (status, body)
+    (status, head, body)
 }
 
 /// Parses a JSON body.
@@ -48,6 +70,15 @@ pub(crate) fn json(body: &str) -> serde_json::Value {
 /// A server over `state` on a free port, on its own runtime thread; stops when the
 /// sender drops.
 pub(crate) fn start(state: SharedState) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    start_with(state, Access::default(), Transport::Plain)
+}
+
+/// As [`start`], with `access` and `transport`.
+pub(crate) fn start_with(
+    state: SharedState,
+    access: Access,
+    transport: Transport,
+) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -60,10 +91,28 @@ pub(crate) fn start(state: SharedState) -> (SocketAddr, tokio::sync::oneshot::Se
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     std::thread::spawn(move || {
         runtime
-            .block_on(http::serve(listener, state, async {
-                let _ = stopped.await;
-            }))
+            .block_on(http::serve_with(
+                listener,
+                state,
+                access,
+                transport,
+                async {
+                    let _ = stopped.await;
+                },
+            ))
             .unwrap();
     });
     (addr, stop)
+}
+
+/// A self-signed certificate for `localhost` and `127.0.0.1` written as PEM into `dir`:
+/// (certificate, key). The certificate is its own CA.
+pub(crate) fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let certified = rcgen::generate_simple_self_signed(names).unwrap();
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    std::fs::write(&cert, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+    (cert, key)
 }
