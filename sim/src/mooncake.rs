@@ -186,7 +186,11 @@ impl MooncakeTraceReader {
             path: path.to_owned(),
             source,
         })?;
-        Ok(Self::from_reader(path, std::io::BufReader::new(file), check))
+        Ok(Self::from_reader(
+            path,
+            std::io::BufReader::new(file),
+            check,
+        ))
     }
 
     /// Reads the trace from `reader` (a pipe, bytes in memory), naming it `path` in

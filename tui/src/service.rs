@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use kvtwin::ids::WorkerId;
 use kvtwin_plane::nats::{
-    ConsumeMode, NatsMode, PublisherConfig as NatsPublisherConfig,
+    ConsumeMode, NatsAuth, NatsMode, PublisherConfig as NatsPublisherConfig,
     SubscriberConfig as NatsSubscriberConfig,
 };
 use kvtwin_plane::service::auth::{
@@ -121,6 +121,9 @@ pub(crate) struct RouterArgs {
     /// Dynamo RouterEvents (JSON or 1.6 envelopes) from this NATS server.
     #[arg(long, value_name = "URL")]
     nats: Option<String>,
+    /// Credentials and TLS for a secured NATS server.
+    #[command(flatten)]
+    nats_auth: crate::nats_args::NatsAuthArgs,
     /// The NATS subject [default: kvtwin.kv_events].
     #[arg(long)]
     subject: Option<String>,
@@ -240,6 +243,9 @@ pub(crate) struct RelayArgs {
     /// The NATS server.
     #[arg(long, value_name = "URL")]
     nats: String,
+    /// Credentials and TLS for a secured NATS server.
+    #[command(flatten)]
+    nats_auth: crate::nats_args::NatsAuthArgs,
     /// The engine's worker id in the events.
     #[arg(long)]
     worker_id: u64,
@@ -346,6 +352,7 @@ pub(crate) async fn connect_nats(
     url: &str,
     subject: &str,
     jetstream: Option<&str>,
+    auth: &NatsAuth,
 ) -> Result<NatsSource> {
     let mode = match jetstream {
         Some(stream) => ConsumeMode::Replay {
@@ -353,8 +360,10 @@ pub(crate) async fn connect_nats(
         },
         None => ConsumeMode::Core,
     };
+    let mut subscriber = NatsSubscriberConfig::new(url, subject, mode);
+    subscriber.connect.auth = auth.clone();
     let source = NatsSource::connect(NatsSourceConfig {
-        subscriber: NatsSubscriberConfig::new(url, subject, mode),
+        subscriber,
         limits: DecodeLimits::default(),
     })
     .await
@@ -388,7 +397,13 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
         }
         let mut nats_task = None;
         if let Some(url) = &args.nats {
-            let source = connect_nats(url, subject, args.jetstream.as_deref()).await?;
+            let source = connect_nats(
+                url,
+                subject,
+                args.jetstream.as_deref(),
+                &args.nats_auth.auth()?,
+            )
+            .await?;
             eprintln!(
                 "kvtwin router: events from {url}, subject {subject}{}",
                 args.jetstream
@@ -433,7 +448,11 @@ pub(crate) fn relay(args: &RelayArgs) -> Result<()> {
     let config = RelayConfig {
         worker,
         zmq: SubscriberConfig::new(&args.zmq, args.replay.as_deref()),
-        nats: NatsPublisherConfig::new(&args.nats, &args.subject, mode),
+        nats: {
+            let mut nats = NatsPublisherConfig::new(&args.nats, &args.subject, mode);
+            nats.connect.auth = args.nats_auth.auth()?;
+            nats
+        },
         format: if args.envelope {
             NatsFormat::Envelope {
                 publisher_id: args.worker_id,

@@ -7,7 +7,7 @@
 
 use super::app::{AppConfig, SourceKind};
 use super::record::{Recorder, Recording};
-use super::replica_source::{ReplicaInput, ReplicaSource};
+use super::replica_source::{NatsInput, ReplicaInput, ReplicaSource};
 use super::router_source::RouterSource;
 use super::run::{interactive, once, LoopConfig, OnceUntil};
 use super::sim_source::{SimSource, TraceError};
@@ -55,6 +55,9 @@ pub(crate) struct DashArgs {
     /// Be a router replica fed by Dynamo RouterEvents from this NATS server.
     #[arg(long, value_name = "URL")]
     nats: Option<String>,
+    /// Credentials and TLS for a secured NATS server.
+    #[command(flatten)]
+    nats_auth: crate::nats_args::NatsAuthArgs,
     /// The NATS subject [default: kvtwin.kv_events].
     #[arg(long)]
     subject: Option<String>,
@@ -200,14 +203,15 @@ async fn open_source(args: &DashArgs) -> Result<(Box<dyn Source>, SourceKind, On
         return Ok((Box::new(source), SourceKind::Replica, OnceUntil::Deadline));
     }
     if let Some(url) = &args.nats {
-        let source = ReplicaSource::start(ReplicaInput::Nats {
+        let source = ReplicaSource::start(ReplicaInput::Nats(Box::new(NatsInput {
             url: url.clone(),
             subject: args
                 .subject
                 .clone()
                 .unwrap_or_else(|| DEFAULT_SUBJECT.into()),
             jetstream: args.jetstream.clone(),
-        })
+            auth: args.nats_auth.auth()?,
+        })))
         .await?;
         return Ok((Box::new(source), SourceKind::Replica, OnceUntil::Deadline));
     }

@@ -13,6 +13,7 @@ use super::plane_delta::delta_of_message;
 use super::source::{LiveClock, LiveFeed};
 use crate::service::{connect_nats, describe_zmq_source, start_zmq_sources, ZmqSourceArg};
 use anyhow::Result;
+use kvtwin_plane::nats::NatsAuth;
 use kvtwin_plane::service::http::{lock, SharedState};
 use kvtwin_plane::service::source::ZmqSource;
 use kvtwin_plane::service::state::RouterState;
@@ -41,14 +42,20 @@ pub(crate) enum ReplicaInput {
         block_size: u32,
     },
     /// Dynamo RouterEvents on NATS.
-    Nats {
-        /// The server.
-        url: String,
-        /// The subject.
-        subject: String,
-        /// A JetStream stream to replay from its start, instead of core NATS.
-        jetstream: Option<String>,
-    },
+    Nats(Box<NatsInput>),
+}
+
+/// A replica's NATS subscription.
+#[derive(Clone, Debug)]
+pub(crate) struct NatsInput {
+    /// The server.
+    pub(crate) url: String,
+    /// The subject.
+    pub(crate) subject: String,
+    /// A JetStream stream to replay from its start, instead of core NATS.
+    pub(crate) jetstream: Option<String>,
+    /// Credentials and TLS.
+    pub(crate) auth: NatsAuth,
 }
 
 /// A router replica.
@@ -81,7 +88,7 @@ impl ReplicaSource {
         // queries, which a replica never makes.
         let block_size = match &input {
             ReplicaInput::Zmq { block_size, .. } => *block_size,
-            ReplicaInput::Nats { .. } => 16,
+            ReplicaInput::Nats(_) => 16,
         };
         let state: SharedState = Arc::new(Mutex::new(RouterState::new(block_size as usize)));
         let mut tasks = Vec::new();
@@ -94,21 +101,15 @@ impl ReplicaSource {
                     .await;
                 (format!("of {} ZMQ engines", sources.len()), started)
             }
-            ReplicaInput::Nats {
-                url,
-                subject,
-                jetstream,
-            } => {
+            ReplicaInput::Nats(nats) => {
                 tasks.push(tokio::spawn(nats_forever(
-                    url.clone(),
-                    subject.clone(),
-                    jetstream.clone(),
+                    (**nats).clone(),
                     state.clone(),
                     sender.clone(),
                     clock,
                     stop.subscribe(),
                 )));
-                (format!("of NATS {url} {subject}"), Vec::new())
+                (format!("of NATS {} {}", nats.url, nats.subject), Vec::new())
             }
         };
         tasks.push(tokio::spawn(read_state(state, sender, clock)));
@@ -144,17 +145,21 @@ async fn read_state(state: SharedState, sender: mpsc::Sender<TimedUpdate>, clock
 
 /// Connects to NATS and applies its events; on failure says so and tries again.
 async fn nats_forever(
-    url: String,
-    subject: String,
-    jetstream: Option<String>,
+    nats: NatsInput,
     state: SharedState,
     sender: mpsc::Sender<TimedUpdate>,
     clock: LiveClock,
     mut stop: watch::Receiver<bool>,
 ) {
+    let NatsInput {
+        url,
+        subject,
+        jetstream,
+        auth,
+    } = nats;
     let mut backoff = BACKOFF_START;
     loop {
-        let error = match connect_nats(&url, &subject, jetstream.as_deref()).await {
+        let error = match connect_nats(&url, &subject, jetstream.as_deref(), &auth).await {
             Ok(source) => {
                 let text = format!("replica of {url}, subject {subject}");
                 if sender.send(clock.status(true, text)).await.is_err() {

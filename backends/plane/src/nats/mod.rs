@@ -23,12 +23,14 @@
 //! back, re-sends its core subscriptions and re-issues its pull requests; the counters in
 //! [`ConnectionStats`] make those events visible.
 
+mod auth;
 mod events;
 mod publisher;
 #[cfg(feature = "testing")]
 mod server;
 mod subscriber;
 
+pub use auth::{read_secret, NatsAuth, Secret};
 pub use events::RouterEventMessage;
 pub use publisher::{NatsPublisher, PublisherConfig, PublisherStats};
 #[cfg(feature = "testing")]
@@ -78,6 +80,8 @@ pub struct ConnectConfig {
     /// Bound on each subscription's incoming queue; past it the client drops messages and
     /// counts a slow consumer ([`ConnectionStats::slow_consumer`]).
     pub subscription_capacity: usize,
+    /// Credentials and TLS (none by default).
+    pub auth: NatsAuth,
 }
 
 impl ConnectConfig {
@@ -91,6 +95,7 @@ impl ConnectConfig {
             reconnect_delay_max: Duration::from_secs(1),
             client_capacity: 2048,
             subscription_capacity: 64 * 1024,
+            auth: NatsAuth::default(),
         }
     }
 }
@@ -180,6 +185,15 @@ pub enum NatsError {
         waited: Duration,
         /// The end of its log.
         log: String,
+    },
+    /// Credentials or TLS settings that cannot be used (a file missing, empty or not
+    /// what it should hold; two kinds of credentials at once).
+    #[error("NATS {what}: {reason}")]
+    Auth {
+        /// What is wrong: the setting, and the file it names.
+        what: String,
+        /// Why.
+        reason: String,
     },
     /// The client could not connect.
     #[error("connect to {url}: {source}")]
@@ -307,6 +321,7 @@ impl NatsError {
             NatsError::ServerExited { .. } => "server_exited",
             #[cfg(feature = "testing")]
             NatsError::ServerNotReady { .. } => "server_not_ready",
+            NatsError::Auth { .. } => "auth",
             NatsError::Connect { .. } => "connect",
             NatsError::Stream { .. } => "stream",
             NatsError::SubjectNotInStream { .. } => "subject_not_in_stream",
@@ -357,6 +372,7 @@ async fn connect(
     if let Some(name) = &config.name {
         options = options.name(name);
     }
+    let options = config.auth.apply(options).await?;
     let client = options
         .connect(config.url.as_str())
         .await

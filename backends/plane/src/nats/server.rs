@@ -46,6 +46,8 @@ pub struct NatsServer {
     port: u16,
     store: tempfile::TempDir,
     child: Option<Child>,
+    /// A configuration file (`-c`), for servers that require credentials or TLS.
+    config: Option<PathBuf>,
 }
 
 impl NatsServer {
@@ -74,7 +76,16 @@ impl NatsServer {
     /// one), which make that a panic. A binary that is there but does not start is always
     /// a panic.
     pub fn start_or_skip(test: &str) -> Option<Self> {
-        match Self::start() {
+        Self::or_skip(test, Self::start())
+    }
+
+    /// [`NatsServer::start_secured`], or `None` as [`NatsServer::start_or_skip`] says.
+    pub fn start_secured_or_skip(test: &str, config: &str) -> Option<Self> {
+        Self::or_skip(test, Self::start_secured(config))
+    }
+
+    fn or_skip(test: &str, started: Result<Self, NatsError>) -> Option<Self> {
+        match started {
             Ok(server) => Some(server),
             Err(error @ NatsError::ServerNotFound { .. }) => {
                 let required = std::env::var("KVTWIN_REQUIRE_NATS").as_deref() == Ok("1")
@@ -93,6 +104,17 @@ impl NatsServer {
     /// Starts a server on a free loopback port with a new store directory, and waits
     /// until it accepts clients.
     pub fn start() -> Result<Self, NatsError> {
+        Self::start_with_config(None)
+    }
+
+    /// [`NatsServer::start`] with `config` (nats-server's configuration syntax, e.g. an
+    /// `authorization { token: ... }` or `tls { ... }` block) as its configuration file;
+    /// the port, store and JetStream flags still come from the command line.
+    pub fn start_secured(config: &str) -> Result<Self, NatsError> {
+        Self::start_with_config(Some(config))
+    }
+
+    fn start_with_config(config: Option<&str>) -> Result<Self, NatsError> {
         let binary = Self::find_binary()?;
         let store = tempfile::Builder::new()
             .prefix("kvtwin-nats-")
@@ -101,11 +123,23 @@ impl NatsServer {
                 what: "store directory",
                 source,
             })?;
+        let config = match config {
+            Some(text) => {
+                let path = store.path().join("server.conf");
+                std::fs::write(&path, text).map_err(|source| NatsError::ServerSetup {
+                    what: "configuration file",
+                    source,
+                })?;
+                Some(path)
+            }
+            None => None,
+        };
         let mut server = Self {
             binary,
             port: free_port()?,
             store,
             child: None,
+            config,
         };
         let mut tries = 1;
         loop {
@@ -190,7 +224,11 @@ impl NatsServer {
             what: "log file",
             source,
         })?;
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        if let Some(config) = &self.config {
+            command.arg("-c").arg(config);
+        }
+        let child = command
             .args(["-a", "127.0.0.1", "-p"])
             .arg(self.port.to_string())
             .arg("-js")
