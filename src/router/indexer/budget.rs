@@ -469,3 +469,15 @@ impl super::KvIndexer {
         })
     }
 }
+
+impl super::KvIndexer {
+    /// Whether `worker` holds block `hash` (in any tier).
+    pub fn holds(&self, worker: WorkerWithDpRank, hash: SequenceHash) -> bool {
+        let Some(&slot) = self.by_key.get(&worker) else {
+            return false;
+        };
+        self.tree
+            .locate(hash)
+            .is_some_and(|(id, _)| self.tree.node(id).holder(slot).is_some())
+    }
+}
