@@ -1,6 +1,7 @@
 //! The block index: for every block hash, the workers (and tiers) that hold it.
 //!
-//! Owns: [`KvIndexer`], [`OverlapScores`], [`ApplyEventError`] and [`IndexerStats`].
+//! Owns: [`KvIndexer`], [`OverlapScores`], [`ApplyEventError`] and [`IndexerStats`];
+//! the memory budget ([`IndexBudget`], eviction) is in [`budget`].
 //!
 //! Design: a block's hash is the sequence hash of its token-hash chain (DESIGN.md,
 //! Dynamo's scheme), so one block hash names a whole prefix. The index is a compressed
@@ -21,9 +22,12 @@ use crate::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
 use crate::ids::{LocalBlockHash, SequenceHash, WorkerId, WorkerWithDpRank};
 use crate::tier::Tier;
 use crate::tokens::chain_sequence_hash;
+use budget::Recency;
+pub use budget::{IndexBudget, WorkerIndexStats};
 use std::collections::BTreeMap;
 use tree::{BlockTree, Holder, HolderSet, NodeBlock, NodeId, ROOT};
 
+mod budget;
 mod tree;
 
 /// Dense index of a worker inside the indexer.
@@ -33,6 +37,8 @@ type Slot = u32;
 struct WorkerState {
     key: Option<WorkerWithDpRank>,
     last_event_id: Option<u64>,
+    /// Its eviction counters (`blocks` unused: the tree counts what it holds).
+    index: WorkerIndexStats,
 }
 
 /// An event the indexer could not apply as it stands; what it did apply is documented
@@ -80,6 +86,14 @@ pub struct IndexerStats {
     pub duplicate_stores: u64,
     /// Events whose id did not follow the worker's previous one (lost or reordered).
     pub event_id_gaps: u64,
+    /// Blocks evicted from a worker's view by the budget (never without one).
+    pub evicted_blocks: u64,
+    /// Removed blocks not held because the budget had evicted them (not counted in
+    /// `unknown_removals`).
+    pub evicted_removals: u64,
+    /// `Stored` events skipped because the budget had evicted their parent (not counted
+    /// in `parent_not_found`).
+    pub stored_under_evicted: u64,
 }
 
 impl IndexerStats {
@@ -145,6 +159,9 @@ pub struct KvIndexer {
     by_key: BTreeMap<WorkerWithDpRank, Slot>,
     free_slots: Vec<Slot>,
     stats: IndexerStats,
+    budget: IndexBudget,
+    /// Recency and eviction state: `Some` exactly when the budget sets a cap.
+    recency: Option<Box<Recency>>,
 }
 
 fn tier_bit(tier: Tier) -> u8 {
@@ -216,6 +233,7 @@ impl KvIndexer {
     /// worker table.
     pub fn heap_bytes(&self) -> usize {
         self.tree.heap_bytes()
+            + self.recency_heap_bytes()
             + self.slots.capacity() * std::mem::size_of::<WorkerState>()
             + self.by_key.len() * (std::mem::size_of::<(WorkerWithDpRank, Slot)>() + 8)
     }
@@ -269,12 +287,20 @@ impl KvIndexer {
                 parent_hash,
                 blocks,
                 tier,
-            } => self.store(slot, *parent_hash, blocks, *tier),
+            } => {
+                let result = self.store(slot, *parent_hash, blocks, *tier);
+                // A partly refused chain keeps (and counts) what it stored.
+                self.after_store(slot, blocks);
+                result
+            }
             KvCacheEventData::Removed { block_hashes, tier } => {
                 self.remove(slot, block_hashes, *tier)
             }
             KvCacheEventData::Cleared => {
                 self.tree.remove_slot(slot);
+                if let Some(recency) = self.recency.as_mut() {
+                    recency.forget(slot);
+                }
                 Ok(())
             }
         };
@@ -300,6 +326,10 @@ impl KvIndexer {
         if let Some(parent) = parent {
             match self.tree.locate(parent) {
                 Some(found) if self.tree.node(found.0).holder(slot).is_some() => at = Some(found),
+                _ if self.was_evicted(slot, parent) => {
+                    self.skip_under_evicted(slot, blocks);
+                    return Ok(());
+                }
                 _ => {
                     self.stats.parent_not_found += 1;
                     return Err(ApplyEventError::ParentBlockNotFound { parent });
@@ -416,16 +446,23 @@ impl KvIndexer {
         let mut missing = 0;
         let mut next = 0;
         while next < hashes.len() {
-            let found = self.tree.locate(hashes[next]);
+            let hash = hashes[next];
+            let found = self.tree.locate(hash);
             next += 1;
             let Some((id, offset)) = found else {
-                missing += 1;
+                if !self.removal_of_evicted(slot, hash) {
+                    missing += 1;
+                }
                 continue;
             };
             let node = self.tree.node(id);
             let tiers = node.holder(slot).map_or(0, |h| h.tiers());
             if tiers & bit == 0 {
-                missing += 1;
+                // Held in other tiers only: still an evicted block, if it was evicted
+                // and stored again since.
+                if !self.removal_of_evicted(slot, hash) {
+                    missing += 1;
+                }
                 continue;
             }
             // Removals list leaves first: take the neighbours in the same run at once,
@@ -441,8 +478,24 @@ impl KvIndexer {
                 }
                 next += 1;
             }
+            // Under a budget, the block above what the worker no longer holds may be a
+            // new leaf of it: queue it (checked when popped).
+            let candidate = (self.recency.is_some() && tiers & !bit == 0)
+                .then(|| {
+                    if lo > 0 {
+                        Some(node.blocks[lo - 1].block_hash)
+                    } else {
+                        let parent = self.tree.node(node.parent);
+                        (node.parent != ROOT).then(|| parent.blocks[parent.len() - 1].block_hash)
+                    }
+                })
+                .flatten();
+            let stamp = self.tree.stamp(id);
             let holders = with_tiers(&node.holders, slot, tiers & !bit);
             self.tree.retag(id, lo, hi, holders);
+            if let Some(hash) = candidate {
+                self.queue_candidate(slot, stamp, hash);
+            }
         }
         if missing > 0 {
             self.stats.unknown_removals += missing as u64;
@@ -483,6 +536,9 @@ impl KvIndexer {
     pub fn remove_rank(&mut self, key: WorkerWithDpRank) {
         if let Some(slot) = self.by_key.remove(&key) {
             self.tree.remove_slot(slot);
+            if let Some(recency) = self.recency.as_mut() {
+                recency.forget(slot);
+            }
             self.slots[slot as usize] = WorkerState::default();
             self.free_slots.push(slot);
         }
@@ -698,5 +754,7 @@ impl KvIndexer {
     }
 }
 
+#[cfg(test)]
+mod budget_tests;
 #[cfg(test)]
 mod tests;

@@ -11,6 +11,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kvtwin::ids::WorkerId;
+use kvtwin::router::indexer::IndexBudget;
 use kvtwin_plane::nats::{
     ConsumeMode, NatsAuth, NatsMode, PublisherConfig as NatsPublisherConfig,
     SubscriberConfig as NatsSubscriberConfig,
@@ -22,7 +23,7 @@ use kvtwin_plane::service::http::{serve_with, SharedState, Transport};
 use kvtwin_plane::service::nats_source::{NatsSource, NatsSourceConfig};
 use kvtwin_plane::service::relay::{run_relay, NatsFormat, RelayConfig};
 use kvtwin_plane::service::source::{VllmDecoder, ZmqSource};
-use kvtwin_plane::service::state::RouterState;
+use kvtwin_plane::service::state::{RouterLimits, RouterState};
 use kvtwin_plane::service::tls::server_config;
 use kvtwin_plane::wire::{DecodeLimits, EngineDecoder, UnknownEvents};
 use kvtwin_plane::zmq::SubscriberConfig;
@@ -149,9 +150,47 @@ pub(crate) struct RouterArgs {
     /// Serve on a non-loopback --listen address without a token (refused otherwise).
     #[arg(long)]
     insecure: bool,
+    /// Distinct blocks the index holds at most, all workers together (0: no cap). Past
+    /// it, the worker holding the most loses its least recently used leaves (a cache
+    /// miss later, never a wrong answer). The default, 2^24, is about 1.5 GB at the
+    /// measured ~90 bytes a block (index and engine hashes; BENCHMARKS.md): well inside
+    /// a 24 GiB machine.
+    #[arg(long, default_value_t = DEFAULT_MAX_BLOCKS, value_name = "BLOCKS")]
+    max_blocks: u64,
+    /// Blocks one worker rank holds in the index at most (0: no cap); past it, that
+    /// rank's least recently stored or matched leaves are evicted. The default, 2^22,
+    /// is above any single engine's cache we know (an 80 GB GPU holds ~10^5 blocks of
+    /// 16 tokens, with host and disk tiers ~10^6), so only a flood or a leak reaches it.
+    #[arg(long, default_value_t = DEFAULT_MAX_BLOCKS_PER_WORKER, value_name = "BLOCKS")]
+    max_blocks_per_worker: u64,
+    /// Blocks each worker declared it can hold, all tiers (vLLM's events do not carry
+    /// it): a rank reporting more is flagged `over_declared` in GET /v1/workers and
+    /// /metrics. Unset: not checked.
+    #[arg(long, value_name = "BLOCKS")]
+    worker_capacity_blocks: Option<u64>,
 }
 
+/// `--max-blocks` by default: 2^24 blocks.
+const DEFAULT_MAX_BLOCKS: u64 = 1 << 24;
+
+/// `--max-blocks-per-worker` by default: 2^22 blocks.
+const DEFAULT_MAX_BLOCKS_PER_WORKER: u64 = 1 << 22;
+
 impl RouterArgs {
+    /// The state's limits from the flags (0 is no cap).
+    fn limits(&self) -> RouterLimits {
+        let cap = |blocks: u64| (blocks > 0).then(|| usize::try_from(blocks).unwrap_or(usize::MAX));
+        RouterLimits {
+            budget: IndexBudget {
+                max_blocks: cap(self.max_blocks),
+                max_blocks_per_worker: cap(self.max_blocks_per_worker),
+                ..IndexBudget::UNBOUNDED
+            },
+            worker_capacity_blocks: self.worker_capacity_blocks,
+            ..RouterLimits::default()
+        }
+    }
+
     /// What clap cannot check: NATS options only with `--nats` (its `requires` is not
     /// enforced against an argument that conflicts with a present one), distinct worker
     /// ids, a block size.
@@ -319,7 +358,14 @@ pub(crate) fn start_zmq_sources(
 ) -> Result<Vec<ZmqSource>> {
     let mut started = Vec::with_capacity(sources.len());
     for source in sources {
-        let config = SubscriberConfig::new(&source.endpoint, source.replay.as_deref());
+        // A router's receive queue is bounded in bytes too: 4,096 batches of at most
+        // 4 MiB (vLLM batches are KiBs); past it libzmq drops the newest, which the
+        // router counts as gaps and lost batches.
+        let config = SubscriberConfig {
+            receive_hwm_batches: 4096,
+            max_message_bytes: Some(4 << 20),
+            ..SubscriberConfig::new(&source.endpoint, source.replay.as_deref())
+        };
         let decoder = VllmDecoder {
             engine: EngineDecoder::new(DecodeLimits::default(), UnknownEvents::Skip),
             block_size: Some(block_size),
@@ -384,7 +430,11 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
     let subject = args.subject.as_deref().unwrap_or(DEFAULT_SUBJECT);
     runtime()?.block_on(async {
         let stop = stop_on_signal();
-        let state: SharedState = Arc::new(Mutex::new(RouterState::new(args.block_size as usize)));
+        let limits = args.limits();
+        let state: SharedState = Arc::new(Mutex::new(RouterState::with_limits(
+            args.block_size as usize,
+            limits,
+        )));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
@@ -415,8 +465,11 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
         }
         eprintln!(
             "kvtwin router: listening on {scheme}://{address} (POST /v1/route, GET /v1/workers, \
-             GET /v1/stream, /healthz, /readyz, /metrics), block size {}{access_line}",
-            args.block_size
+             GET /v1/stream, /healthz, /readyz, /metrics), block size {}, max blocks {}, per \
+             worker {}{access_line}",
+            args.block_size,
+            describe_cap(limits.budget.max_blocks),
+            describe_cap(limits.budget.max_blocks_per_worker),
         );
         serve_with(listener, state.clone(), access, transport, stopped(&stop))
             .await
@@ -435,6 +488,10 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
         drop(zmq_sources);
         Ok(())
     })
+}
+
+fn describe_cap(cap: Option<usize>) -> String {
+    cap.map_or_else(|| "unbounded".to_string(), |blocks| blocks.to_string())
 }
 
 pub(crate) fn relay(args: &RelayArgs) -> Result<()> {
@@ -571,6 +628,26 @@ mod tests {
         assert_eq!(parsed.router.zmq.len(), 2);
         assert_eq!(parsed.router.block_size, 32);
         assert_eq!(parsed.router.listen.to_string(), "127.0.0.1:8080");
+        let limits = parsed.router.limits();
+        assert_eq!(limits.budget.max_blocks, Some(1 << 24));
+        assert_eq!(limits.budget.max_blocks_per_worker, Some(1 << 22));
+        assert_eq!(limits.worker_capacity_blocks, None);
+        let unbounded = Cli::try_parse_from([
+            "router",
+            "--zmq",
+            "1=tcp://h:1",
+            "--max-blocks",
+            "0",
+            "--max-blocks-per-worker",
+            "0",
+            "--worker-capacity-blocks",
+            "5000",
+        ])
+        .unwrap()
+        .router
+        .limits();
+        assert!(!unbounded.budget.is_bounded());
+        assert_eq!(unbounded.worker_capacity_blocks, Some(5000));
         let parsed = Cli::try_parse_from([
             "router",
             "--nats",

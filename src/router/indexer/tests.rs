@@ -6,7 +6,7 @@ use crate::router::test_support::{key, query};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 
-fn chain_of(locals: &[u64]) -> Vec<BlockIdentity> {
+pub(super) fn chain_of(locals: &[u64]) -> Vec<BlockIdentity> {
     BlockIdentity::chain(
         &locals
             .iter()
@@ -15,7 +15,7 @@ fn chain_of(locals: &[u64]) -> Vec<BlockIdentity> {
     )
 }
 
-fn stored(
+pub(super) fn stored(
     id: u64,
     parent: Option<SequenceHash>,
     blocks: &[BlockIdentity],
@@ -39,7 +39,7 @@ fn stored(
     }
 }
 
-fn removed(id: u64, hashes: &[SequenceHash], tier: Tier) -> KvCacheEvent {
+pub(super) fn removed(id: u64, hashes: &[SequenceHash], tier: Tier) -> KvCacheEvent {
     KvCacheEvent {
         event_id: id,
         dp_rank: 0,
@@ -238,7 +238,7 @@ impl Reference {
 }
 
 #[derive(Clone, Debug)]
-enum Op {
+pub(super) enum Op {
     Store {
         worker: u64,
         chain: usize,
@@ -270,15 +270,15 @@ enum Op {
     },
 }
 
-const CHAIN_LEN: usize = 7;
-const CHAINS: [[u64; CHAIN_LEN]; 4] = [
+pub(super) const CHAIN_LEN: usize = 7;
+pub(super) const CHAINS: [[u64; CHAIN_LEN]; 4] = [
     [1, 2, 3, 4, 5, 6, 7],
     [1, 2, 3, 4, 8, 9, 10],
     [1, 2, 11, 12, 13, 14, 15],
     [16, 2, 3, 4, 5, 6, 7],
 ];
 
-fn op() -> impl Strategy<Value = Op> {
+pub(super) fn op() -> impl Strategy<Value = Op> {
     let tier = prop::sample::select(vec![Tier::Device, Tier::Host, Tier::Disk]);
     prop_oneof![
         4 => (0u64..3, 0usize..CHAINS.len(), 0usize..CHAIN_LEN, 1usize..=CHAIN_LEN, tier.clone(), any::<bool>()).prop_map(

@@ -16,7 +16,10 @@
 //! - every block's hash is in `locations` with its node and depth, and nothing else is;
 //! - every node other than the root has at least one block, and holders or children;
 //! - holders are sorted by slot, one entry per slot, with at least one tier bit;
-//! - `pairs` is the sum over nodes of length × holders.
+//! - `pairs` is the sum over nodes of length × holders, and `held[slot]` the sum over
+//!   the nodes `slot` holds of their lengths;
+//! - with recency on, `stamps` has an entry per slab entry: a run's last store or match
+//!   (a split copies it, a merge keeps the later).
 //!
 //! - compactness (not needed for correctness, but it bounds the runs a query visits): no
 //!   node is its parent's only child with the same holders; such pairs are merged.
@@ -338,6 +341,11 @@ pub(super) struct BlockTree {
     location_rebuilds: u64,
     /// The table's room when empty: entries + room left + tombstones.
     locations_full_capacity: usize,
+    /// Blocks each worker slot holds, in any tier (what a per-worker budget counts).
+    held: Vec<usize>,
+    /// Per slab entry, the run's last store or match (`KvIndexer`'s clock); empty unless
+    /// [`BlockTree::track_recency`] was called (an index without a budget pays nothing).
+    stamps: Vec<u64>,
 }
 
 impl Default for BlockTree {
@@ -349,6 +357,8 @@ impl Default for BlockTree {
             pairs: 0,
             location_rebuilds: 0,
             locations_full_capacity: 0,
+            held: Vec::new(),
+            stamps: Vec::new(),
         }
     }
 }
@@ -366,6 +376,53 @@ impl BlockTree {
     /// (block, holder) pairs.
     pub(super) fn pairs(&self) -> usize {
         self.pairs
+    }
+
+    /// Blocks `slot` holds, in any tier.
+    pub(super) fn held(&self, slot: u32) -> usize {
+        self.held.get(slot as usize).copied().unwrap_or(0)
+    }
+
+    /// Counts `len` blocks more (`gained`) or fewer for every slot of `holders`.
+    fn count_held(&mut self, holders: &[Holder], len: usize, gained: bool) {
+        for holder in holders {
+            let slot = holder.slot() as usize;
+            if self.held.len() <= slot {
+                self.held.resize(slot + 1, 0);
+            }
+            if gained {
+                self.held[slot] += len;
+            } else {
+                self.held[slot] -= len;
+            }
+        }
+    }
+
+    /// Starts keeping a stamp per run (every run starts at 0).
+    pub(super) fn track_recency(&mut self) {
+        self.stamps = vec![0; self.nodes.len()];
+    }
+
+    /// The stamp of run `id` (0 without recency).
+    pub(super) fn stamp(&self, id: NodeId) -> u64 {
+        self.stamps.get(id as usize).copied().unwrap_or(0)
+    }
+
+    /// Stamps run `id` and every run above it with `stamp`: storing or matching a block
+    /// uses its whole prefix. Stops early at a run already that recent (so is the rest of
+    /// its path). No-op without recency.
+    pub(super) fn stamp_path(&mut self, mut id: NodeId, stamp: u64) {
+        if self.stamps.is_empty() {
+            return;
+        }
+        while id != ROOT {
+            let entry = &mut self.stamps[id as usize];
+            if *entry >= stamp {
+                return;
+            }
+            *entry = stamp;
+            id = self.nodes[id as usize].parent;
+        }
     }
 
     /// Bytes the position table has allocated (tests only).
@@ -396,8 +453,9 @@ impl BlockTree {
             })
     }
 
-    fn alloc(&mut self, node: Node) -> NodeId {
-        match self.free.pop() {
+    /// Takes a slab entry for `node`, stamped `stamp` (with recency on).
+    fn alloc(&mut self, node: Node, stamp: u64) -> NodeId {
+        let id = match self.free.pop() {
             Some(id) => {
                 self.nodes[id as usize] = node;
                 id
@@ -406,7 +464,14 @@ impl BlockTree {
                 self.nodes.push(node);
                 (self.nodes.len() - 1) as NodeId
             }
+        };
+        if !self.stamps.is_empty() {
+            if self.stamps.len() <= id as usize {
+                self.stamps.resize(id as usize + 1, 0);
+            }
+            self.stamps[id as usize] = stamp;
         }
+        id
     }
 
     fn release(&mut self, id: NodeId) {
@@ -461,7 +526,7 @@ impl BlockTree {
             };
             let first = tail.first_tokens_hash();
             trim(&mut node.blocks);
-            let tail_id = self.alloc(tail);
+            let tail_id = self.alloc(tail, self.stamp(id));
             self.relabel(id, tail_id, 0..usize::MAX);
             self.set_parent_of_children(tail_id);
             self.node_mut(id).children = Children::One(first, tail_id);
@@ -479,7 +544,7 @@ impl BlockTree {
             node.depth += at as u32;
             trim(&mut node.blocks);
             let (parent, first) = (head.parent, head.first_tokens_hash());
-            let head_id = self.alloc(head);
+            let head_id = self.alloc(head, self.stamp(id));
             self.node_mut(id).parent = head_id;
             self.node_mut(parent).children.insert(first, head_id);
             self.relabel(id, head_id, 0..usize::MAX);
@@ -490,6 +555,12 @@ impl BlockTree {
     /// Merges `child`, the only child of `parent`, with the same holders, into one run;
     /// returns the surviving id (whichever side was cheaper to relabel).
     fn merge(&mut self, parent: NodeId, child: NodeId) -> NodeId {
+        let stamp = self.stamp(parent).max(self.stamp(child));
+        for id in [parent, child] {
+            if let Some(entry) = self.stamps.get_mut(id as usize) {
+                *entry = stamp;
+            }
+        }
         let (p, c) = (self.node(parent), self.node(child));
         debug_assert!(parent != ROOT && p.children.only() == Some(child) && p.holders == c.holders);
         if c.len() + c.children.len() <= p.len() + 1 {
@@ -532,7 +603,9 @@ impl BlockTree {
         debug_assert!(lo < hi && hi <= len);
         // A leaf losing its last holders at the end just gets shorter.
         if holders.is_empty() && hi == len && lo > 0 && node.children.is_empty() {
-            self.pairs -= (hi - lo) * node.holders.len();
+            let lost = node.holders.clone();
+            self.pairs -= (hi - lo) * lost.len();
+            self.count_held(&lost, hi - lo, false);
             let node = &mut self.nodes[id as usize];
             for (offset, block) in node.blocks[lo..].iter().enumerate() {
                 let at = Location {
@@ -555,8 +628,25 @@ impl BlockTree {
         let node = self.node_mut(middle);
         let before = node.len() * node.holders.len();
         let after = node.len() * holders.len();
+        let len = node.len();
+        let old = std::mem::take(&mut node.holders);
         node.set_holders(holders);
         self.pairs = self.pairs + after - before;
+        let (lost, gained): (HolderSet, HolderSet) = {
+            let new = &self.node(middle).holders;
+            (
+                old.iter()
+                    .filter(|h| !new.iter().any(|n| n.slot() == h.slot()))
+                    .copied()
+                    .collect(),
+                new.iter()
+                    .filter(|n| !old.iter().any(|h| h.slot() == n.slot()))
+                    .copied()
+                    .collect(),
+            )
+        };
+        self.count_held(&lost, len, false);
+        self.count_held(&gained, len, true);
         self.normalize(middle);
     }
 
@@ -647,7 +737,7 @@ impl BlockTree {
                 depth: parent.depth + parent.len() as u32,
             };
             node.set_holders(single);
-            self.alloc(node)
+            self.alloc(node, 0)
         };
         let mut added = 0;
         let first_depth = {
@@ -683,6 +773,7 @@ impl BlockTree {
             self.node_mut(target).children.insert(first, id);
         }
         self.pairs += added;
+        self.count_held(&[holder], added, true);
         added
     }
 
@@ -754,6 +845,9 @@ impl BlockTree {
                 touched.push((node.depth, id as NodeId));
             }
         }
+        if let Some(held) = self.held.get_mut(slot as usize) {
+            *held = 0;
+        }
         // Deepest first, so that deletions cascade upwards through touched nodes.
         touched.sort_unstable_by(|a, b| b.cmp(a));
         for (_, id) in touched {
@@ -785,12 +879,32 @@ impl BlockTree {
         self.nodes.capacity() * std::mem::size_of::<Node>()
             + self.free.capacity() * std::mem::size_of::<NodeId>()
             + self.locations.allocation_size()
+            + self.held.capacity() * std::mem::size_of::<usize>()
+            + self.stamps.capacity() * std::mem::size_of::<u64>()
             + spilled
     }
 
     /// The live nodes, in slab order.
     pub(super) fn live(&self) -> impl Iterator<Item = &Node> {
         self.nodes.iter().filter(|node| node.parent != FREE)
+    }
+
+    /// The live nodes with their ids, in slab order.
+    pub(super) fn live_ids(&self) -> impl Iterator<Item = (NodeId, &Node)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, node)| node.parent != FREE)
+            .map(|(id, node)| (id as NodeId, node))
+    }
+
+    /// Whether `slot` holds a child run of `id`.
+    pub(super) fn has_child_held_by(&self, id: NodeId, slot: u32) -> bool {
+        self.node(id)
+            .children
+            .ids()
+            .iter()
+            .any(|child| self.node(*child).holder(slot).is_some())
     }
 
     /// Live nodes (for statistics).
@@ -803,6 +917,10 @@ impl BlockTree {
     pub(super) fn check_invariants(&self) {
         let mut pairs = 0;
         let mut blocks = 0;
+        let mut held = vec![0; self.held.len()];
+        if !self.stamps.is_empty() {
+            assert!(self.stamps.len() >= self.nodes.len());
+        }
         for (id, node) in self.nodes.iter().enumerate() {
             let id = id as NodeId;
             if node.parent == FREE {
@@ -810,6 +928,9 @@ impl BlockTree {
             }
             pairs += node.len() * node.holders.len();
             blocks += node.len();
+            for holder in &node.holders {
+                held[holder.slot() as usize] += node.len();
+            }
             assert!(node.holders.windows(2).all(|w| w[0].slot() < w[1].slot()));
             assert!(node.holders.iter().all(|h| h.tiers() != 0));
             assert_eq!(node.mask, HolderMask::of(&node.holders));
@@ -839,6 +960,7 @@ impl BlockTree {
             }
         }
         assert_eq!(pairs, self.pairs);
+        assert_eq!(held, self.held);
         assert_eq!(blocks, self.locations.len());
     }
 }

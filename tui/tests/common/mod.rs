@@ -47,6 +47,11 @@ impl Process {
         Self { child, lines }
     }
 
+    /// The process id.
+    pub(crate) fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The first stderr line containing `needle` (10 s at most).
     pub(crate) fn wait_line(&self, needle: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(10);

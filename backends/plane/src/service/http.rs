@@ -13,8 +13,12 @@
 //! - `GET /v1/workers`: `{"workers": [{"worker": W, "dp_rank": d, "blocks": {"device": n,
 //!   "host": n, "disk": n, "remote": n}, "last_event_id": n|null, "events": n, "gaps": n,
 //!   "out_of_order": n, "reconnects": n, "block_size_mismatches": n, "lost_batches": n,
-//!   "restarts": n, "dropped": n}]}`: each worker rank's cached blocks, last event id and
-//!   stream integrity counters (see `WorkerIntegrity`; gaps count occurrences).
+//!   "restarts": n, "dropped": n, "indexed_blocks": n, "evicted_blocks": n,
+//!   "evicted_removals": n, "stored_under_evicted": n, "over_declared": bool|null}]}`: each
+//!   worker rank's cached blocks (as it reports them), last event id, stream integrity
+//!   counters (see `WorkerIntegrity`; gaps count occurrences), the blocks the index holds
+//!   for it and what the index budget evicted (see `WorkerEvictions`); `over_declared` is
+//!   null unless the router was told the workers' capacity.
 //! - `GET /v1/stream`: server-sent events. Every 100 ms the handler looks at the state
 //!   (locked briefly) through a `StreamCursor` and, when something changed, sends
 //!   `event: delta` with one JSON `StreamMessage` as `data:`; a `:` keep-alive comment
@@ -239,6 +243,7 @@ async fn route(State(state): State<SharedState>, body: Bytes) -> Response {
             }
         };
         let answer = router.route(&query);
+        router.touch_query(&query);
         router.record_route(&answer);
         answer
     };
@@ -263,6 +268,11 @@ async fn workers(State(state): State<SharedState>) -> Json<Value> {
                 "lost_batches": summary.integrity.lost_batches,
                 "restarts": summary.integrity.restarts,
                 "dropped": summary.integrity.dropped,
+                "indexed_blocks": summary.indexed_blocks,
+                "evicted_blocks": summary.evictions.evicted_blocks,
+                "evicted_removals": summary.evictions.evicted_removals,
+                "stored_under_evicted": summary.evictions.stored_under_evicted,
+                "over_declared": summary.over_declared,
             })
         })
         .collect();

@@ -129,6 +129,12 @@ impl Metrics {
     /// The Prometheus text exposition, with `gauges` (name, help, labelled values)
     /// appended: the state's sizes, which the metrics do not hold.
     pub fn render(&self, gauges: &[Gauge]) -> String {
+        self.render_with(&[], gauges)
+    }
+
+    /// [`Metrics::render`] with `counters` too: labelled counters kept elsewhere (per
+    /// worker rank), written with `# TYPE .. counter`.
+    pub fn render_with(&self, counters: &[Gauge], gauges: &[Gauge]) -> String {
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, value: u64| {
             let _ = writeln!(out, "# HELP {name} {help}");
@@ -210,9 +216,13 @@ impl Metrics {
         let _ = writeln!(out, "# HELP {name} Time to apply one batch of events.");
         let _ = writeln!(out, "# TYPE {name} histogram");
         self.apply_latency.render(name, &mut out);
-        for gauge in gauges {
+        let typed = counters
+            .iter()
+            .map(|c| (c, "counter"))
+            .chain(gauges.iter().map(|g| (g, "gauge")));
+        for (gauge, kind) in typed {
             let _ = writeln!(out, "# HELP {} {}", gauge.name, gauge.help);
-            let _ = writeln!(out, "# TYPE {} gauge", gauge.name);
+            let _ = writeln!(out, "# TYPE {} {kind}", gauge.name);
             for (labels, value) in &gauge.values {
                 if labels.is_empty() {
                     let _ = writeln!(out, "{} {value}", gauge.name);
@@ -225,7 +235,8 @@ impl Metrics {
     }
 }
 
-/// A gauge for [`Metrics::render`]: values with their label text (`tier="device"`).
+/// A gauge (or, for [`Metrics::render_with`], a counter): values with their label text
+/// (`tier="device"`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gauge {
     /// Metric name.

@@ -10,6 +10,10 @@
 //! A reconnect of the NATS client (seen when the next message arrives) is counted once
 //! globally and on every worker this source has carried events for (at most
 //! [`WORKERS_TRACKED_MAX`] of them; workers beyond that are not attributed reconnects).
+//! Queues: async-nats's subscription queue, `ConnectConfig::subscription_capacity`
+//! messages [past it the client drops the newest and reports a slow consumer, counted
+//! here as `nats_slow_consumer` drops]; nothing else between the socket and the index
+//! (one message at a time is decoded and applied).
 //! Never: stop on a bad message (it is counted by reason and skipped), or hold the
 //! state's lock while waiting on the network.
 
@@ -113,6 +117,7 @@ impl NatsSource {
         let mut stats = NatsSourceStats::default();
         let mut carried: BTreeSet<WorkerId> = BTreeSet::new();
         let mut reconnects_seen = self.subscriber.stats().connection.reconnected;
+        let mut slow_seen = self.subscriber.stats().connection.slow_consumer;
         tokio::pin!(shutdown);
         loop {
             let message = tokio::select! {
@@ -135,8 +140,15 @@ impl NatsSource {
                     }
                 }
             }
-            let reconnects = self.subscriber.stats().connection.reconnected;
+            let connection = self.subscriber.stats().connection;
+            let reconnects = connection.reconnected;
             let mut router = lock(&state);
+            // Overflows of the client's queue: messages lost before they reached us
+            // (occurrences; the client does not say how many messages each dropped).
+            for _ in slow_seen..connection.slow_consumer {
+                router.drop_one("nats_slow_consumer");
+            }
+            slow_seen = connection.slow_consumer;
             if reconnects > reconnects_seen {
                 let workers: Vec<WorkerId> = carried.iter().copied().collect();
                 router.note_reconnects(&workers, reconnects - reconnects_seen);

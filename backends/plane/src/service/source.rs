@@ -7,6 +7,9 @@
 //! [`BatchDecoder`] (how a payload becomes worker events: the vLLM / SGLang msgpack
 //! decoder in `crate::wire`, or anything a test supplies) and [`EventNumbering`] (per
 //! rank event ids for streams whose events carry none).
+//! No queue of its own between the socket and the index: one item at a time is received,
+//! decoded and applied, so backpressure reaches libzmq's bounded receive queue (see
+//! `crate::zmq::subscriber` for its drop policy and counters).
 //! Never: decode msgpack itself, or block the state's lock on the network: a batch is
 //! received and decoded first, then applied under the lock in one go.
 
@@ -178,6 +181,9 @@ impl ZmqSource {
                     let mut router = lock(&state);
                     router.note_gaps(worker, stats.gaps - seen.gaps);
                     router.note_replayed(stats.replayed - seen.replayed);
+                    for _ in seen.replay_dropped..stats.replay_dropped {
+                        router.drop_for(worker, "replay_overflow");
+                    }
                     seen = stats;
                     for reason in skipped {
                         router.drop_for(worker, reason);

@@ -16,7 +16,12 @@
 //! - a global counter and the per-rank counters a source attributes to it move together
 //!   (the `note_*` and `drop_for` methods), so a rank's counts sum to at most the global;
 //! - a publisher restart clears a rank's blocks but keeps its row and its integrity
-//!   counters (`restarts` + 1), so readers can show that it restarted.
+//!   counters (`restarts` + 1), so readers can show that it restarted;
+//! - bounded ([`RouterLimits`]): the index keeps its [`IndexBudget`], each rank's engine
+//!   hash map is swept of evicted blocks once it passes twice the rank's indexed blocks
+//!   (plus [`SWEEP_SLACK`]), and at most `max_worker_ranks` rows exist (events of further
+//!   ranks are dropped as `too_many_worker_ranks`): nothing here grows with the input
+//!   beyond those bounds and the fixed-size rings.
 //!
 //! Never: touch a socket, or decide what a malformed message is (sources decode and call
 //! [`RouterState::drop_one`] or [`RouterState::drop_for`] with the decoder's reason).
@@ -27,7 +32,7 @@ use super::translate::EngineHashes;
 use crate::wire::WorkerEvent;
 use kvtwin::ids::WorkerWithDpRank;
 use kvtwin::ids::{LocalBlockHash, WorkerId};
-use kvtwin::router::indexer::{ApplyEventError, KvIndexer, WorkerOverlap};
+use kvtwin::router::indexer::{ApplyEventError, IndexBudget, KvIndexer, WorkerOverlap};
 use kvtwin::tier::Tier;
 use kvtwin::tokens::{compute_local_hashes, HashSeed, DEFAULT_HASH_SEED};
 use std::collections::{BTreeMap, VecDeque};
@@ -40,6 +45,48 @@ pub const ROUTE_RECORDS_KEPT: usize = 256;
 /// Removed worker ranks remembered for readers; beyond this the oldest removal is
 /// pruned and readers that had not seen it get a full snapshot instead.
 pub const REMOVALS_KEPT: usize = 1024;
+
+/// Engine hashes a rank may keep beyond twice its indexed blocks before they are swept
+/// (a sweep costs a pass over its map, so it waits for that much to gain).
+pub const SWEEP_SLACK: usize = 1024;
+
+/// Worker ranks known at most, unless [`RouterLimits`] says otherwise.
+pub const DEFAULT_MAX_WORKER_RANKS: usize = 65_536;
+
+/// What bounds the router state's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouterLimits {
+    /// The index's caps.
+    pub budget: IndexBudget,
+    /// Blocks each worker rank declared it can hold (all tiers), if known: a rank that
+    /// reports holding more is flagged `over_declared`.
+    pub worker_capacity_blocks: Option<u64>,
+    /// Worker ranks known at most; events of further ranks are dropped.
+    pub max_worker_ranks: usize,
+}
+
+impl Default for RouterLimits {
+    /// No index caps, no declared capacity, [`DEFAULT_MAX_WORKER_RANKS`].
+    fn default() -> Self {
+        Self {
+            budget: IndexBudget::UNBOUNDED,
+            worker_capacity_blocks: None,
+            max_worker_ranks: DEFAULT_MAX_WORKER_RANKS,
+        }
+    }
+}
+
+/// What the budget did to one worker rank, over its whole life (restarts included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerEvictions {
+    /// Blocks evicted from the router's view of it.
+    pub evicted_blocks: u64,
+    /// Removals of blocks the router had evicted (no error).
+    pub evicted_removals: u64,
+    /// Stores skipped because the router had evicted their parent (no error).
+    pub stored_under_evicted: u64,
+}
 
 /// Called with each event the state applied whole, right after it is applied (under the
 /// state's lock, on the source's thread): how a benchmark learns when an event published
@@ -82,6 +129,9 @@ struct WorkerEntry {
     integrity: WorkerIntegrity,
     /// `RouterState::change_seq` at this row's last change.
     changed_seq: u64,
+    /// Eviction counts of the rank's earlier runs (the index's reset at a restart), and
+    /// what the state itself saw (stores under swept parents).
+    evictions_before: WorkerEvictions,
 }
 
 /// What `/v1/workers` reports for one worker rank.
@@ -97,6 +147,14 @@ pub struct WorkerSummary {
     pub integrity: WorkerIntegrity,
     /// [`RouterState::change_seq`] at the row's last change.
     pub changed_seq: u64,
+    /// Blocks the index holds for it now (all tiers; at most `blocks` summed, fewer
+    /// once the budget evicted some).
+    pub indexed_blocks: u64,
+    /// What the budget evicted.
+    pub evictions: WorkerEvictions,
+    /// Whether it reports holding more blocks than declared; `None` when no capacity
+    /// was declared.
+    pub over_declared: Option<bool>,
 }
 
 /// What `/v1/route` answers.
@@ -125,6 +183,7 @@ fn apply_reason(error: &ApplyEventError) -> &'static str {
 /// The router service's state; see the module documentation.
 pub struct RouterState {
     indexer: KvIndexer,
+    limits: RouterLimits,
     workers: BTreeMap<WorkerWithDpRank, WorkerEntry>,
     block_size: usize,
     seed: HashSeed,
@@ -163,8 +222,14 @@ impl RouterState {
     /// An empty router hashing queries' tokens in blocks of `block_size` (the engines'
     /// block size) with kvtwin's default seed.
     pub fn new(block_size: usize) -> Self {
+        Self::with_limits(block_size, RouterLimits::default())
+    }
+
+    /// [`RouterState::new`] held to `limits`.
+    pub fn with_limits(block_size: usize, limits: RouterLimits) -> Self {
         Self {
-            indexer: KvIndexer::new(),
+            indexer: KvIndexer::with_budget(limits.budget),
+            limits,
             workers: BTreeMap::new(),
             block_size,
             seed: HashSeed::new(DEFAULT_HASH_SEED),
@@ -330,6 +395,10 @@ impl RouterState {
             worker: event.worker,
             dp_rank: event.dp_rank,
         };
+        if self.workers.len() >= self.limits.max_worker_ranks && !self.workers.contains_key(&key) {
+            self.drop_one("too_many_worker_ranks");
+            return Err("too_many_worker_ranks");
+        }
         // `touch`, spelled out: the entry borrows `workers` alone, beside the index and
         // the metrics.
         let seq = self.bump();
@@ -347,13 +416,26 @@ impl RouterState {
         entry.last_event_id = Some(entry.last_event_id.map_or(id, |last| last.max(id)));
         let translated = match entry.hashes.translate(event) {
             Ok(translated) => translated,
+            Err(error @ super::translate::TranslateError::EvictedParent(_)) => {
+                // The budget's doing, not the worker's: counted apart from drops.
+                entry.evictions_before.stored_under_evicted += 1;
+                return Err(error.reason());
+            }
             Err(error) => {
                 entry.integrity.dropped += 1;
                 self.metrics.drop_one(error.reason());
                 return Err(error.reason());
             }
         };
-        match self.indexer.apply(event.worker, &translated) {
+        let result = self.indexer.apply(event.worker, &translated);
+        if self.limits.budget.is_bounded() {
+            let indexed = self.indexer.worker_stats(key).blocks as usize;
+            if entry.hashes.len() > 2 * indexed + SWEEP_SLACK {
+                let indexer = &self.indexer;
+                entry.hashes.sweep(|hash| indexer.holds(key, hash));
+            }
+        }
+        match result {
             Ok(()) => {
                 entry.integrity.events += 1;
                 self.metrics.events_applied += 1;
@@ -402,10 +484,15 @@ impl RouterState {
                 .collect()
         };
         for key in keys {
+            let index = self.indexer.worker_stats(key);
             let entry = self.touch(key);
             entry.hashes = EngineHashes::default();
             entry.last_event_id = None;
             entry.integrity.restarts += 1;
+            let before = &mut entry.evictions_before;
+            before.evicted_blocks += index.evicted_blocks;
+            before.evicted_removals += index.evicted_removals;
+            before.stored_under_evicted += index.stored_under_evicted;
             self.indexer.remove_rank(key);
         }
         self.metrics.restarts += 1;
@@ -444,6 +531,33 @@ impl RouterState {
         self.workers
             .get(key)
             .map_or(0, |entry| entry.hashes.counts().iter().sum())
+    }
+
+    /// Marks the blocks `query` matches as just used, so the budget evicts them last
+    /// (what a route does to the index; a no-op without a budget).
+    pub fn touch_query(&mut self, query: &[LocalBlockHash]) {
+        self.indexer.touch(query);
+    }
+
+    /// The limits this state keeps to.
+    pub fn limits(&self) -> RouterLimits {
+        self.limits
+    }
+
+    /// What the budget did to `key` over its life, and what the index holds for it.
+    fn evictions(&self, key: WorkerWithDpRank, entry: &WorkerEntry) -> (u64, WorkerEvictions) {
+        let index = self.indexer.worker_stats(key);
+        let before = entry.evictions_before;
+        (
+            index.blocks,
+            WorkerEvictions {
+                evicted_blocks: before.evicted_blocks + index.evicted_blocks,
+                evicted_removals: before.evicted_removals
+                    + index.evicted_removals
+                    + entry.hashes.evicted_removals(),
+                stored_under_evicted: before.stored_under_evicted + index.stored_under_evicted,
+            },
+        )
     }
 
     /// Which worker rank to send a request with these block hashes to, and every
@@ -548,13 +662,21 @@ impl RouterState {
         (records, missed)
     }
 
-    fn summary(key: WorkerWithDpRank, entry: &WorkerEntry) -> WorkerSummary {
+    fn summary(&self, key: WorkerWithDpRank, entry: &WorkerEntry) -> WorkerSummary {
+        let blocks = entry.hashes.counts();
+        let (indexed_blocks, evictions) = self.evictions(key, entry);
         WorkerSummary {
             key,
-            blocks: entry.hashes.counts(),
+            blocks,
             last_event_id: entry.last_event_id,
             integrity: entry.integrity,
             changed_seq: entry.changed_seq,
+            indexed_blocks,
+            evictions,
+            over_declared: self
+                .limits
+                .worker_capacity_blocks
+                .map(|capacity| blocks.iter().sum::<u64>() > capacity),
         }
     }
 
@@ -562,7 +684,7 @@ impl RouterState {
     pub fn workers(&self) -> Vec<WorkerSummary> {
         self.workers
             .iter()
-            .map(|(key, entry)| Self::summary(*key, entry))
+            .map(|(key, entry)| self.summary(*key, entry))
             .collect()
     }
 
@@ -572,7 +694,7 @@ impl RouterState {
         self.workers
             .iter()
             .filter(|(_, entry)| entry.changed_seq > after)
-            .map(|(key, entry)| Self::summary(*key, entry))
+            .map(|(key, entry)| self.summary(*key, entry))
             .collect()
     }
 
@@ -594,6 +716,29 @@ impl RouterState {
 
     /// The Prometheus text: the counters and the state's sizes.
     pub fn render_metrics(&self) -> String {
+        struct Row {
+            labels: String,
+            indexed: u64,
+            evictions: WorkerEvictions,
+            over_declared: Option<bool>,
+        }
+        let rows: Vec<Row> = self
+            .workers
+            .iter()
+            .map(|(key, entry)| {
+                let summary = self.summary(*key, entry);
+                Row {
+                    labels: format!(
+                        "worker_id=\"{}\",dp_rank=\"{}\"",
+                        key.worker.get(),
+                        key.dp_rank
+                    ),
+                    indexed: summary.indexed_blocks,
+                    evictions: summary.evictions,
+                    over_declared: summary.over_declared,
+                }
+            })
+            .collect();
         let mut per_tier = [0u64; 4];
         for entry in self.workers.values() {
             for (total, count) in per_tier.iter_mut().zip(entry.hashes.counts()) {
@@ -624,204 +769,67 @@ impl RouterState {
                 help: "(worker, block) pairs in the index.",
                 values: vec![(String::new(), self.indexer.pairs() as u64)],
             },
+            Gauge {
+                name: "kvtwin_router_index_blocks",
+                help: "Distinct blocks in the index (what --max-blocks caps).",
+                values: vec![(String::new(), self.indexer.distinct_blocks() as u64)],
+            },
+            Gauge {
+                name: "kvtwin_router_index_max_blocks",
+                help: "The index's cap on distinct blocks (0: none).",
+                values: vec![(
+                    String::new(),
+                    self.limits.budget.max_blocks.unwrap_or(0) as u64,
+                )],
+            },
+            Gauge {
+                name: "kvtwin_router_index_heap_bytes",
+                help: "Heap bytes of the index (tree, position table, recency).",
+                values: vec![(String::new(), self.indexer.heap_bytes() as u64)],
+            },
+            Gauge {
+                name: "kvtwin_router_worker_indexed_blocks",
+                help: "Blocks the index holds for each worker rank.",
+                values: rows.iter().map(|r| (r.labels.clone(), r.indexed)).collect(),
+            },
+            Gauge {
+                name: "kvtwin_router_worker_over_declared",
+                help: "1 when a worker rank reports more blocks than its declared capacity.",
+                values: rows
+                    .iter()
+                    .filter_map(|r| r.over_declared.map(|o| (r.labels.clone(), u64::from(o))))
+                    .collect(),
+            },
         ];
-        self.metrics.render(&gauges)
+        let counters = [
+            Gauge {
+                name: "kvtwin_router_evicted_blocks_total",
+                help: "Blocks the index budget evicted from a worker rank's view.",
+                values: rows
+                    .iter()
+                    .map(|r| (r.labels.clone(), r.evictions.evicted_blocks))
+                    .collect(),
+            },
+            Gauge {
+                name: "kvtwin_router_evicted_removals_total",
+                help: "Removals of blocks the budget had evicted (not errors).",
+                values: rows
+                    .iter()
+                    .map(|r| (r.labels.clone(), r.evictions.evicted_removals))
+                    .collect(),
+            },
+            Gauge {
+                name: "kvtwin_router_stored_under_evicted_total",
+                help: "Stores skipped because the budget had evicted their parent.",
+                values: rows
+                    .iter()
+                    .map(|r| (r.labels.clone(), r.evictions.stored_under_evicted))
+                    .collect(),
+            },
+        ];
+        self.metrics.render_with(&counters, &gauges)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn stored(
-        worker: u64,
-        event_id: u64,
-        parent: Option<u64>,
-        blocks: &[(u64, u64)],
-    ) -> WorkerEvent {
-        crate::wire::worker::stored_event(worker, event_id, parent, blocks, Tier::Device)
-    }
-
-    #[test]
-    fn routes_to_the_longest_overlap_whatever_the_engine_hashes() {
-        let mut state = RouterState::new(4);
-        // Worker 1 holds tokens-hashes 10, 20, 30; worker 2 holds 10, 20 under other
-        // engine hashes.
-        assert_eq!(
-            state.apply_batch(&[
-                stored(1, 0, None, &[(0x11, 10), (0x12, 20), (0x13, 30)]),
-                stored(2, 0, None, &[(0x21, 10)]),
-                stored(2, 1, Some(0x21), &[(0x22, 20)]),
-            ]),
-            3
-        );
-        let query: Vec<LocalBlockHash> = [10, 20, 30, 40].map(LocalBlockHash::new).to_vec();
-        let answer = state.route(&query);
-        assert_eq!(answer.worker.map(|w| w.worker), Some(WorkerId::new(1)));
-        let scores: Vec<(u64, u32)> = answer
-            .overlaps
-            .iter()
-            .map(|o| (o.worker.worker.get(), o.blocks))
-            .collect();
-        assert_eq!(scores, [(1, 3), (2, 2)]);
-        // No overlap: the worker with the fewest cached blocks.
-        let answer = state.route(&[LocalBlockHash::new(99)]);
-        assert_eq!(answer.worker.map(|w| w.worker), Some(WorkerId::new(2)));
-    }
-
-    #[test]
-    fn refused_events_are_counted_by_reason_and_the_rest_applied() {
-        let mut state = RouterState::new(4);
-        let applied = state.apply_batch(&[
-            stored(1, 0, Some(0xdead), &[(0x1, 1)]),
-            stored(1, 1, None, &[(0x2, 2)]),
-        ]);
-        assert_eq!(applied, 1);
-        assert_eq!(state.metrics().dropped().get("unknown_parent"), Some(&1));
-        assert_eq!(state.workers()[0].blocks, [1, 0, 0, 0]);
-        assert_eq!(state.workers()[0].last_event_id, Some(1));
-        state.restart_worker(WorkerId::new(1));
-        // Cleared, but the row stays to say it restarted.
-        let rows = state.workers();
-        assert_eq!(rows.len(), 1);
-        assert_eq!(rows[0].blocks, [0; 4]);
-        assert_eq!(rows[0].last_event_id, None);
-        assert_eq!(rows[0].integrity.restarts, 1);
-        assert_eq!(rows[0].integrity.dropped, 1);
-        assert_eq!(state.indexer().pairs(), 0);
-        assert!(state
-            .render_metrics()
-            .contains("kvtwin_router_restarts_total 1\n"));
-    }
-
-    #[test]
-    fn a_restarted_rank_is_cleared_and_the_other_ranks_kept() {
-        let mut state = RouterState::new(4);
-        let ranked = |dp_rank, engine| WorkerEvent {
-            dp_rank,
-            ..stored(1, 0, None, &[(engine, 10)])
-        };
-        state.apply_batch(&[ranked(0, 0xa), ranked(1, 0xb)]);
-        assert_eq!(state.indexer().pairs(), 2);
-        state.restart_ranks(WorkerId::new(1), &[1]);
-        let restarts: Vec<(u32, u64, u64)> = state
-            .workers()
-            .iter()
-            .map(|w| (w.key.dp_rank, w.blocks[0], w.integrity.restarts))
-            .collect();
-        assert_eq!(restarts, [(0, 1, 0), (1, 0, 1)]);
-        assert_eq!(state.indexer().pairs(), 1);
-        // The new run's first event follows the clear without an id gap.
-        state.apply_batch(&[ranked(1, 0xc)]);
-        assert_eq!(state.indexer().stats().event_id_gaps, 0);
-        let rank1 = state.workers()[1].integrity;
-        assert_eq!((rank1.gaps, rank1.out_of_order, rank1.events), (0, 0, 2));
-        assert_eq!(state.metrics().restarts, 1);
-    }
-
-    #[test]
-    fn queries_of_tokens_hash_full_blocks_only() {
-        let state = RouterState::new(4);
-        assert_eq!(state.hash_tokens(&[1, 2, 3, 4, 5, 6]).len(), 1);
-        assert_eq!(
-            state.hash_tokens(&[1, 2, 3, 4]),
-            compute_local_hashes(&[1, 2, 3, 4], 4, HashSeed::new(DEFAULT_HASH_SEED))
-        );
-    }
-
-    #[test]
-    fn the_apply_observer_sees_each_event_applied_whole_and_no_other() {
-        let mut state = RouterState::new(4);
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let record = seen.clone();
-        let previous = state.set_apply_observer(Some(Box::new(move |event: &WorkerEvent| {
-            record.lock().unwrap().push(event.event_id);
-        })));
-        assert!(previous.is_none());
-        state.apply_batch(&[
-            stored(1, 0, None, &[(0x1, 1)]),
-            stored(1, 1, Some(0xdead), &[(0x2, 2)]),
-            stored(1, 2, Some(0x1), &[(0x3, 3)]),
-        ]);
-        assert_eq!(*seen.lock().unwrap(), [0, 2]);
-        assert!(state.set_apply_observer(None).is_some());
-        state.apply_batch(&[stored(1, 3, Some(0x3), &[(0x4, 4)])]);
-        assert_eq!(seen.lock().unwrap().len(), 2);
-    }
-
-    #[test]
-    fn event_id_gaps_and_out_of_order_ids_are_counted_per_rank_as_occurrences() {
-        let mut state = RouterState::new(4);
-        state.apply_batch(&[
-            stored(1, 0, None, &[(0x1, 1)]),
-            stored(1, 1, Some(0x1), &[(0x2, 2)]),
-            // Ids 2 to 4 missing: one gap.
-            stored(1, 5, Some(0x2), &[(0x3, 3)]),
-            // Back to 3: out of order (applied anyway).
-            stored(1, 3, Some(0x3), &[(0x4, 4)]),
-            // 6 follows the highest seen (5).
-            stored(1, 6, Some(0x4), &[(0x5, 5)]),
-            stored(2, 10, None, &[(0x9, 9)]),
-        ]);
-        let rows = state.workers();
-        let one = rows[0].integrity;
-        assert_eq!((one.events, one.gaps, one.out_of_order), (5, 1, 1));
-        assert_eq!(rows[0].last_event_id, Some(6));
-        // A rank's first event is no gap, whatever its id.
-        assert_eq!(rows[1].integrity.gaps, 0);
-    }
-
-    #[test]
-    fn sources_attribute_what_they_see_and_the_global_counts_follow() {
-        let mut state = RouterState::new(4);
-        let one = WorkerId::new(1);
-        state.apply_batch(&[WorkerEvent {
-            dp_rank: 2,
-            ..stored(1, 0, None, &[(0x1, 1)])
-        }]);
-        state.note_gaps(one, 2);
-        state.note_lost(one, 3);
-        state.drop_for(one, "block_size_mismatch");
-        state.drop_for(one, "malformed_msgpack");
-        state.note_reconnects(&[one, WorkerId::new(7)], 1);
-        state.note_replayed(4);
-        let rows = state.workers();
-        // Worker 1's only rank is 2; worker 7, never seen, gets rank 0.
-        let keys: Vec<(u64, u32)> = rows
-            .iter()
-            .map(|w| (w.key.worker.get(), w.key.dp_rank))
-            .collect();
-        assert_eq!(keys, [(1, 2), (7, 0)]);
-        let integrity = rows[0].integrity;
-        assert_eq!(
-            (
-                integrity.gaps,
-                integrity.lost_batches,
-                integrity.block_size_mismatches,
-                integrity.dropped,
-                integrity.reconnects
-            ),
-            (2, 3, 1, 2, 1)
-        );
-        assert_eq!(rows[1].integrity.reconnects, 1);
-        let metrics = state.metrics();
-        assert_eq!(
-            (
-                metrics.gaps,
-                metrics.lost_batches,
-                metrics.dropped_total(),
-                metrics.reconnects,
-                metrics.replayed
-            ),
-            (2, 3, 2, 1, 4)
-        );
-        // A restart clears the blocks and keeps the counts.
-        let before = state.change_seq();
-        state.restart_worker(one);
-        assert!(state.change_seq() > before);
-        let after = state.workers()[0].integrity;
-        assert_eq!(after.restarts, 1);
-        assert_eq!(after.gaps, 2);
-        assert_eq!(state.workers_changed_since(before).len(), 1);
-    }
-}
+mod tests;

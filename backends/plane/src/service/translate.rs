@@ -11,6 +11,14 @@
 //! event is therefore rebuilt from its token hashes: the parent's kvtwin hash is looked up
 //! by its engine hash, each block's is chained from it, and the engine hash is remembered
 //! so later events naming it (as a parent, or removed) can be translated.
+//! Bounded: under a budget the router state sweeps out the entries of blocks its index
+//! evicted ([`EngineHashes::sweep`]) once the map outgrows the index's view. Swept
+//! blocks stay in the per-tier counts (the worker still reports holding them) as
+//! *untracked*; a later removal of an engine hash the map does not know, while some are
+//! untracked, is taken as one of them (counted in `evicted_removals`, and the count goes
+//! down), and a store under such a hash is refused as `EvictedParent`, not
+//! `UnknownParent`. That guess can take a truly unknown removal for an evicted one; it
+//! never changes what the index answers.
 //! Never: apply events to the indexer (the router state does), or guess a parent it does
 //! not know (the event is refused, as Dynamo's indexer refuses it).
 
@@ -28,6 +36,10 @@ pub enum TranslateError {
     /// tier): its blocks cannot be placed.
     #[error("stored under engine block {0:#x}, which the worker does not hold")]
     UnknownParent(u64),
+    /// A `Stored` under a block the worker may hold but the router's budget evicted
+    /// (and swept): its blocks cannot be placed, which costs misses, not correctness.
+    #[error("stored under engine block {0:#x}, which the router evicted")]
+    EvictedParent(u64),
 }
 
 impl TranslateError {
@@ -35,6 +47,7 @@ impl TranslateError {
     pub fn reason(&self) -> &'static str {
         match self {
             TranslateError::UnknownParent(_) => "unknown_parent",
+            TranslateError::EvictedParent(_) => "evicted_parent",
         }
     }
 }
@@ -50,8 +63,12 @@ struct Entry {
 #[derive(Clone, Debug, Default)]
 pub struct EngineHashes {
     blocks: FxHashMap<u64, Entry>,
+    /// Blocks reported held per tier, swept ones included.
     counts: [u64; 4],
+    /// Of `counts`, blocks swept out of `blocks` and not yet removed.
+    untracked: [u64; 4],
     unknown_removals: u64,
+    evicted_removals: u64,
 }
 
 impl EngineHashes {
@@ -70,6 +87,40 @@ impl EngineHashes {
         self.unknown_removals
     }
 
+    /// Removals taken as those of swept (evicted) blocks.
+    pub fn evicted_removals(&self) -> u64 {
+        self.evicted_removals
+    }
+
+    /// Engine hashes held in the map.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether the map is empty.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Forgets every block whose kvtwin hash `keep` refuses (the index evicted it); they
+    /// stay counted as reported but untracked. How many went.
+    pub fn sweep(&mut self, mut keep: impl FnMut(SequenceHash) -> bool) -> usize {
+        let before = self.blocks.len();
+        let untracked = &mut self.untracked;
+        self.blocks.retain(|_, entry| {
+            if keep(entry.sequence) {
+                return true;
+            }
+            for (index, count) in untracked.iter_mut().enumerate() {
+                if entry.tiers & (1 << index) != 0 {
+                    *count += 1;
+                }
+            }
+            false
+        });
+        before - self.blocks.len()
+    }
+
     /// The kvtwin hash of engine block `engine`, if held in some tier.
     pub fn sequence_hash(&self, engine: u64) -> Option<SequenceHash> {
         self.blocks.get(&engine).map(|entry| entry.sequence)
@@ -85,10 +136,13 @@ impl EngineHashes {
             } => {
                 let parent_hash = match parent {
                     None => None,
-                    Some(engine) => Some(
-                        self.sequence_hash(*engine)
-                            .ok_or(TranslateError::UnknownParent(*engine))?,
-                    ),
+                    Some(engine) => match self.sequence_hash(*engine) {
+                        Some(hash) => Some(hash),
+                        None if self.untracked.iter().any(|n| *n > 0) => {
+                            return Err(TranslateError::EvictedParent(*engine));
+                        }
+                        None => return Err(TranslateError::UnknownParent(*engine)),
+                    },
                 };
                 let bit = 1u8 << tier.index();
                 let mut previous = parent_hash;
@@ -138,7 +192,13 @@ impl EngineHashes {
                                 self.blocks.remove(engine);
                             }
                         }
-                        _ => self.unknown_removals += 1,
+                        Some(_) => self.unknown_removals += 1,
+                        None if self.untracked[tier.index()] > 0 => {
+                            self.untracked[tier.index()] -= 1;
+                            self.counts[tier.index()] -= 1;
+                            self.evicted_removals += 1;
+                        }
+                        None => self.unknown_removals += 1,
                     }
                 }
                 KvCacheEventData::Removed {
@@ -149,6 +209,7 @@ impl EngineHashes {
             WorkerEventData::Cleared => {
                 self.blocks.clear();
                 self.counts = [0; 4];
+                self.untracked = [0; 4];
                 KvCacheEventData::Cleared
             }
         };
@@ -210,6 +271,33 @@ mod tests {
             eb2.data,
             KvCacheEventData::Stored { parent_hash: Some(p), .. } if p == expected_first
         ));
+    }
+
+    #[test]
+    fn swept_blocks_stay_reported_until_removed_and_explain_removals_and_parents() {
+        let mut hashes = EngineHashes::new();
+        hashes
+            .translate(&stored(None, &[(1, 1), (2, 2), (3, 3)], Tier::Device))
+            .unwrap();
+        let first = hashes.sequence_hash(1).unwrap();
+        // The index kept only the first block.
+        assert_eq!(hashes.sweep(|sequence| sequence == first), 2);
+        assert_eq!((hashes.len(), hashes.counts()), (1, [3, 0, 0, 0]));
+        assert_eq!(
+            hashes.translate(&stored(Some(3), &[(4, 4)], Tier::Device)),
+            Err(TranslateError::EvictedParent(3))
+        );
+        hashes
+            .translate(&removed(&[3, 2, 9], Tier::Device))
+            .unwrap();
+        // Two removals explained by the sweep; the third has nothing left to explain it.
+        assert_eq!(hashes.evicted_removals(), 2);
+        assert_eq!(hashes.unknown_removals(), 1);
+        assert_eq!(hashes.counts(), [1, 0, 0, 0]);
+        assert_eq!(
+            hashes.translate(&stored(Some(3), &[(4, 4)], Tier::Device)),
+            Err(TranslateError::UnknownParent(3))
+        );
     }
 
     #[test]

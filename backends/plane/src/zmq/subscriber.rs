@@ -16,6 +16,13 @@
 //! for what follows the last batch it saw: batches published before it joined, or lost
 //! at the end of a burst, arrive without waiting for a later one to reveal the gap, and an
 //! engine that restarted meanwhile (it no longer has that batch) is reported.
+//! Queues, each bounded (drop policy in brackets): libzmq's receive queue on the SUB
+//! socket, `receive_hwm_batches` messages of at most `max_message_bytes` each [libzmq
+//! drops the newest; they show up as sequence gaps, filled by replay or reported
+//! `Lost`]; the replay DEALER's queue and one replay's batches, `replay_batches_max`
+//! [later batches of that replay are dropped, counted in `replay_dropped`, and reported
+//! `Lost` when they were needed]; `ready`, which holds at most one replay's batches plus
+//! one live item.
 //! Never: decode payloads, or wait longer than the caller's timeout on the live stream
 //! (a replay waits at most `replay_timeout`).
 
@@ -57,6 +64,11 @@ pub struct SubscriberConfig {
     /// Messages larger than this disconnect the publisher (libzmq's `ZMQ_MAXMSGSIZE`);
     /// `None`: no limit.
     pub max_message_bytes: Option<u64>,
+    /// Batches libzmq queues for this subscriber (`ZMQ_RCVHWM`; past it the newest are
+    /// dropped and show up as gaps).
+    pub receive_hwm_batches: i32,
+    /// Batches one replay may bring (past them, dropped and counted).
+    pub replay_batches_max: usize,
 }
 
 impl SubscriberConfig {
@@ -70,6 +82,8 @@ impl SubscriberConfig {
             replay_timeout: Duration::from_secs(2),
             idle_probe: Some(Duration::from_millis(500)),
             max_message_bytes: Some(64 << 20),
+            receive_hwm_batches: 100_000,
+            replay_batches_max: 65_536,
         }
     }
 }
@@ -116,6 +130,8 @@ pub struct SubscriberStats {
     pub duplicates: u64,
     /// Messages with bad frames.
     pub malformed: u64,
+    /// Replayed batches dropped past `replay_batches_max`.
+    pub replay_dropped: u64,
 }
 
 /// An engine KV event subscriber; see the module documentation.
@@ -165,9 +181,9 @@ impl ZmqSubscriber {
                 .set_maxmsgsize(i64::try_from(limit).unwrap_or(i64::MAX))
                 .map_err(socket_error("set_maxmsgsize", endpoint))?;
         }
-        // Batches queue here while the consumer works: a deep queue, not drops.
+        // Batches queue here while the consumer works, up to the configured bound.
         socket
-            .set_rcvhwm(100_000)
+            .set_rcvhwm(config.receive_hwm_batches)
             .map_err(socket_error("set_rcvhwm", endpoint))?;
         socket
             .set_subscribe(config.topic.as_bytes())
@@ -207,7 +223,7 @@ impl ZmqSubscriber {
             .set_linger(0)
             .map_err(socket_error("set_linger", endpoint))?;
         dealer
-            .set_rcvhwm(0)
+            .set_rcvhwm(i32::try_from(self.config.replay_batches_max).unwrap_or(i32::MAX))
             .map_err(socket_error("set_rcvhwm", endpoint))?;
         dealer
             .connect(endpoint)
@@ -420,7 +436,13 @@ impl ZmqSubscriber {
             };
             match decode_replay(frames) {
                 Ok(batch) if batch.seq == END_OF_REPLAY => break,
-                Ok(batch) if (from..until).contains(&batch.seq) => batches.push(batch),
+                Ok(batch) if (from..until).contains(&batch.seq) => {
+                    if batches.len() < self.config.replay_batches_max {
+                        batches.push(batch);
+                    } else {
+                        self.stats.replay_dropped += 1;
+                    }
+                }
                 // Batches at or after `until` come on the live stream too.
                 Ok(_) => {}
                 Err(_) => self.stats.malformed += 1,
