@@ -24,6 +24,12 @@ use std::path::{Path, PathBuf};
 /// reads their rows as too long, which the error says.
 pub const MOONCAKE_BLOCK_TOKENS: u64 = 512;
 
+/// Tokens a row may ask for at most, in or out: past any model's context (the largest
+/// today are around 10^7). A larger figure is an error under every policy, since
+/// `Extend` would make up a block per 512 tokens of it and a run would decode forever;
+/// the fuzzer found the first (`fuzz/`, trace_lines).
+pub const MAX_ROW_TOKENS: u64 = 1 << 24;
+
 /// What to do with a row whose `input_length` and `hash_ids` disagree.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum TraceMismatch {
@@ -114,6 +120,20 @@ pub enum TraceError {
         line: usize,
         /// Why.
         source: serde_json::Error,
+    },
+    /// A row's token count is past what any model takes ([`MAX_ROW_TOKENS`]).
+    #[error("{path}:{line}: field `{field}`: {value} tokens, more than the {max} any model's context holds")]
+    OutOfRange {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// `input_length` or `output_length`.
+        field: &'static str,
+        /// The figure.
+        value: u64,
+        /// The bound.
+        max: u64,
     },
     /// A row's `input_length` and `hash_ids` disagree at the run's block size.
     #[error(
@@ -224,6 +244,20 @@ impl MooncakeTraceReader {
     /// `record` made consistent under the check's policy, counted; an error under
     /// `Error`.
     fn checked(&mut self, mut record: MooncakeRecord) -> Result<MooncakeRecord, TraceError> {
+        for (field, value) in [
+            ("input_length", record.input_length),
+            ("output_length", record.output_length),
+        ] {
+            if value > MAX_ROW_TOKENS {
+                return Err(TraceError::OutOfRange {
+                    path: self.path.clone(),
+                    line: self.line,
+                    field,
+                    value,
+                    max: MAX_ROW_TOKENS,
+                });
+            }
+        }
         let block = self.check.block_tokens.max(1);
         let ids = record.hash_ids.len() as u64;
         let covered = block.saturating_mul(ids);

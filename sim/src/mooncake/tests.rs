@@ -193,3 +193,43 @@ fn the_streaming_reader_counts_as_it_goes() {
     );
     assert!(reader.next().is_none());
 }
+
+#[test]
+fn a_row_past_any_models_context_is_an_error_under_every_policy() {
+    // The fuzzer's find: 4 x 10^16 tokens with five hash ids made `Extend` allocate a
+    // block for every 512 of them.
+    let lines = [
+        row(0, 600, &[1, 2]),
+        row(1, 40_111_111_111_111_110, &[1, 2, 3, 4, 5]),
+    ]
+    .concat();
+    let file = TraceFile::new("huge", &lines);
+    for mismatch in [
+        TraceMismatch::Error,
+        TraceMismatch::Clamp,
+        TraceMismatch::Extend,
+    ] {
+        let error = read_mooncake_trace(&file.path, policy(mismatch)).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                TraceError::OutOfRange {
+                    line: 2,
+                    field: "input_length",
+                    ..
+                }
+            ),
+            "{error}"
+        );
+    }
+    let output = format!(
+        "{{\"timestamp\":0,\"input_length\":10,\"output_length\":{},\"hash_ids\":[1]}}\n",
+        MAX_ROW_TOKENS + 1
+    );
+    let file = TraceFile::new("long-output", &output);
+    let error = read_mooncake_trace(&file.path, TraceCheck::strict(512)).unwrap_err();
+    assert!(
+        error.to_string().contains("field `output_length`"),
+        "{error}"
+    );
+}
