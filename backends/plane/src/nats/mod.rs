@@ -348,6 +348,15 @@ async fn connect(
     let counters = Arc::new(ConnectionCounters::default());
     let events = Arc::clone(&counters);
     let delay_max = config.reconnect_delay_max;
+    // Each client its own jitter stream, so that routers and relays cut off by one server
+    // restart do not come back in step (the randomness is the OS's, through std's
+    // per-process hash keys; nothing observable in a simulation depends on it).
+    let jitter_seed = {
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_usize(Arc::as_ptr(&counters) as usize);
+        hasher.finish()
+    };
     let mut options = async_nats::ConnectOptions::new()
         .connection_timeout(config.connect_timeout)
         .request_timeout(Some(config.request_timeout))
@@ -355,7 +364,7 @@ async fn connect(
         .subscription_capacity(config.subscription_capacity)
         // async-nats's own schedule backs off to 4 s; a router wants its events back
         // sooner after a server restart.
-        .reconnect_delay_callback(move |attempts| reconnect_delay(attempts, delay_max))
+        .reconnect_delay_callback(move |attempts| reconnect_delay(attempts, delay_max, jitter_seed))
         .event_callback(move |event| {
             let counter = match event {
                 async_nats::Event::Connected => Some(&events.connected),
@@ -383,16 +392,24 @@ async fn connect(
     Ok((client, counters))
 }
 
-/// Reconnect attempt `attempts` waits 0, 2, 4, 8 ... ms, capped at `max`.
-fn reconnect_delay(attempts: usize, max: Duration) -> Duration {
+/// Reconnect attempt `attempts` waits 0, then about 2, 4, 8 ... ms, capped at `max`, with
+/// "equal jitter": half the step, plus a share of the other half drawn from `seed` and
+/// the attempt, so clients that lost one server spread their returns.
+fn reconnect_delay(attempts: usize, max: Duration, seed: u64) -> Duration {
     let exponent = u32::try_from(attempts.saturating_sub(1))
         .unwrap_or(u32::MAX)
         .min(30);
     if attempts <= 1 {
-        Duration::ZERO
-    } else {
-        Duration::from_millis(1u64 << exponent).min(max)
+        return Duration::ZERO;
     }
+    let step = Duration::from_millis(1u64 << exponent).min(max);
+    let half = step / 2;
+    // SplitMix64 of the seed and the attempt: a fraction in [0, 1).
+    let mut z = (seed ^ attempts as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    let fraction = ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64;
+    half + (step - half).mul_f64(fraction)
 }
 
 /// A JetStream context whose requests and acks are bounded by `timeout`.
