@@ -760,11 +760,6 @@ impl RouterState {
                     .collect(),
             },
             Gauge {
-                name: "kvtwin_router_event_id_gaps",
-                help: "Events whose id did not follow their worker rank's previous one.",
-                values: vec![(String::new(), self.indexer.stats().event_id_gaps)],
-            },
-            Gauge {
                 name: "kvtwin_router_index_pairs",
                 help: "(worker, block) pairs in the index.",
                 values: vec![(String::new(), self.indexer.pairs() as u64)],
@@ -802,6 +797,12 @@ impl RouterState {
             },
         ];
         let counters = [
+            // A count that only grows: a counter (it was a gauge named without `_total`).
+            Gauge {
+                name: "kvtwin_router_event_id_gaps_total",
+                help: "Events whose id did not follow their worker rank's previous one.",
+                values: vec![(String::new(), self.indexer.stats().event_id_gaps)],
+            },
             Gauge {
                 name: "kvtwin_router_evicted_blocks_total",
                 help: "Blocks the index budget evicted from a worker rank's view.",
