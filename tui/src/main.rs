@@ -13,6 +13,7 @@ mod bench_relay;
 mod bench_sim;
 mod calibrate;
 mod dash;
+mod logging;
 mod nats_args;
 mod plan;
 mod plan_output;

@@ -168,6 +168,9 @@ pub(crate) struct RouterArgs {
     /// /metrics. Unset: not checked.
     #[arg(long, value_name = "BLOCKS")]
     worker_capacity_blocks: Option<u64>,
+    /// Log lines as text or as one JSON object each (filter with RUST_LOG, default info).
+    #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
+    log_format: crate::logging::LogFormat,
 }
 
 /// `--max-blocks` by default: 2^24 blocks.
@@ -298,6 +301,9 @@ pub(crate) struct RelayArgs {
     /// per message.
     #[arg(long)]
     envelope: bool,
+    /// Log lines as text or as one JSON object each (filter with RUST_LOG, default info).
+    #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
+    log_format: crate::logging::LogFormat,
 }
 
 fn zmq_endpoint(text: &str) -> Result<String, String> {
@@ -334,7 +340,7 @@ fn stop_on_signal() -> watch::Sender<bool> {
         }
         #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
-        eprintln!("kvtwin: stopping");
+        tracing::info!("stopping");
         let _ = sender.send(true);
     });
     stop
@@ -418,6 +424,7 @@ pub(crate) async fn connect_nats(
 }
 
 pub(crate) fn router(args: &RouterArgs) -> Result<()> {
+    crate::logging::init(args.log_format)?;
     args.validate()?;
     // Before the runtime and the socket: a bad token or certificate stops the start.
     let access = args.access()?;
@@ -443,7 +450,7 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
         // Dropped (stopped) when the server returns.
         let zmq_sources = start_zmq_sources(&args.zmq, args.block_size, &state)?;
         for source in &args.zmq {
-            eprintln!("kvtwin router: {}", describe_zmq_source(source));
+            tracing::info!("kvtwin router: {}", describe_zmq_source(source));
         }
         let mut nats_task = None;
         if let Some(url) = &args.nats {
@@ -454,7 +461,7 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
                 &args.nats_auth.auth()?,
             )
             .await?;
-            eprintln!(
+            tracing::info!(
                 "kvtwin router: events from {url}, subject {subject}{}",
                 args.jetstream
                     .as_deref()
@@ -463,7 +470,7 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
             );
             nats_task = Some(tokio::spawn(source.run(state.clone(), stopped(&stop))));
         }
-        eprintln!(
+        tracing::info!(
             "kvtwin router: listening on {scheme}://{address} (POST /v1/route, GET /v1/workers, \
              GET /v1/stream, /healthz, /readyz, /metrics), block size {}, max blocks {}, per \
              worker {}{access_line}",
@@ -480,9 +487,11 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
                 .await
                 .context("the NATS source task")?
                 .context("the NATS source")?;
-            eprintln!(
+            tracing::info!(
                 "kvtwin router: NATS messages {}, events {}, refused {}",
-                stats.messages, stats.events, stats.refused
+                stats.messages,
+                stats.events,
+                stats.refused
             );
         }
         drop(zmq_sources);
@@ -495,6 +504,7 @@ fn describe_cap(cap: Option<usize>) -> String {
 }
 
 pub(crate) fn relay(args: &RelayArgs) -> Result<()> {
+    crate::logging::init(args.log_format)?;
     let mode = match &args.jetstream {
         Some(stream) => NatsMode::JetStream {
             stream: stream.clone(),
@@ -523,7 +533,7 @@ pub(crate) fn relay(args: &RelayArgs) -> Result<()> {
     };
     let stats = runtime()?.block_on(async {
         let stop = stop_on_signal();
-        eprintln!(
+        tracing::info!(
             "kvtwin relay: worker {} from {}{} to {} subject {} ({}, {})",
             args.worker_id,
             args.zmq,

@@ -30,3 +30,4 @@ pub mod stream_client;
 pub mod synthetic;
 pub mod tls;
 pub mod translate;
+pub mod warn;

@@ -29,6 +29,7 @@
 use super::metrics::{Gauge, Metrics};
 use super::stream::{RouteCandidate, RouteRecord, TierCounts, WorkerKey};
 use super::translate::EngineHashes;
+use super::warn::WarnLimiter;
 use crate::wire::WorkerEvent;
 use kvtwin::ids::WorkerWithDpRank;
 use kvtwin::ids::{LocalBlockHash, WorkerId};
@@ -199,6 +200,8 @@ pub struct RouterState {
     routes: VecDeque<RouteRecord>,
     /// Sequence of the last route recorded (0: none).
     route_seq: u64,
+    /// Bounds the warnings of gaps, losses, reconnects, restarts, drops and evictions.
+    warnings: WarnLimiter,
 }
 
 impl std::fmt::Debug for RouterState {
@@ -240,6 +243,15 @@ impl RouterState {
             removals_pruned_seq: 0,
             routes: VecDeque::with_capacity(ROUTE_RECORDS_KEPT),
             route_seq: 0,
+            warnings: WarnLimiter::default(),
+        }
+    }
+
+    /// Logs a warning of `kind` unless one was logged within [`super::warn::WARN_INTERVAL`]; a logged
+    /// one says how many were held back.
+    fn warn(&mut self, kind: &'static str, message: impl FnOnce() -> String) {
+        if let Some(held_back) = self.warnings.admit(kind, Instant::now()) {
+            tracing::warn!(kind, held_back, "{}", message());
         }
     }
 
@@ -319,6 +331,9 @@ impl RouterState {
     /// and on the worker's (lowest known) rank; `block_size_mismatch` is also counted
     /// in the rank's `block_size_mismatches`.
     pub fn drop_for(&mut self, worker: WorkerId, reason: &'static str) {
+        self.warn(reason, || {
+            format!("worker {worker}: an event refused ({reason})")
+        });
         self.metrics.drop_one(reason);
         let key = self.primary(worker);
         let integrity = &mut self.touch(key).integrity;
@@ -333,6 +348,9 @@ impl RouterState {
         if gaps == 0 {
             return;
         }
+        self.warn("sequence_gap", || {
+            format!("worker {worker}: {gaps} gap(s) in its event stream's sequence")
+        });
         self.metrics.gaps += gaps;
         let key = self.primary(worker);
         self.touch(key).integrity.gaps += gaps;
@@ -349,6 +367,9 @@ impl RouterState {
 
     /// Counts `batches` of `worker`'s stream lost for good (globally and on its rank).
     pub fn note_lost(&mut self, worker: WorkerId, batches: u64) {
+        self.warn("lost_batches", || {
+            format!("worker {worker}: {batches} batch(es) lost (neither stream nor replay had them); its view may be stale")
+        });
         self.metrics.lost_batches += batches;
         let key = self.primary(worker);
         self.touch(key).integrity.lost_batches += batches;
@@ -361,6 +382,12 @@ impl RouterState {
             return;
         }
         self.bump();
+        self.warn("reconnect", || {
+            format!(
+                "the event source reconnected {count} time(s) ({} worker(s))",
+                workers.len()
+            )
+        });
         self.metrics.reconnects += count;
         for &worker in workers {
             let key = self.primary(worker);
@@ -374,11 +401,19 @@ impl RouterState {
     /// on either way. Returns how many were applied whole.
     pub fn apply_batch(&mut self, events: &[WorkerEvent]) -> usize {
         let start = Instant::now();
+        let evicted_before = self.indexer.stats().evicted_blocks;
         let mut applied = 0;
         for event in events {
             if self.apply(event).is_ok() {
                 applied += 1;
             }
+        }
+        let evicted = self.indexer.stats().evicted_blocks - evicted_before;
+        if evicted > 0 {
+            let blocks = self.indexer.distinct_blocks();
+            self.warn("eviction", || {
+                format!("the index budget evicted {evicted} block(s) ({blocks} held)")
+            });
         }
         self.bump();
         self.metrics.batches += 1;
@@ -495,6 +530,9 @@ impl RouterState {
             before.stored_under_evicted += index.stored_under_evicted;
             self.indexer.remove_rank(key);
         }
+        self.warn("engine_restart", || {
+            format!("worker {worker}: its engine restarted (sequence went back); its blocks were cleared")
+        });
         self.metrics.restarts += 1;
     }
 
