@@ -10,8 +10,10 @@ use kvtwin_plane::nats::{
     ConnectConfig, ConsumeMode, NatsAuth, NatsError, NatsMode, NatsPublisher, NatsServer,
     NatsSubscriber, PublisherConfig, Secret, SubscriberConfig,
 };
-use std::path::{Path, PathBuf};
 use std::time::Duration;
+use support::self_signed_as as certificate;
+
+mod support;
 
 const SUBJECT: &str = "kvtwin.auth.test";
 
@@ -113,17 +115,6 @@ async fn an_nkey_server_takes_its_user_seed_and_refuses_another() {
         .await
         .unwrap();
     refused(&url, &seed_file("stranger.nk", &stranger), "authorization").await;
-}
-
-/// A self-signed certificate for `names` and its key, as PEM files in `dir`.
-fn certificate(dir: &Path, name: &str, names: &[&str]) -> (PathBuf, PathBuf) {
-    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-    let certified = rcgen::generate_simple_self_signed(names).unwrap();
-    let cert = dir.join(format!("{name}.pem"));
-    let key = dir.join(format!("{name}-key.pem"));
-    std::fs::write(&cert, certified.cert.pem()).unwrap();
-    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
-    (cert, key)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -108,10 +108,16 @@ pub(crate) fn start_with(
 /// A self-signed certificate for `localhost` and `127.0.0.1` written as PEM into `dir`:
 /// (certificate, key). The certificate is its own CA.
 pub(crate) fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
-    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    self_signed_as(dir, "server", &["localhost", "127.0.0.1"])
+}
+
+/// A self-signed certificate for `names` written as `dir/STEM.pem` with its key as
+/// `dir/STEM-key.pem`.
+pub(crate) fn self_signed_as(dir: &Path, stem: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+    let names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
     let certified = rcgen::generate_simple_self_signed(names).unwrap();
-    let cert = dir.join("cert.pem");
-    let key = dir.join("key.pem");
+    let cert = dir.join(format!("{stem}.pem"));
+    let key = dir.join(format!("{stem}-key.pem"));
     std::fs::write(&cert, certified.cert.pem()).unwrap();
     std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
     (cert, key)
