@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs kvtwin's fuzz targets (fuzz/, cargo-fuzz on the nightly toolchain) for SECONDS
+# Runs kvtwin's fuzz targets (fuzz/targets, cargo-fuzz on the nightly toolchain) for SECONDS
 # each, two at a time, from a seed corpus the project's own encoders write
-# (fuzz/examples/seeds.rs) into target/fuzz-corpus/ (grown by the runs, never committed).
+# (fuzz/examples/seeds.rs, built by the main workspace: `cargo test` has already compiled
+# it) into target/fuzz-corpus/ (grown by the runs, never committed).
 # Prints one line per target (runs, execs/s, coverage, corpus) and fails on any crash,
-# whose input cargo-fuzz leaves under fuzz/artifacts/TARGET/.
+# whose input cargo-fuzz leaves under fuzz/targets/artifacts/TARGET/.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]      (default: 30 s, every target)
 #
@@ -16,6 +17,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-30}
 shift || true
 sanitizer=${FUZZ_SANITIZER:-none}
+fuzz_dir=fuzz/targets
 corpus=target/fuzz-corpus
 logs=target/fuzz-logs
 mkdir -p "$corpus" "$logs"
@@ -23,18 +25,18 @@ mkdir -p "$corpus" "$logs"
 if [ "$#" -gt 0 ]; then
     targets=("$@")
 else
-    mapfile -t targets < <(cargo +nightly fuzz list)
+    mapfile -t targets < <(cargo +nightly fuzz list --fuzz-dir "$fuzz_dir")
 fi
 
 # The seeds: built with the default toolchain, written fresh (the corpus keeps what the
 # runs found beside them).
-cargo run --quiet --manifest-path fuzz/Cargo.toml --example seeds -- "$corpus" . >/dev/null
-cargo +nightly fuzz build --sanitizer "$sanitizer"
+cargo run --quiet -p kvtwin-fuzz --example seeds -- "$corpus" . >/dev/null
+cargo +nightly fuzz build --fuzz-dir "$fuzz_dir" --sanitizer "$sanitizer"
 
 run_one() {
     local target=$1
     # -max_total_time bounds the run; -rss_limit_mb and -max_len bound one input.
-    if cargo +nightly fuzz run --sanitizer "$sanitizer" "$target" "$corpus/$target" -- \
+    if cargo +nightly fuzz run --fuzz-dir "$fuzz_dir" --sanitizer "$sanitizer" "$target" "$corpus/$target" -- \
         -max_total_time="$seconds" -rss_limit_mb=2048 -max_len=65536 \
         -print_final_stats=1 >"$logs/$target.log" 2>&1; then
         local runs execs cov corp
@@ -45,7 +47,7 @@ run_one() {
         printf 'fuzz %-14s ok   %10s runs %8s execs/s  cov %6s  corpus %5s  (%s s)\n' \
             "$target" "$runs" "$execs" "$cov" "$corp" "$seconds"
     else
-        printf 'fuzz %-14s FAILED: see %s and fuzz/artifacts/%s/\n' "$target" "$logs/$target.log" "$target"
+        printf 'fuzz %-14s FAILED: see %s and fuzz/targets/artifacts/%s/\n' "$target" "$logs/$target.log" "$target"
         tail -40 "$logs/$target.log"
         return 1
     fi

@@ -1,6 +1,6 @@
 //! Writes the seed corpus into `DIR/<target>/seed-<n>` (`seeds DIR [REPO]`): valid messages
 //! from the project's own encoders, which the fuzzer then mutates. Generated, never
-//! committed (scripts/fuzz.sh puts it under target/; `cargo run --example seeds -- DIR REPO`).
+//! committed (scripts/fuzz.sh puts it under target/; `cargo run -p kvtwin-fuzz --example seeds -- DIR REPO`).
 
 use std::path::PathBuf;
 
@@ -18,7 +18,10 @@ fn main() -> std::io::Result<()> {
     }
     for (target, _) in kvtwin_fuzz::TARGETS {
         std::fs::create_dir_all(dir.join(target))?;
-        println!("{target}: {} seeds", counts.get(target).copied().unwrap_or(0));
+        println!(
+            "{target}: {} seeds",
+            counts.get(target).copied().unwrap_or(0)
+        );
     }
     Ok(())
 }

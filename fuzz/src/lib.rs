@@ -27,8 +27,11 @@ use kvtwin_sim::scenario::Scenario;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-/// Every target: its name (the `fuzz_targets/NAME.rs` binary) and its body.
-pub const TARGETS: [(&str, fn(&[u8])); 9] = [
+/// A target's body: takes one input, panics only on a bug.
+pub type Body = fn(&[u8]);
+
+/// Every target: its name (the `fuzz/targets/fuzz_targets/NAME.rs` binary) and its body.
+pub const TARGETS: [(&str, Body); 9] = [
     ("engine_zmq", engine_zmq),
     ("zmq_frames", zmq_frames),
     ("nats_json", nats_json),
@@ -71,7 +74,10 @@ pub fn engine_zmq(data: &[u8]) {
     if let Ok(batch) = decoder.decode_payload(0, data) {
         let again = batch.to_payload(&EngineFormat::Vllm0_24.options());
         let reread = decoder.decode_payload(0, &again);
-        assert!(reread.is_ok(), "a decoded batch re-encodes to bytes that decode");
+        assert!(
+            reread.is_ok(),
+            "a decoded batch re-encodes to bytes that decode"
+        );
     }
     let frames = split_frames(data);
     let _ = decoder.decode_live(&frames);
@@ -102,7 +108,10 @@ pub fn zmq_frames(data: &[u8]) {
 pub fn nats_json(data: &[u8]) {
     let limits = DecodeLimits::default();
     if let Ok(event) = RouterEvent::from_json(data, &limits) {
-        assert_eq!(RouterEvent::from_json(&event.to_json(), &limits).ok(), Some(event));
+        assert_eq!(
+            RouterEvent::from_json(&event.to_json(), &limits).ok(),
+            Some(event)
+        );
     }
 }
 
@@ -173,13 +182,18 @@ pub fn http_route(data: &[u8]) {
                 .header("content-type", "application/json")
                 .body(Body::from(data.to_vec()))
                 .expect("a request");
-            let response = app(state.clone()).oneshot(request).await.expect("infallible");
+            let response = app(state.clone())
+                .oneshot(request)
+                .await
+                .expect("infallible");
             let status = response.status();
             assert!(
                 status == StatusCode::OK || status == StatusCode::BAD_REQUEST,
                 "{status}"
             );
-            let workers = Request::get("/v1/workers").body(Body::empty()).expect("a request");
+            let workers = Request::get("/v1/workers")
+                .body(Body::empty())
+                .expect("a request");
             let response = app(state).oneshot(workers).await.expect("infallible");
             assert_eq!(response.status(), StatusCode::OK);
         });
@@ -221,7 +235,12 @@ pub fn seeds(repo: &Path) -> Vec<(&'static str, Vec<u8>)> {
         medium: None,
         group_idx: None,
     });
-    let batch = EngineBatch::new(7, 1.5, vec![stored, removed, EngineEvent::AllBlocksCleared], Some(1));
+    let batch = EngineBatch::new(
+        7,
+        1.5,
+        vec![stored, removed, EngineEvent::AllBlocksCleared],
+        Some(1),
+    );
     for format in EngineFormat::ALL {
         let options = format.options();
         let payload = batch.to_payload(&options);
@@ -296,7 +315,10 @@ pub fn seeds(repo: &Path) -> Vec<(&'static str, Vec<u8>)> {
                 {\"timestamp\":10,\"input_length\":70,\"output_length\":9,\"hash_ids\":[1,2,3,4,5]}\n\
                 \n{\"timestamp\":20,\"input_length\":64,\"output_length\":1,\"hash_ids\":[1,2]}\n";
     out.push(("trace_lines", rows.as_bytes().to_vec()));
-    out.push(("http_route", br#"{"tokens":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}"#.to_vec()));
+    out.push((
+        "http_route",
+        br#"{"tokens":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}"#.to_vec(),
+    ));
     out.push(("http_route", br#"{"local_hashes":[1,2,3]}"#.to_vec()));
     // The first message a stream client gets from an empty router: its snapshot.
     let message = StreamCursor::new().next(&RouterState::new(16));
@@ -326,7 +348,13 @@ mod tests {
             assert!(!mine.is_empty(), "{name} has no seeds");
             for seed in mine {
                 body(seed);
-                for cut in [0, 1, seed.len() / 3, seed.len() / 2, seed.len().saturating_sub(1)] {
+                for cut in [
+                    0,
+                    1,
+                    seed.len() / 3,
+                    seed.len() / 2,
+                    seed.len().saturating_sub(1),
+                ] {
                     body(&seed[..cut.min(seed.len())]);
                 }
             }
