@@ -256,8 +256,11 @@ pub struct Calibration {
     pub disk_ops_per_s: (f64, f64),
     /// Cores this process may run on (the pool shares them).
     pub cores: usize,
-    /// What was said about accelerators (none here: no CUDA figures).
+    /// What was said about the GPU: the one measured, or why none was.
     pub gpu: String,
+    /// Whether the device tier was a GPU's memory (CUDA H2D / D2H), not host memory
+    /// emulating one.
+    pub on_gpu: bool,
     /// The profile for the simulator.
     pub profile: HardwareProfile,
 }
@@ -406,6 +409,7 @@ fn run(options: &CalibrateOptions, dir: &Path) -> Result<Calibration, CalibrateE
         disk_ops_per_s,
         cores,
         gpu,
+        on_gpu: options.cuda_device.is_some(),
         profile,
     })
 }
@@ -718,10 +722,15 @@ impl Calibration {
             Some(DiskIoMode::Buffered) => "buffered I/O (the filesystem refused O_DIRECT)",
             None => "no disk",
         };
+        let pcie = if self.on_gpu {
+            "- pcie_*: host<->device copies, CUDA H2D / D2H between pinned host memory and the GPU;"
+        } else {
+            "- pcie_*: host<->device copies of the emulated device (memory to memory);"
+        };
         let lines = [
             "A HardwareProfile measured by `kvtwin calibrate` through HostHardware's own".to_string(),
             "transfer path (submit, worker thread, completion queue, the driver's wake-up):".to_string(),
-            "- pcie_*: host<->device copies of the emulated device (memory to memory);".to_string(),
+            pcie.to_string(),
             "  latency and pcie_transfer_bytes_per_s from a weighted least-squares fit of".to_string(),
             "  time = latency + bytes / rate over one-at-a-time transfers of 64 KiB..64 MiB".to_string(),
             "  (medians); pcie_bytes_per_s from the pool kept busy (the link's aggregate).".to_string(),
@@ -741,7 +750,8 @@ impl Calibration {
             "  as IOPS: a transfer's fixed cost is its latency, and the pool bounds concurrency.".to_string(),
             format!("- {}.", self.gpu),
             "- nic_*: not measured (no network; the remote tier is in-process memory): the PCIe".to_string(),
-            "  figures. prefill/decode: not measured (no GPU): the default scenario's figures.".to_string(),
+            "  figures. prefill/decode: not measured (calibrate times transfers, not a model's".to_string(),
+            "  compute): the default scenario's figures.".to_string(),
             "Fitted per tier pair (latency, one transfer's rate, aggregate rate):".to_string(),
         ];
         for line in lines {

@@ -117,7 +117,12 @@ impl CudaDevice {
         // SAFETY: `device` came from the driver just above.
         let context = unsafe { result::primary_ctx::retain(device) }
             .map_err(driver("cuDevicePrimaryCtxRetain"))?;
-        let opened = Self {
+        // From here on `opened` owns the retained context: an error below drops it, which
+        // releases the context once. It is filled in place and moved into the Arc, never
+        // rebuilt with `..opened` (that copies the handles and then drops `opened`,
+        // releasing the context the new value still uses: the driver destroys it and the
+        // first allocation fails with CUDA_ERROR_CONTEXT_IS_DESTROYED).
+        let mut opened = Self {
             ordinal,
             device,
             context,
@@ -125,15 +130,11 @@ impl CudaDevice {
             total_memory: 0,
         };
         opened.bind()?;
-        let name = result::device::get_name(device).map_err(driver("cuDeviceGetName"))?;
+        opened.name = result::device::get_name(device).map_err(driver("cuDeviceGetName"))?;
         // SAFETY: as above.
-        let total_memory =
+        opened.total_memory =
             unsafe { result::device::total_mem(device) }.map_err(driver("cuDeviceTotalMem"))?;
-        Ok(Arc::new(Self {
-            name,
-            total_memory,
-            ..opened
-        }))
+        Ok(Arc::new(opened))
     }
 
     /// Makes this GPU's context current on the calling thread; every thread does so before
