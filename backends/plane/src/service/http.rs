@@ -309,5 +309,5 @@ async fn stream(
 
 async fn metrics(State(state): State<SharedState>) -> Response {
     let text = lock(&state).render_metrics();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response()
 }
