@@ -251,7 +251,11 @@ enum Samples<L> {
     /// Unlabelled, one value.
     Counter(u64),
     Gauge(u64),
-    Histogram { sum: f64, count: u64, buckets: Vec<(f64, u64)> },
+    Histogram {
+        sum: f64,
+        count: u64,
+        buckets: Vec<(f64, u64)>,
+    },
     /// Labelled values, in the order given.
     Counters(Vec<(L, u64)>),
     Gauges(Vec<(L, u64)>),
@@ -321,8 +325,11 @@ impl Exposition {
     }
 
     fn add<L: Labels>(&mut self, name: &'static str, help: &'static str, samples: Samples<L>) {
-        self.registry
-            .register_collector(Box::new(Family { name, help, samples }));
+        self.registry.register_collector(Box::new(Family {
+            name,
+            help,
+            samples,
+        }));
     }
 
     /// An unlabelled counter; `name` ends in `_total`.
@@ -418,12 +425,26 @@ mod tests {
         assert!(text.contains(
             "kvtwin_router_events_dropped_total{reason=\"malformed_msgpack\"} 2\nkvtwin_router_events_dropped_total{reason=\"unknown_medium\"} 1\n"
         ), "{text}");
-        assert!(text.contains("kvtwin_router_apply_duration_seconds_bucket{le=\"0.000001\"} 1\n"), "{text}");
-        assert!(text.contains("kvtwin_router_apply_duration_seconds_bucket{le=\"0.00005\"} 2\n"), "{text}");
-        assert!(text.contains("kvtwin_router_apply_duration_seconds_bucket{le=\"+Inf\"} 3\n"), "{text}");
-        assert!(text.contains("kvtwin_router_apply_duration_seconds_count 3\n"), "{text}");
+        assert!(
+            text.contains("kvtwin_router_apply_duration_seconds_bucket{le=\"0.000001\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvtwin_router_apply_duration_seconds_bucket{le=\"0.00005\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvtwin_router_apply_duration_seconds_bucket{le=\"+Inf\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvtwin_router_apply_duration_seconds_count 3\n"),
+            "{text}"
+        );
         assert!(text.contains("# TYPE kvtwin_router_workers gauge\nkvtwin_router_workers 2\n"));
-        assert!(text.contains("kvtwin_router_worker_indexed_blocks{worker_id=\"7\",dp_rank=\"1\"} 5\n"));
+        assert!(
+            text.contains("kvtwin_router_worker_indexed_blocks{worker_id=\"7\",dp_rank=\"1\"} 5\n")
+        );
         assert!(text.ends_with("# EOF\n"), "{text}");
         assert_eq!(metrics.dropped_total(), 3);
         // The same counts give the same text.

@@ -147,7 +147,10 @@ mod tests {
         assert_eq!(table.readiness(), Ok(()));
         table.register(zmq("tcp://a:1"), false);
         table.register(zmq("tcp://b:2"), true);
-        assert_eq!(table.readiness(), Err("catching up: zmq tcp://a:1".to_string()));
+        assert_eq!(
+            table.readiness(),
+            Err("catching up: zmq tcp://a:1".to_string())
+        );
         assert!(!table.connection(&zmq("tcp://a:1"), ConnectionEvent::Connected));
         assert!(!table.connection(&zmq("tcp://a:1"), ConnectionEvent::Disconnected));
         assert!(!table.connection(&zmq("tcp://a:1"), ConnectionEvent::ConnectRetried));
@@ -159,7 +162,12 @@ mod tests {
         assert_eq!(table.readiness(), Ok(()));
         let status = table.iter().next().unwrap().1;
         assert_eq!(
-            (status.connects, status.disconnects, status.reconnects, status.connect_retries),
+            (
+                status.connects,
+                status.disconnects,
+                status.reconnects,
+                status.connect_retries
+            ),
             (2, 1, 1, 1)
         );
         assert!(status.connected);
