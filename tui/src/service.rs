@@ -5,7 +5,10 @@
 //! `RouterState` fed by `ZmqSource`s or a `NatsSource` and served by `service::http`
 //! (with the access flags: a token, `/metrics` open or not, TLS, and the refusal of a
 //! non-loopback address without a token), or one `run_relay`. Both run until Ctrl-C (or
-//! SIGTERM) and log to stderr, never the token.
+//! SIGTERM) and log to stderr, never the token. Stopping is bounded: the router stops
+//! accepting and gives requests in flight [`STOP_GRACE`]; the relay publishes what it had
+//! queued for `--drain-timeout-s` (10 s) and exits 1 if anything decoded was not
+//! acknowledged.
 //! Never: decode, translate or apply an event itself (`kvtwin_plane::service` does).
 
 use anyhow::{bail, Context, Result};
@@ -32,7 +35,11 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::watch;
+
+/// How long a stopping router lets requests in flight finish.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// Dynamo's subject for KV events without a namespace; ours by default.
 const DEFAULT_SUBJECT: &str = "kvtwin.kv_events";
@@ -301,6 +308,11 @@ pub(crate) struct RelayArgs {
     /// per message.
     #[arg(long)]
     envelope: bool,
+    /// On SIGTERM or Ctrl-C, how long to keep publishing what was queued (JetStream:
+    /// waiting for each ack) before giving up on the rest; events given up on make the
+    /// exit status 1.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    drain_timeout_s: u64,
     /// Log lines as text or as one JSON object each (filter with RUST_LOG, default info).
     #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
     log_format: crate::logging::LogFormat,
@@ -478,9 +490,23 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
             describe_cap(limits.budget.max_blocks),
             describe_cap(limits.budget.max_blocks_per_worker),
         );
-        serve_with(listener, state.clone(), access, transport, stopped(&stop))
-            .await
-            .context("serving HTTP")?;
+        // Stop accepting at the signal and let requests in flight finish, for at most
+        // STOP_GRACE: a `/v1/stream` client never finishes by itself.
+        let serving = serve_with(listener, state.clone(), access, transport, stopped(&stop));
+        let grace = {
+            let stopping = stopped(&stop);
+            async move {
+                stopping.await;
+                tokio::time::sleep(STOP_GRACE).await;
+            }
+        };
+        tokio::select! {
+            served = serving => served.context("serving HTTP")?,
+            () = grace => tracing::warn!(
+                "requests still open {} s after the stop (stream clients); closing them",
+                STOP_GRACE.as_secs()
+            ),
+        }
         let _ = stop.send(true);
         if let Some(task) = nats_task {
             let stats = task
@@ -530,6 +556,7 @@ pub(crate) fn relay(args: &RelayArgs) -> Result<()> {
         limits: DecodeLimits::default(),
         // A NATS server restart (a few seconds of reconnecting) costs time, not events.
         publish_attempts: 40,
+        drain_timeout: Duration::from_secs(args.drain_timeout_s),
     };
     let stats = runtime()?.block_on(async {
         let stop = stop_on_signal();
@@ -562,8 +589,20 @@ pub(crate) fn relay(args: &RelayArgs) -> Result<()> {
             "restarts": stats.restarts,
             "lost_batches": stats.lost_batches,
             "dropped": stats.dropped,
+            "abandoned_events": stats.abandoned_events,
+            "zmq_reconnects": stats.zmq_reconnects,
+            "zmq_disconnects": stats.zmq_disconnects,
         })
     );
+    if stats.unacknowledged() > 0 {
+        bail!(
+            "not everything decoded was acknowledged: {} publish(es) failed, {} event(s) still \
+             queued when the {} s drain ran out",
+            stats.publish_failures,
+            stats.abandoned_events,
+            args.drain_timeout_s
+        );
+    }
     Ok(())
 }
 

@@ -101,7 +101,9 @@ fn a_router_fed_over_zmq_answers_its_http_api_and_stops_on_ctrl_c() {
     assert_eq!(status, 400);
     let (_, metrics) = http(&address, "GET", "/metrics", "");
     assert!(
-        metrics.contains(&format!("kvtwin_router_events_applied_total {events}\n")),
+        metrics.contains(&format!(
+            "kvtwin_router_kv_cache_events_applied_total {events}\n"
+        )),
         "{metrics}"
     );
     router.interrupt();

@@ -312,6 +312,7 @@ impl NatsRig {
             format,
             limits: DecodeLimits::default(),
             publish_attempts: 60,
+            drain_timeout: kvtwin_plane::service::relay::DRAIN_TIMEOUT,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = self.runtime.spawn(async move {

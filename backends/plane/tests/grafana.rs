@@ -7,6 +7,7 @@
 use kvtwin::ids::{LocalBlockHash, WorkerId};
 use kvtwin::router::indexer::IndexBudget;
 use kvtwin::tier::Tier;
+use kvtwin_plane::service::metrics::SourceLabels;
 use kvtwin_plane::service::state::{RouterLimits, RouterState};
 use kvtwin_plane::wire::{WorkerEvent, WorkerEventData};
 use serde_json::Value;
@@ -24,6 +25,14 @@ fn metrics_text() -> String {
         ..RouterLimits::default()
     };
     let mut state = RouterState::with_limits(4, limits);
+    // A source, so its per-connection series exist (a router has one per --zmq flag).
+    state.register_source(
+        SourceLabels {
+            transport: "zmq",
+            endpoint: "tcp://127.0.0.1:5557".to_string(),
+        },
+        true,
+    );
     let stored =
         |worker: u64, event_id: u64, parent: Option<u64>, first: u64, tier: Tier| WorkerEvent {
             worker: WorkerId::new(worker),
@@ -160,7 +169,7 @@ fn every_series_the_dashboard_queries_is_served_with_its_labels() {
     for needed in [
         "kvtwin_router_index_blocks",
         "kvtwin_router_evicted_blocks_total",
-        "kvtwin_router_events_applied_total",
+        "kvtwin_router_kv_cache_events_applied_total",
         "kvtwin_router_source_reconnects_total",
     ] {
         assert!(queried.contains(needed), "no panel shows {needed}");

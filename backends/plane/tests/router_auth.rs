@@ -87,7 +87,7 @@ fn metrics_need_the_token_when_told() {
     let (status, _, text) = http_with(addr, "GET", "/metrics", None, &[("Authorization", &bearer)]);
     assert_eq!(status, 200);
     assert!(
-        text.contains("kvtwin_router_events_applied_total"),
+        text.contains("kvtwin_router_kv_cache_events_applied_total"),
         "{text}"
     );
     assert_eq!(http_with(addr, "GET", "/healthz", None, &[]).0, 200);

@@ -103,7 +103,7 @@ fn the_api_routes_reports_and_refuses_bad_requests() {
     let (status, text) = request(addr, "GET", "/metrics", None);
     assert_eq!(status, 200);
     assert!(
-        text.contains("kvtwin_router_events_applied_total 2\n"),
+        text.contains("kvtwin_router_kv_cache_events_applied_total 2\n"),
         "{text}"
     );
     assert!(

@@ -102,6 +102,42 @@ impl Process {
     }
 }
 
+impl Process {
+    /// Sends SIGTERM and waits for the exit (at most `limit`): (exit status, how long it
+    /// took, stdout).
+    pub(crate) fn terminate(
+        mut self,
+        limit: Duration,
+    ) -> (std::process::ExitStatus, Duration, String) {
+        let sent = Instant::now();
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let exit = loop {
+            if let Some(exit) = self.child.try_wait().unwrap() {
+                break exit;
+            }
+            assert!(
+                sent.elapsed() < limit,
+                "kvtwin did not stop within {limit:?} of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let took = sent.elapsed();
+        let mut stdout = String::new();
+        self.child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut stdout)
+            .unwrap();
+        (exit, took, stdout)
+    }
+}
+
 impl Drop for Process {
     fn drop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {

@@ -163,6 +163,7 @@ pub struct NatsSubscriber {
     /// The highest stream sequence handed out (0: none yet).
     last_sequence: u64,
     stats: SubscriberStats,
+    initial_pending: Option<u64>,
 }
 
 impl NatsSubscriber {
@@ -170,6 +171,7 @@ impl NatsSubscriber {
     /// subscriber may start before its publisher); it must store the subject.
     pub async fn connect(config: SubscriberConfig) -> Result<Self, NatsError> {
         let (client, connection) = connect(&config.connect).await?;
+        let mut initial_pending = None;
         let source = match &config.mode {
             ConsumeMode::Core => Source::Core(
                 client
@@ -189,7 +191,9 @@ impl NatsSubscriber {
                 }
             }
             ConsumeMode::Replay { stream } => {
-                Source::Replay(replay(&client, &config, stream).await?)
+                let (messages, pending) = replay(&client, &config, stream).await?;
+                initial_pending = Some(pending);
+                Source::Replay(messages)
             }
         };
         Ok(Self {
@@ -199,7 +203,15 @@ impl NatsSubscriber {
             connection,
             last_sequence: 0,
             stats: SubscriberStats::default(),
+            initial_pending,
         })
+    }
+
+    /// In [`ConsumeMode::Replay`], the messages the stream held for the subject when the
+    /// consumer was made (what a replay must deliver before it has caught up; each
+    /// message's `pending` then says how many are left); `None` in other modes.
+    pub fn initial_pending(&self) -> Option<u64> {
+        self.initial_pending
     }
 
     /// The next message, waiting as long as it takes (across server restarts). A durable
@@ -494,12 +506,13 @@ async fn durable(
     Ok((consumer, messages))
 }
 
-/// An ordered consumer over the whole stream from its first message.
+/// An ordered consumer over the whole stream from its first message, and the messages
+/// it had to deliver when made.
 async fn replay(
     client: &async_nats::Client,
     config: &SubscriberConfig,
     stream_name: &str,
-) -> Result<pull::Ordered, NatsError> {
+) -> Result<(pull::Ordered, u64), NatsError> {
     const NAME: &str = "(ordered replay)";
     let context = jetstream_context(client.clone(), config.connect.request_timeout);
     let stream = ensure_stream(
@@ -524,12 +537,14 @@ async fn replay(
             consumer: NAME.to_string(),
             source,
         })?;
-    consumer
+    let pending = consumer.cached_info().num_pending;
+    let messages = consumer
         .messages()
         .await
         .map_err(|source| NatsError::ConsumerStream {
             stream: stream_name.to_string(),
             consumer: NAME.to_string(),
             source,
-        })
+        })?;
+    Ok((messages, pending))
 }

@@ -45,8 +45,10 @@
 //!   (on one line on the wire). Each client has its own cursor and is sent at most one
 //!   message per tick, written before the next is built: nothing queues. A client that
 //!   reconnects starts again from a full snapshot.
-//! - `GET /healthz`: `ok` while the process serves. `GET /readyz`: `ready`.
-//!   `GET /metrics`: Prometheus text.
+//! - `GET /healthz`: `ok` while the process serves. `GET /readyz`: 503 with
+//!   `catching up: zmq tcp://...` until every source registered in the state has done its
+//!   initial replay or catch-up, then 200 `ready`. `GET /metrics`: OpenMetrics text
+//!   (`metrics::CONTENT_TYPE`).
 //!
 //! With a token (`Access::token`), every request but `/healthz`, `/readyz` and (unless
 //! `MetricsAccess::Token`) `/metrics` needs `Authorization: Bearer <token>`; anything
@@ -106,9 +108,7 @@ pub fn app_with(state: SharedState, access: Access) -> Router {
         .route("/v1/workers", get(workers))
         .route("/v1/stream", get(stream))
         .route("/healthz", get(|| async { "ok\n" }))
-        // Ready as soon as it serves. TODO(#19): wait until the sources have caught up
-        // (replay done, JetStream read to its end) before answering 200.
-        .route("/readyz", get(|| async { "ready\n" }))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state);
     if access.token.is_none() {
@@ -307,7 +307,17 @@ async fn stream(
     Sse::new(deltas).keep_alive(KeepAlive::new().interval(STREAM_KEEP_ALIVE))
 }
 
+/// 200 `ready` once every registered source has caught up (a ZMQ source's first
+/// replay from the start tried, a JetStream replay read to the end it had at start);
+/// until then 503 with what is still catching up.
+async fn readyz(State(state): State<SharedState>) -> Response {
+    match lock(&state).readiness() {
+        Ok(()) => "ready\n".into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+    }
+}
+
 async fn metrics(State(state): State<SharedState>) -> Response {
     let text = lock(&state).render_metrics();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response()
 }

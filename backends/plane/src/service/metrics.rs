@@ -1,17 +1,33 @@
-//! The router service's counters and their Prometheus text.
+//! The router service's counters and their exposition through `prometheus-client`.
 //!
 //! Owns: [`Metrics`] (events applied, dropped by reason, stream gaps, replays, lost
-//! batches, publisher restarts, source reconnects, route decisions and their hit blocks,
-//! an apply-latency histogram) and [`Histogram`]. Drop
-//! reasons are the stable labels of the errors that caused them (`WireError::reason`,
-//! `FrameError::reason`, `TranslateError::reason`, the indexer's refusals), kept in a
-//! `BTreeMap` so the text comes out in the same order every time.
+//! batches, publisher restarts, route decisions and their hit blocks, an apply-latency
+//! histogram), [`Histogram`], the typed label sets ([`WorkerLabels`], [`ReasonLabels`],
+//! [`TierLabels`], [`SourceLabels`]) and [`Exposition`], which writes families in the
+//! order they are added. Drop reasons are the stable labels of the errors that caused
+//! them (`WireError::reason`, `FrameError::reason`, `TranslateError::reason`, the
+//! indexer's refusals), kept in a `BTreeMap`.
+//!
+//! Why families are built at scrape time instead of kept as live `prometheus-client`
+//! metrics: the counts already live in the router state under its one lock (every update
+//! is there anyway), and `prometheus_client::metrics::family::Family` keeps label sets in
+//! a hash map, so its text would come out in a different order on every run. Here each
+//! scrape takes the counts under the lock, in key order, and `prometheus-client` writes
+//! the OpenMetrics text (names, types, `_total` suffixes, label escaping, `# EOF`).
 //! Never: read a clock (callers time and record), or hold a lock (it lives inside the
 //! router state's).
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::time::Duration;
+
+/// The `Content-Type` of [`Exposition::finish`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Upper bounds of the apply-latency buckets, in seconds.
 const LATENCY_BUCKETS_S: [f64; 12] = [
@@ -69,15 +85,15 @@ impl Histogram {
         Some(f64::INFINITY)
     }
 
-    fn render(&self, name: &str, out: &mut String) {
-        let mut cumulative = 0;
-        for (bound, count) in LATENCY_BUCKETS_S.iter().zip(self.buckets) {
-            cumulative += count;
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound:e}\"}} {cumulative}");
-        }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(out, "{name}_sum {}", self.sum_s);
-        let _ = writeln!(out, "{name}_count {}", self.count);
+    /// (upper bound, observations in that bucket alone), the last bound `f64::MAX`
+    /// (written `+Inf`): what `prometheus-client` makes cumulative.
+    fn buckets(&self) -> Vec<(f64, u64)> {
+        LATENCY_BUCKETS_S
+            .iter()
+            .copied()
+            .zip(self.buckets)
+            .chain([(f64::MAX, self.over)])
+            .collect()
     }
 }
 
@@ -96,7 +112,8 @@ pub struct Metrics {
     pub lost_batches: u64,
     /// Publisher (engine) restarts: the worker was cleared.
     pub restarts: u64,
-    /// Reconnects of the sources' connections (NATS).
+    /// Reconnects of the sources' connections, all sources (per source: the state's
+    /// source table).
     pub reconnects: u64,
     /// Route decisions recorded.
     pub routes: u64,
@@ -126,125 +143,248 @@ impl Metrics {
         self.dropped.values().sum()
     }
 
-    /// The Prometheus text exposition, with `gauges` (name, help, labelled values)
-    /// appended: the state's sizes, which the metrics do not hold.
-    pub fn render(&self, gauges: &[Gauge]) -> String {
-        self.render_with(&[], gauges)
-    }
-
-    /// [`Metrics::render`] with `counters` too: labelled counters kept elsewhere (per
-    /// worker rank), written with `# TYPE .. counter`.
-    pub fn render_with(&self, counters: &[Gauge], gauges: &[Gauge]) -> String {
-        let mut out = String::new();
-        let counter = |out: &mut String, name: &str, help: &str, value: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
-            let _ = writeln!(out, "{name} {value}");
-        };
-        counter(
-            &mut out,
-            "kvtwin_router_events_applied_total",
-            "KV events applied to the index.",
+    /// Adds this struct's families to `out`, in a fixed order. Names follow Prometheus'
+    /// conventions and, where the concept is the same, Dynamo's and vLLM's (README's
+    /// metrics table).
+    pub fn expose(&self, out: &mut Exposition) {
+        out.counter(
+            "kvtwin_router_kv_cache_events_applied_total",
+            "KV events applied to the index (Dynamo: kv_cache_events_applied).",
             self.events_applied,
         );
-        counter(
-            &mut out,
+        out.counter(
             "kvtwin_router_batches_total",
             "Event batches received from the sources.",
             self.batches,
         );
-        let _ = writeln!(
-            out,
-            "# HELP kvtwin_router_events_dropped_total Messages, batches or events refused, by reason."
+        out.counters(
+            "kvtwin_router_events_dropped_total",
+            "Messages, batches or events refused, by reason.",
+            self.dropped
+                .iter()
+                .map(|(reason, count)| (ReasonLabels { reason }, *count))
+                .collect(),
         );
-        let _ = writeln!(out, "# TYPE kvtwin_router_events_dropped_total counter");
-        for (reason, count) in &self.dropped {
-            let _ = writeln!(
-                out,
-                "kvtwin_router_events_dropped_total{{reason=\"{reason}\"}} {count}"
-            );
-        }
-        counter(
-            &mut out,
+        out.counter(
             "kvtwin_router_sequence_gaps_total",
             "Gaps in a source's sequence numbers.",
             self.gaps,
         );
-        counter(
-            &mut out,
+        out.counter(
             "kvtwin_router_replayed_batches_total",
             "Batches recovered through replay.",
             self.replayed,
         );
-        counter(
-            &mut out,
+        out.counter(
             "kvtwin_router_lost_batches_total",
             "Batches neither the stream nor replay supplied.",
             self.lost_batches,
         );
-        counter(
-            &mut out,
-            "kvtwin_router_restarts_total",
+        out.counter(
+            "kvtwin_router_engine_restarts_total",
             "Engine restarts (sequence went back); the worker was cleared.",
             self.restarts,
         );
-        counter(
-            &mut out,
-            "kvtwin_router_source_reconnects_total",
-            "Reconnects of the event sources' connections.",
-            self.reconnects,
-        );
-        counter(
-            &mut out,
-            "kvtwin_router_routes_total",
-            "Route decisions answered.",
+        out.counter(
+            "kvtwin_router_requests_total",
+            "Route decisions answered (Dynamo: router_requests_total).",
             self.routes,
         );
-        counter(
-            &mut out,
-            "kvtwin_router_route_query_blocks_total",
-            "Full blocks in the routed queries.",
+        out.counter(
+            "kvtwin_router_prefix_cache_queries_blocks_total",
+            "Full blocks in the routed queries (vLLM: prefix_cache_queries, in tokens).",
             self.route_query_blocks,
         );
-        counter(
-            &mut out,
-            "kvtwin_router_route_hit_blocks_total",
-            "Query blocks the chosen worker already held.",
+        out.counter(
+            "kvtwin_router_prefix_cache_hits_blocks_total",
+            "Query blocks the chosen worker already held (vLLM: prefix_cache_hits, in tokens).",
             self.route_hit_blocks,
         );
-        let name = "kvtwin_router_apply_seconds";
-        let _ = writeln!(out, "# HELP {name} Time to apply one batch of events.");
-        let _ = writeln!(out, "# TYPE {name} histogram");
-        self.apply_latency.render(name, &mut out);
-        let typed = counters
-            .iter()
-            .map(|c| (c, "counter"))
-            .chain(gauges.iter().map(|g| (g, "gauge")));
-        for (gauge, kind) in typed {
-            let _ = writeln!(out, "# HELP {} {}", gauge.name, gauge.help);
-            let _ = writeln!(out, "# TYPE {} {kind}", gauge.name);
-            for (labels, value) in &gauge.values {
-                if labels.is_empty() {
-                    let _ = writeln!(out, "{} {value}", gauge.name);
-                } else {
-                    let _ = writeln!(out, "{}{{{labels}}} {value}", gauge.name);
-                }
-            }
-        }
-        out
+        out.histogram(
+            "kvtwin_router_apply_duration_seconds",
+            "Time to apply one batch of events to the index.",
+            &self.apply_latency,
+        );
     }
 }
 
-/// A gauge (or, for [`Metrics::render_with`], a counter): values with their label text
-/// (`tier="device"`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Gauge {
-    /// Metric name.
-    pub name: &'static str,
-    /// Help text.
-    pub help: &'static str,
-    /// (labels, value) pairs; empty labels for an unlabelled value.
-    pub values: Vec<(String, u64)>,
+/// A worker rank's labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabels {
+    /// The worker id.
+    pub worker_id: u64,
+    /// Its data-parallel rank.
+    pub dp_rank: u32,
+}
+
+/// Why something was dropped.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// The stable reason (`malformed_msgpack`, `bad_json`, ...).
+    pub reason: &'static str,
+}
+
+/// A storage tier.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierLabels {
+    /// `device`, `host`, `disk` or `remote`.
+    pub tier: &'static str,
+}
+
+/// One event source's connection.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct SourceLabels {
+    /// `zmq` or `nats`.
+    pub transport: &'static str,
+    /// The endpoint (a ZMQ endpoint, or the NATS server URL and subject).
+    pub endpoint: String,
+}
+
+/// What `prometheus-client` needs of a label set here.
+pub trait Labels: EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static {}
+
+impl<T: EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static> Labels for T {}
+
+/// One family's samples, as a `prometheus-client` collector writes them.
+#[derive(Debug)]
+enum Samples<L> {
+    /// Unlabelled, one value.
+    Counter(u64),
+    Gauge(u64),
+    Histogram {
+        sum: f64,
+        count: u64,
+        buckets: Vec<(f64, u64)>,
+    },
+    /// Labelled values, in the order given.
+    Counters(Vec<(L, u64)>),
+    Gauges(Vec<(L, u64)>),
+}
+
+#[derive(Debug)]
+struct Family<L> {
+    /// The name as written in `# TYPE` (a counter's without `_total`, which the encoder
+    /// appends to its samples).
+    name: &'static str,
+    help: &'static str,
+    samples: Samples<L>,
+}
+
+impl<L: Labels> Collector for Family<L> {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let kind = match &self.samples {
+            Samples::Counter(_) | Samples::Counters(_) => MetricType::Counter,
+            Samples::Gauge(_) | Samples::Gauges(_) => MetricType::Gauge,
+            Samples::Histogram { .. } => MetricType::Histogram,
+        };
+        let mut metric = encoder.encode_descriptor(self.name, self.help, None, kind)?;
+        match &self.samples {
+            Samples::Counter(value) => ConstCounter::new(*value).encode(metric),
+            Samples::Gauge(value) => ConstGauge::new(*value).encode(metric),
+            Samples::Histogram {
+                sum,
+                count,
+                buckets,
+            } => metric.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                *sum, *count, buckets, None,
+            ),
+            Samples::Counters(values) => {
+                for (labels, value) in values {
+                    ConstCounter::new(*value).encode(metric.encode_family(labels)?)?;
+                }
+                Ok(())
+            }
+            Samples::Gauges(values) => {
+                for (labels, value) in values {
+                    ConstGauge::new(*value).encode(metric.encode_family(labels)?)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The OpenMetrics text of one scrape, families in the order they are added (a
+/// `prometheus-client` registry of one collector per family).
+#[derive(Debug, Default)]
+pub struct Exposition {
+    registry: Registry,
+}
+
+impl Exposition {
+    /// Nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A counter's `# TYPE` name: `name` without its `_total` (which the encoder writes
+    /// on the samples).
+    fn counter_name(name: &'static str) -> &'static str {
+        debug_assert!(name.ends_with("_total"), "counter {name} without _total");
+        name.strip_suffix("_total").unwrap_or(name)
+    }
+
+    fn add<L: Labels>(&mut self, name: &'static str, help: &'static str, samples: Samples<L>) {
+        self.registry.register_collector(Box::new(Family {
+            name,
+            help,
+            samples,
+        }));
+    }
+
+    /// An unlabelled counter; `name` ends in `_total`.
+    pub fn counter(&mut self, name: &'static str, help: &'static str, value: u64) {
+        let name = Self::counter_name(name);
+        self.add::<WorkerLabels>(name, help, Samples::Counter(value));
+    }
+
+    /// A labelled counter family; `name` ends in `_total`. No samples: only its
+    /// `# HELP` and `# TYPE`.
+    pub fn counters<L: Labels>(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        values: Vec<(L, u64)>,
+    ) {
+        let name = Self::counter_name(name);
+        self.add(name, help, Samples::Counters(values));
+    }
+
+    /// An unlabelled gauge.
+    pub fn gauge(&mut self, name: &'static str, help: &'static str, value: u64) {
+        self.add::<WorkerLabels>(name, help, Samples::Gauge(value));
+    }
+
+    /// A labelled gauge family.
+    pub fn gauges<L: Labels>(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        values: Vec<(L, u64)>,
+    ) {
+        self.add(name, help, Samples::Gauges(values));
+    }
+
+    /// A histogram of seconds; `name` ends in `_seconds`.
+    pub fn histogram(&mut self, name: &'static str, help: &'static str, histogram: &Histogram) {
+        self.add::<WorkerLabels>(
+            name,
+            help,
+            Samples::Histogram {
+                sum: histogram.sum_s,
+                count: histogram.count,
+                buckets: histogram.buckets(),
+            },
+        );
+    }
+
+    /// The text, ending in `# EOF`.
+    pub fn finish(self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail, and every family's encoder only writes.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
 }
 
 #[cfg(test)]
@@ -252,33 +392,69 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_text_is_prometheus_exposition_with_cumulative_buckets() {
+    fn the_text_is_openmetrics_with_cumulative_buckets_in_a_fixed_order() {
         let mut metrics = Metrics {
             events_applied: 3,
             ..Metrics::default()
         };
-        metrics.drop_one("malformed_msgpack");
-        metrics.drop_one("malformed_msgpack");
         metrics.drop_one("unknown_medium");
+        metrics.drop_one("malformed_msgpack");
+        metrics.drop_one("malformed_msgpack");
         metrics.apply_latency.observe(Duration::from_nanos(800));
         metrics.apply_latency.observe(Duration::from_micros(30));
         metrics.apply_latency.observe(Duration::from_secs(1));
-        let text = metrics.render(&[Gauge {
-            name: "kvtwin_router_workers",
-            help: "Worker ranks known.",
-            values: vec![(String::new(), 2)],
-        }]);
-        assert!(text.contains("kvtwin_router_events_applied_total 3\n"));
-        assert!(
-            text.contains("kvtwin_router_events_dropped_total{reason=\"malformed_msgpack\"} 2\n")
+        let mut out = Exposition::new();
+        metrics.expose(&mut out);
+        out.gauge("kvtwin_router_workers", "Worker ranks known.", 2);
+        out.gauges(
+            "kvtwin_router_worker_indexed_blocks",
+            "Blocks.",
+            vec![(
+                WorkerLabels {
+                    worker_id: 7,
+                    dp_rank: 1,
+                },
+                5,
+            )],
         );
-        assert!(text.contains("kvtwin_router_events_dropped_total{reason=\"unknown_medium\"} 1\n"));
-        assert!(text.contains("kvtwin_router_apply_seconds_bucket{le=\"1e-6\"} 1\n"));
-        assert!(text.contains("kvtwin_router_apply_seconds_bucket{le=\"5e-5\"} 2\n"));
-        assert!(text.contains("kvtwin_router_apply_seconds_bucket{le=\"+Inf\"} 3\n"));
-        assert!(text.contains("kvtwin_router_apply_seconds_count 3\n"));
+        let text = out.finish();
+        assert!(text.contains(
+            "# TYPE kvtwin_router_kv_cache_events_applied counter\nkvtwin_router_kv_cache_events_applied_total 3\n"
+        ), "{text}");
+        // Reasons in their (BTreeMap) order, whatever order they were counted in.
+        assert!(text.contains(
+            "kvtwin_router_events_dropped_total{reason=\"malformed_msgpack\"} 2\nkvtwin_router_events_dropped_total{reason=\"unknown_medium\"} 1\n"
+        ), "{text}");
+        assert!(
+            text.contains("kvtwin_router_apply_duration_seconds_bucket{le=\"0.000001\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvtwin_router_apply_duration_seconds_bucket{le=\"0.00005\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvtwin_router_apply_duration_seconds_bucket{le=\"+Inf\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvtwin_router_apply_duration_seconds_count 3\n"),
+            "{text}"
+        );
         assert!(text.contains("# TYPE kvtwin_router_workers gauge\nkvtwin_router_workers 2\n"));
+        assert!(
+            text.contains("kvtwin_router_worker_indexed_blocks{worker_id=\"7\",dp_rank=\"1\"} 5\n")
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
         assert_eq!(metrics.dropped_total(), 3);
+        // The same counts give the same text.
+        let mut again = Exposition::new();
+        metrics.expose(&mut again);
+        again.gauge("kvtwin_router_workers", "Worker ranks known.", 2);
+        let mut first = Exposition::new();
+        metrics.expose(&mut first);
+        first.gauge("kvtwin_router_workers", "Worker ranks known.", 2);
+        assert_eq!(first.finish(), again.finish());
     }
 
     #[test]

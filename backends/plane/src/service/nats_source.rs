@@ -18,6 +18,7 @@
 //! state's lock while waiting on the network.
 
 use super::http::{lock, SharedState};
+use super::metrics::SourceLabels;
 use crate::nats::{ConsumeMode, NatsError, NatsSubscriber, SubscriberConfig};
 use crate::wire::WorkerEvent;
 use crate::wire::{DecodeLimits, Envelope, RouterEvent};
@@ -87,17 +88,43 @@ pub struct NatsSource {
     subscriber: NatsSubscriber,
     limits: DecodeLimits,
     durable: bool,
+    labels: SourceLabels,
+}
+
+/// `url` without the user and password it may carry (`nats://user:pass@host` →
+/// `nats://host`): what labels and logs show.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let host = match rest[..authority_end].rfind('@') {
+        Some(at) => &rest[at + 1..],
+        None => rest,
+    };
+    if scheme.is_empty() {
+        host.to_string()
+    } else {
+        format!("{scheme}://{host}")
+    }
 }
 
 impl NatsSource {
     /// Connects and subscribes.
     pub async fn connect(config: NatsSourceConfig) -> Result<Self, NatsError> {
         let durable = matches!(config.subscriber.mode, ConsumeMode::Durable { .. });
+        let labels = SourceLabels {
+            transport: "nats",
+            endpoint: format!(
+                "{} {}",
+                redact_url(&config.subscriber.connect.url),
+                config.subscriber.subject
+            ),
+        };
         let subscriber = NatsSubscriber::connect(config.subscriber).await?;
         Ok(Self {
             subscriber,
             limits: config.limits,
             durable,
+            labels,
         })
     }
 
@@ -108,11 +135,30 @@ impl NatsSource {
     }
 
     /// Applies events to `state` until `shutdown` resolves (or the subscription ends);
-    /// what it did.
-    pub async fn run(
+    /// what it did. The source is registered in `state` when this is called, before the
+    /// future is first polled: a JetStream replay with messages to deliver keeps
+    /// `/readyz` at 503 until the message that leaves none pending (or the stream had
+    /// none). The future runs inside a `nats_source` span carrying the server (without
+    /// credentials) and the subject.
+    pub fn run(
+        self,
+        state: SharedState,
+        shutdown: impl Future<Output = ()>,
+    ) -> impl Future<Output = Result<NatsSourceStats, NatsError>> {
+        let caught_up = self.subscriber.initial_pending().is_none_or(|n| n == 0);
+        lock(&state).register_source(self.labels.clone(), caught_up);
+        let span = tracing::info_span!(
+            "nats_source",
+            endpoint = %self.labels.endpoint,
+        );
+        tracing::Instrument::instrument(self.apply(state, shutdown, caught_up), span)
+    }
+
+    async fn apply(
         mut self,
         state: SharedState,
         shutdown: impl Future<Output = ()>,
+        mut caught_up: bool,
     ) -> Result<NatsSourceStats, NatsError> {
         let mut stats = NatsSourceStats::default();
         let mut carried: BTreeSet<WorkerId> = BTreeSet::new();
@@ -152,7 +198,12 @@ impl NatsSource {
             if reconnects > reconnects_seen {
                 let workers: Vec<WorkerId> = carried.iter().copied().collect();
                 router.note_reconnects(&workers, reconnects - reconnects_seen);
+                router.note_source_reconnects(&self.labels, reconnects - reconnects_seen);
                 reconnects_seen = reconnects;
+            }
+            if !caught_up && message.pending == Some(0) {
+                caught_up = true;
+                router.note_caught_up(&self.labels);
             }
             match decoded {
                 Ok(events) => {
@@ -197,6 +248,14 @@ mod tests {
         );
         assert!(decode_message(b"{nope", &limits).is_err());
         assert!(decode_message(b"", &limits).is_err());
+    }
+
+    #[test]
+    fn urls_lose_their_credentials() {
+        assert_eq!(redact_url("nats://u:p@h:4222"), "nats://h:4222");
+        assert_eq!(redact_url("tls://token@h:4222/x"), "tls://h:4222/x");
+        assert_eq!(redact_url("nats://h:4222"), "nats://h:4222");
+        assert_eq!(redact_url("h:4222"), "h:4222");
     }
 
     proptest! {

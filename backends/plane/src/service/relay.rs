@@ -8,14 +8,22 @@
 //! side, which publishes them (one JSON event per message, or Dynamo 1.6 envelopes of up
 //! to 128). An engine restart becomes a `Cleared` event for each rank the relay has
 //! seen, so every router downstream forgets that worker's old blocks.
+//! Stopping (the `shutdown` future resolving): the ZMQ thread stops reading, everything
+//! already handed over is published (JetStream: each message waits for its ack), for at
+//! most [`RelayConfig::drain_timeout`]; what is still queued then is counted in
+//! [`RelayStats::abandoned_events`], so a caller can tell a clean stop (every decoded
+//! event acknowledged) from a lossy one. The whole relay runs inside a `relay` span
+//! (worker id, ZMQ endpoint, subject), its ZMQ thread too. The ZMQ socket's connects and
+//! disconnects (libzmq's monitor) are counted and warned about, rate-limited.
 //! Never: translate hashes (routers do, per worker), or drop a decoded event silently: a
 //! publish that fails is counted, and the relay carries on with the next.
 
+use super::warn::WarnLimiter;
 use crate::nats::{NatsError, NatsPublisher, PublisherConfig as NatsPublisherConfig};
 use crate::wire::{
     DecodeLimits, DropCounters, EngineDecoder, Envelope, RouterEvent, UnknownEvents,
 };
-use crate::zmq::{SubscriberConfig, SubscriberItem, ZmqError, ZmqSubscriber};
+use crate::zmq::{SubscriberConfig, SubscriberItem, SubscriberStats, ZmqError, ZmqSubscriber};
 use bytes::Bytes;
 use kvtwin::events::{KvCacheEvent, KvCacheEventData};
 use kvtwin::ids::WorkerId;
@@ -56,7 +64,14 @@ pub struct RelayConfig {
     /// few failed tries (each waits out the publish timeout, then a quarter second), not
     /// lost events. The engine's batches queue meanwhile.
     pub publish_attempts: u32,
+    /// How long a stop may spend publishing what was queued (and waiting for its acks)
+    /// before giving up on the rest ([`DRAIN_TIMEOUT`] by default).
+    pub drain_timeout: Duration,
 }
+
+/// How long a stopping relay publishes what it had queued, by default: 10 s, inside the
+/// 30 s Kubernetes gives a pod between SIGTERM and SIGKILL.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a relay did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -77,6 +92,21 @@ pub struct RelayStats {
     pub lost_batches: u64,
     /// Batches or events refused, by reason.
     pub dropped: BTreeMap<&'static str, u64>,
+    /// Events decoded but still queued when the stop's drain time ran out: never
+    /// published, so lost to the subscribers.
+    pub abandoned_events: u64,
+    /// Connections of the ZMQ socket made again after the first.
+    pub zmq_reconnects: u64,
+    /// Connections of the ZMQ socket lost.
+    pub zmq_disconnects: u64,
+}
+
+impl RelayStats {
+    /// Events decoded that did not reach NATS (publishes that failed, in messages, and
+    /// events abandoned at the stop): 0 means everything decoded was acknowledged.
+    pub fn unacknowledged(&self) -> u64 {
+        self.publish_failures + self.abandoned_events
+    }
 }
 
 /// A relay could not start.
@@ -101,12 +131,73 @@ enum Hop {
     Restarted(Vec<RouterEvent>),
     Lost(u64),
     Dropped(&'static str, u64),
+    /// The ZMQ socket's connection counts moved: (reconnects, disconnects) more.
+    Connection(u64, u64),
 }
 
-/// Runs the relay until `shutdown` resolves; what it did.
+impl Hop {
+    /// Events it carries (what abandoning it loses).
+    fn events(&self) -> u64 {
+        match self {
+            Hop::Events(events) | Hop::Restarted(events) => events.len() as u64,
+            _ => 0,
+        }
+    }
+}
+
+/// The connection hop for the counts between `seen` and `stats`, if they moved; warns
+/// (rate-limited) about losses and reconnects.
+fn connection_hop(
+    seen: &mut SubscriberStats,
+    stats: &SubscriberStats,
+    warnings: &mut WarnLimiter,
+) -> Option<Hop> {
+    if (stats.connects, stats.disconnects) == (seen.connects, seen.disconnects) {
+        return None;
+    }
+    // Every connect after the first is a reconnect.
+    let connects = stats.connects - seen.connects;
+    let reconnects = if seen.connects == 0 {
+        connects.saturating_sub(1)
+    } else {
+        connects
+    };
+    let disconnects = stats.disconnects - seen.disconnects;
+    let now = std::time::Instant::now();
+    if disconnects > 0 {
+        if let Some(held_back) = warnings.admit("disconnect", now) {
+            tracing::warn!(held_back, "the engine's ZMQ connection was lost");
+        }
+    }
+    if reconnects > 0 {
+        if let Some(held_back) = warnings.admit("reconnect", now) {
+            tracing::warn!(held_back, "reconnected to the engine's ZMQ socket");
+        }
+    }
+    seen.connects = stats.connects;
+    seen.disconnects = stats.disconnects;
+    Some(Hop::Connection(reconnects, disconnects))
+}
+
+/// Runs the relay until `shutdown` resolves, then drains what it had queued (see the
+/// module documentation); what it did.
 pub async fn run_relay(
     config: RelayConfig,
     shutdown: impl Future<Output = ()>,
+) -> Result<RelayStats, RelayError> {
+    let span = tracing::info_span!(
+        "relay",
+        worker_id = config.worker.get(),
+        endpoint = %config.zmq.endpoint,
+        subject = %config.nats.subject,
+    );
+    tracing::Instrument::instrument(relay(config, shutdown, span.clone()), span).await
+}
+
+async fn relay(
+    config: RelayConfig,
+    shutdown: impl Future<Output = ()>,
+    span: tracing::Span,
 ) -> Result<RelayStats, RelayError> {
     let publisher = NatsPublisher::connect(config.nats.clone()).await?;
     let mut subscriber = ZmqSubscriber::new(config.zmq.clone())?;
@@ -120,10 +211,19 @@ pub async fn run_relay(
     let thread = std::thread::Builder::new()
         .name(format!("kvtwin-relay-{worker}"))
         .spawn(move || {
+            let _entered = span.enter();
             let decoder = EngineDecoder::new(limits, UnknownEvents::Skip);
             let mut next_ids: BTreeMap<u32, u64> = BTreeMap::new();
+            let mut seen = SubscriberStats::default();
+            let mut warnings = WarnLimiter::default();
             while !stopping.load(Ordering::Relaxed) {
-                let hop = match subscriber.next(Duration::from_millis(50)) {
+                let next = subscriber.next(Duration::from_millis(50));
+                if let Some(hop) = connection_hop(&mut seen, &subscriber.stats(), &mut warnings) {
+                    if sender.blocking_send(hop).is_err() {
+                        break;
+                    }
+                }
+                let hop = match next {
                     Ok(Some(SubscriberItem::Batch(batch))) => {
                         match decoder.decode_payload(batch.seq, &batch.payload) {
                             Ok(decoded) => {
@@ -180,10 +280,29 @@ pub async fn run_relay(
     let mut stats = RelayStats::default();
     let mut envelope_sequence = 0u64;
     tokio::pin!(shutdown);
+    // Until the stop: hops as they come. From the stop: the thread is told to stop
+    // reading, and what it handed over (until it drops its sender) is still published,
+    // until the drain deadline.
+    let mut deadline: Option<tokio::time::Instant> = None;
     loop {
-        let hop = tokio::select! {
-            hop = receiver.recv() => hop,
-            () = &mut shutdown => None,
+        let hop = match deadline {
+            None => tokio::select! {
+                hop = receiver.recv() => hop,
+                () = &mut shutdown => {
+                    stop.store(true, Ordering::Relaxed);
+                    deadline = Some(tokio::time::Instant::now() + config.drain_timeout);
+                    tracing::info!(
+                        queued = receiver.len(),
+                        drain_timeout_s = config.drain_timeout.as_secs_f64(),
+                        "stopping: publishing what is queued"
+                    );
+                    continue;
+                }
+            },
+            Some(at) => match tokio::time::timeout_at(at, receiver.recv()).await {
+                Ok(hop) => hop,
+                Err(_) => break,
+            },
         };
         let Some(hop) = hop else { break };
         let events = match hop {
@@ -203,21 +322,53 @@ pub async fn run_relay(
                 *stats.dropped.entry(reason).or_default() += count;
                 continue;
             }
+            Hop::Connection(reconnects, disconnects) => {
+                stats.zmq_reconnects += reconnects;
+                stats.zmq_disconnects += disconnects;
+                continue;
+            }
         };
-        publish(
+        let events_before = stats.events;
+        let publishing = publish(
             &publisher,
             &config,
             &events,
             &mut envelope_sequence,
             &mut stats,
-        )
-        .await;
+        );
+        match deadline {
+            None => publishing.await,
+            Some(at) => {
+                if tokio::time::timeout_at(at, publishing).await.is_err() {
+                    // Cut off mid-batch: what it had not seen acknowledged is lost (a
+                    // message whose ack was still on its way is counted lost too).
+                    let published = stats.events - events_before;
+                    stats.abandoned_events += events.len() as u64 - published;
+                    break;
+                }
+            }
+        }
     }
     stop.store(true, Ordering::Relaxed);
-    // Unblocks a thread waiting to hand over, so it sees the stop flag.
-    drop(receiver);
+    // What is left queued was never published. Closing first lets a thread blocked on a
+    // full channel see the stop flag.
+    receiver.close();
+    while let Ok(hop) = receiver.try_recv() {
+        stats.abandoned_events += hop.events();
+    }
     let _ = thread.join();
+    while let Ok(hop) = receiver.try_recv() {
+        stats.abandoned_events += hop.events();
+    }
     let _ = publisher.flush().await;
+    if deadline.is_some() {
+        tracing::info!(
+            events = stats.events,
+            abandoned_events = stats.abandoned_events,
+            publish_failures = stats.publish_failures,
+            "stopped"
+        );
+    }
     Ok(stats)
 }
 

@@ -7,6 +7,8 @@
 //! [`BatchDecoder`] (how a payload becomes worker events: the vLLM / SGLang msgpack
 //! decoder in `crate::wire`, or anything a test supplies) and [`EventNumbering`] (per
 //! rank event ids for streams whose events carry none).
+//! Each source is registered in the state (`/readyz` waits for its catch-up; its
+//! connection events, from libzmq's monitor, are counted per endpoint).
 //! No queue of its own between the socket and the index: one item at a time is received,
 //! decoded and applied, so backpressure reaches libzmq's bounded receive queue (see
 //! `crate::zmq::subscriber` for its drop policy and counters).
@@ -14,6 +16,8 @@
 //! received and decoded first, then applied under the lock in one go.
 
 use super::http::{lock, SharedState};
+use super::metrics::SourceLabels;
+use super::state::ConnectionEvent;
 use crate::wire::{EngineDecoder, EngineEvent, RawBatch, WorkerEvent};
 use crate::zmq::{SubscriberConfig, SubscriberItem, SubscriberStats, ZmqError, ZmqSubscriber};
 use kvtwin::ids::WorkerId;
@@ -148,22 +152,51 @@ impl ZmqSource {
     const POLL: Duration = Duration::from_millis(50);
 
     /// Subscribes to `config` for `worker` and starts applying its events to `state`.
+    /// The source is registered in the state before this returns (so `/readyz` waits
+    /// for its catch-up from the start), and its thread runs inside a `zmq_source` span
+    /// carrying `worker_id` and `endpoint`, so every log line says which engine it is
+    /// about.
     pub fn start(
         worker: WorkerId,
         config: SubscriberConfig,
         mut decoder: impl BatchDecoder,
         state: SharedState,
     ) -> Result<Self, ZmqError> {
+        let labels = SourceLabels {
+            transport: "zmq",
+            endpoint: config.endpoint.clone(),
+        };
+        let span = tracing::info_span!(
+            "zmq_source",
+            worker_id = worker.get(),
+            endpoint = %config.endpoint
+        );
         let mut subscriber = ZmqSubscriber::new(config)?;
+        lock(&state).register_source(labels.clone(), subscriber.caught_up());
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let thread = std::thread::Builder::new()
             .name(format!("kvtwin-zmq-{worker}"))
             .spawn(move || {
+                let _entered = span.enter();
                 let mut numbering = EventNumbering::default();
                 let mut seen = SubscriberStats::default();
+                let mut caught_up = subscriber.caught_up();
                 while !stopping.load(Ordering::Relaxed) {
-                    let item = match subscriber.next(Self::POLL) {
+                    let next = subscriber.next(Self::POLL);
+                    let stats = subscriber.stats();
+                    if connection_changed(&seen, &stats) || caught_up != subscriber.caught_up() {
+                        let mut router = lock(&state);
+                        note_connection(&mut router, &labels, &seen, &stats);
+                        if !caught_up && subscriber.caught_up() {
+                            caught_up = true;
+                            router.note_caught_up(&labels);
+                        }
+                        seen.connects = stats.connects;
+                        seen.disconnects = stats.disconnects;
+                        seen.connect_retries = stats.connect_retries;
+                    }
+                    let item = match next {
                         Ok(Some(item)) => item,
                         Ok(None) => continue,
                         // A socket error other than a timeout: the context is gone.
@@ -184,6 +217,7 @@ impl ZmqSource {
                     for _ in seen.replay_dropped..stats.replay_dropped {
                         router.drop_for(worker, "replay_overflow");
                     }
+                    // The connection counts in it were handed over above.
                     seen = stats;
                     for reason in skipped {
                         router.drop_for(worker, reason);
@@ -230,6 +264,31 @@ impl ZmqSource {
             .take()
             .and_then(|thread| thread.join().ok())
             .unwrap_or_default()
+    }
+}
+
+/// Whether the subscriber's connection counts moved since `seen`.
+fn connection_changed(seen: &SubscriberStats, stats: &SubscriberStats) -> bool {
+    (stats.connects, stats.disconnects, stats.connect_retries)
+        != (seen.connects, seen.disconnects, seen.connect_retries)
+}
+
+/// Hands the connection events between `seen` and `stats` to the state: losses and
+/// retries first, then connects (so a connect after a loss is a reconnect).
+fn note_connection(
+    router: &mut super::state::RouterState,
+    labels: &SourceLabels,
+    seen: &SubscriberStats,
+    stats: &SubscriberStats,
+) {
+    for _ in seen.disconnects..stats.disconnects {
+        router.note_connection(labels, ConnectionEvent::Disconnected);
+    }
+    for _ in seen.connect_retries..stats.connect_retries {
+        router.note_connection(labels, ConnectionEvent::ConnectRetried);
+    }
+    for _ in seen.connects..stats.connects {
+        router.note_connection(labels, ConnectionEvent::Connected);
     }
 }
 

@@ -26,7 +26,7 @@
 //! Never: touch a socket, or decide what a malformed message is (sources decode and call
 //! [`RouterState::drop_one`] or [`RouterState::drop_for`] with the decoder's reason).
 
-use super::metrics::{Gauge, Metrics};
+use super::metrics::{Metrics, SourceLabels};
 use super::stream::{RouteCandidate, RouteRecord, TierCounts, WorkerKey};
 use super::translate::EngineHashes;
 use super::warn::WarnLimiter;
@@ -202,6 +202,8 @@ pub struct RouterState {
     route_seq: u64,
     /// Bounds the warnings of gaps, losses, reconnects, restarts, drops and evictions.
     warnings: WarnLimiter,
+    /// The sources' connections and readiness.
+    sources: SourceTable,
 }
 
 impl std::fmt::Debug for RouterState {
@@ -244,6 +246,7 @@ impl RouterState {
             routes: VecDeque::with_capacity(ROUTE_RECORDS_KEPT),
             route_seq: 0,
             warnings: WarnLimiter::default(),
+            sources: SourceTable::default(),
         }
     }
 
@@ -393,6 +396,58 @@ impl RouterState {
             let key = self.primary(worker);
             self.touch(key).integrity.reconnects += count;
         }
+    }
+
+    /// Registers an event source: counted in `/metrics` from now on, and `/readyz`
+    /// waits for it unless `caught_up`.
+    pub fn register_source(&mut self, source: SourceLabels, caught_up: bool) {
+        self.bump();
+        self.sources.register(source, caught_up);
+    }
+
+    /// `source` finished its initial replay or catch-up.
+    pub fn note_caught_up(&mut self, source: &SourceLabels) {
+        if self.sources.caught_up(source) {
+            self.bump();
+            tracing::info!(
+                transport = source.transport,
+                endpoint = %source.endpoint,
+                "caught up"
+            );
+        }
+    }
+
+    /// Records what happened to `source`'s connection; a reconnect is counted globally
+    /// too and warned about (rate-limited). Per-worker attribution is the caller's
+    /// ([`RouterState::note_reconnects`]).
+    pub fn note_connection(&mut self, source: &SourceLabels, event: ConnectionEvent) {
+        self.bump();
+        if self.sources.connection(source, event) {
+            self.metrics.reconnects += 1;
+            self.warn("reconnect", || {
+                format!("{} {}: reconnected", source.transport, source.endpoint)
+            });
+        } else if event == ConnectionEvent::Disconnected {
+            self.warn("disconnect", || {
+                format!("{} {}: disconnected", source.transport, source.endpoint)
+            });
+        }
+    }
+
+    /// `count` reconnects of `source` reported as a count (NATS), without the global
+    /// count [`RouterState::note_reconnects`] keeps.
+    pub fn note_source_reconnects(&mut self, source: &SourceLabels, count: u64) {
+        self.sources.reconnected(source, count);
+    }
+
+    /// The sources and their status.
+    pub fn sources(&self) -> &SourceTable {
+        &self.sources
+    }
+
+    /// `Ok` once every source registered has caught up; otherwise why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        self.sources.readiness()
     }
 
     /// Applies a batch of events in order, timing it. An event that cannot be translated
@@ -751,124 +806,12 @@ impl RouterState {
                 .collect(),
         )
     }
-
-    /// The Prometheus text: the counters and the state's sizes.
-    pub fn render_metrics(&self) -> String {
-        struct Row {
-            labels: String,
-            indexed: u64,
-            evictions: WorkerEvictions,
-            over_declared: Option<bool>,
-        }
-        let rows: Vec<Row> = self
-            .workers
-            .iter()
-            .map(|(key, entry)| {
-                let summary = self.summary(*key, entry);
-                Row {
-                    labels: format!(
-                        "worker_id=\"{}\",dp_rank=\"{}\"",
-                        key.worker.get(),
-                        key.dp_rank
-                    ),
-                    indexed: summary.indexed_blocks,
-                    evictions: summary.evictions,
-                    over_declared: summary.over_declared,
-                }
-            })
-            .collect();
-        let mut per_tier = [0u64; 4];
-        for entry in self.workers.values() {
-            for (total, count) in per_tier.iter_mut().zip(entry.hashes.counts()) {
-                *total += count;
-            }
-        }
-        let gauges = [
-            Gauge {
-                name: "kvtwin_router_workers",
-                help: "Worker ranks known.",
-                values: vec![(String::new(), self.workers.len() as u64)],
-            },
-            Gauge {
-                name: "kvtwin_router_blocks",
-                help: "Blocks cached across workers, by tier.",
-                values: Tier::ALL
-                    .iter()
-                    .map(|tier| (format!("tier=\"{tier}\""), per_tier[tier.index()]))
-                    .collect(),
-            },
-            Gauge {
-                name: "kvtwin_router_index_pairs",
-                help: "(worker, block) pairs in the index.",
-                values: vec![(String::new(), self.indexer.pairs() as u64)],
-            },
-            Gauge {
-                name: "kvtwin_router_index_blocks",
-                help: "Distinct blocks in the index (what --max-blocks caps).",
-                values: vec![(String::new(), self.indexer.distinct_blocks() as u64)],
-            },
-            Gauge {
-                name: "kvtwin_router_index_max_blocks",
-                help: "The index's cap on distinct blocks (0: none).",
-                values: vec![(
-                    String::new(),
-                    self.limits.budget.max_blocks.unwrap_or(0) as u64,
-                )],
-            },
-            Gauge {
-                name: "kvtwin_router_index_heap_bytes",
-                help: "Heap bytes of the index (tree, position table, recency).",
-                values: vec![(String::new(), self.indexer.heap_bytes() as u64)],
-            },
-            Gauge {
-                name: "kvtwin_router_worker_indexed_blocks",
-                help: "Blocks the index holds for each worker rank.",
-                values: rows.iter().map(|r| (r.labels.clone(), r.indexed)).collect(),
-            },
-            Gauge {
-                name: "kvtwin_router_worker_over_declared",
-                help: "1 when a worker rank reports more blocks than its declared capacity.",
-                values: rows
-                    .iter()
-                    .filter_map(|r| r.over_declared.map(|o| (r.labels.clone(), u64::from(o))))
-                    .collect(),
-            },
-        ];
-        let counters = [
-            // A count that only grows: a counter (it was a gauge named without `_total`).
-            Gauge {
-                name: "kvtwin_router_event_id_gaps_total",
-                help: "Events whose id did not follow their worker rank's previous one.",
-                values: vec![(String::new(), self.indexer.stats().event_id_gaps)],
-            },
-            Gauge {
-                name: "kvtwin_router_evicted_blocks_total",
-                help: "Blocks the index budget evicted from a worker rank's view.",
-                values: rows
-                    .iter()
-                    .map(|r| (r.labels.clone(), r.evictions.evicted_blocks))
-                    .collect(),
-            },
-            Gauge {
-                name: "kvtwin_router_evicted_removals_total",
-                help: "Removals of blocks the budget had evicted (not errors).",
-                values: rows
-                    .iter()
-                    .map(|r| (r.labels.clone(), r.evictions.evicted_removals))
-                    .collect(),
-            },
-            Gauge {
-                name: "kvtwin_router_stored_under_evicted_total",
-                help: "Stores skipped because the budget had evicted their parent.",
-                values: rows
-                    .iter()
-                    .map(|r| (r.labels.clone(), r.evictions.stored_under_evicted))
-                    .collect(),
-            },
-        ];
-        self.metrics.render_with(&counters, &gauges)
-    }
 }
+
+mod expose;
+pub mod sources;
+
+pub use sources::{ConnectionEvent, SourceStatus, SourceTable};
 
 #[cfg(test)]
 mod tests;

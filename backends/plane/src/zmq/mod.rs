@@ -18,7 +18,10 @@ mod publisher;
 mod subscriber;
 
 pub use publisher::{Delivery, PublisherConfig, PublisherStats, ZmqPublisher};
-pub use subscriber::{CatchUp, SubscriberConfig, SubscriberItem, SubscriberStats, ZmqSubscriber};
+pub use subscriber::{
+    CatchUp, SubscriberConfig, SubscriberItem, SubscriberStats, ZmqSubscriber, RECONNECT_IVL,
+    RECONNECT_IVL_MAX,
+};
 
 use crate::wire::frames::{parse_sequence, FrameError, RawBatch};
 

@@ -23,6 +23,10 @@
 //! [later batches of that replay are dropped, counted in `replay_dropped`, and reported
 //! `Lost` when they were needed]; `ready`, which holds at most one replay's batches plus
 //! one live item.
+//! Connections: both sockets reconnect inside libzmq with a backoff ([`RECONNECT_IVL`]
+//! doubling to [`RECONNECT_IVL_MAX`], plus libzmq's jitter); the live socket's monitor
+//! (an inproc PAIR) is drained on every `next`, and its connects, disconnects and connect
+//! retries are counted in [`SubscriberStats`].
 //! Never: decode payloads, or wait longer than the caller's timeout on the live stream
 //! (a replay waits at most `replay_timeout`).
 
@@ -132,12 +136,35 @@ pub struct SubscriberStats {
     pub malformed: u64,
     /// Replayed batches dropped past `replay_batches_max`.
     pub replay_dropped: u64,
+    /// Connections of the live socket made (libzmq's monitor; the first included).
+    pub connects: u64,
+    /// Connections of the live socket lost.
+    pub disconnects: u64,
+    /// Connect attempts of the live socket that failed and were retried.
+    pub connect_retries: u64,
 }
+
+/// libzmq's first reconnect interval: the default, stated so the backoff below has a base.
+pub const RECONNECT_IVL: Duration = Duration::from_millis(100);
+
+/// libzmq's longest reconnect interval. With it set, libzmq doubles the interval after
+/// each failed attempt up to this (unset, the default, it retries every
+/// `RECONNECT_IVL` forever), and adds a random part of up to one `RECONNECT_IVL` to
+/// each wait, so engines restarted together are not all reconnected to at once.
+pub const RECONNECT_IVL_MAX: Duration = Duration::from_secs(5);
+
+/// Where a subscriber's monitor publishes its live socket's connection events (an
+/// inproc endpoint of the subscriber's own context, so one name serves every subscriber).
+const MONITOR_ENDPOINT: &str = "inproc://kvtwin-subscriber-monitor";
 
 /// An engine KV event subscriber; see the module documentation.
 pub struct ZmqSubscriber {
     context: zmq::Context,
     socket: zmq::Socket,
+    /// The PAIR end of the live socket's monitor (`None` if libzmq refused one).
+    monitor: Option<zmq::Socket>,
+    /// The initial catch-up is done (see [`ZmqSubscriber::caught_up`]).
+    caught_up: bool,
     config: SubscriberConfig,
     replay: Option<zmq::Socket>,
     /// The sequence number the next live batch should have; `None` before the first.
@@ -188,6 +215,8 @@ impl ZmqSubscriber {
         socket
             .set_subscribe(config.topic.as_bytes())
             .map_err(socket_error("subscribe", endpoint))?;
+        set_reconnect_backoff(&socket, endpoint)?;
+        let monitor = open_monitor(&context, &socket);
         if endpoint.contains('*') {
             super::bind_with_retry(&socket, endpoint)?;
         } else {
@@ -195,9 +224,14 @@ impl ZmqSubscriber {
                 .connect(endpoint)
                 .map_err(socket_error("connect", endpoint))?;
         }
+        // Nothing to catch up from without a replay socket, or when told not to.
+        let caught_up =
+            config.replay_endpoint.is_none() || config.catch_up == CatchUp::FromFirstReceived;
         let mut subscriber = Self {
             context,
             socket,
+            monitor,
+            caught_up,
             config,
             replay: None,
             expected: None,
@@ -225,10 +259,41 @@ impl ZmqSubscriber {
         dealer
             .set_rcvhwm(i32::try_from(self.config.replay_batches_max).unwrap_or(i32::MAX))
             .map_err(socket_error("set_rcvhwm", endpoint))?;
+        set_reconnect_backoff(&dealer, endpoint)?;
         dealer
             .connect(endpoint)
             .map_err(socket_error("connect", endpoint))?;
         Ok(Some(dealer))
+    }
+
+    /// Whether the initial catch-up is done: at once without a replay socket (or with
+    /// `CatchUp::FromFirstReceived`); otherwise once the first replay from the start has
+    /// been tried, whatever it gave (an engine that is not up yet must not keep its
+    /// router unready; what it missed is recovered when it appears), or the first live
+    /// batch has been taken (which replays what came before it).
+    pub fn caught_up(&self) -> bool {
+        self.caught_up
+    }
+
+    /// Counts the live socket's connection events the monitor has queued.
+    fn drain_monitor(&mut self) {
+        let Some(monitor) = &self.monitor else {
+            return;
+        };
+        // Bounded by the monitor's own queue (libzmq's default high-water mark).
+        while let Ok(frames) = monitor.recv_multipart(zmq::DONTWAIT) {
+            let Some(event) = frames.first().and_then(|frame| frame.get(..2)) else {
+                continue;
+            };
+            let event = u16::from_le_bytes([event[0], event[1]]);
+            if event == zmq::SocketEvent::CONNECTED.to_raw() {
+                self.stats.connects += 1;
+            } else if event == zmq::SocketEvent::DISCONNECTED.to_raw() {
+                self.stats.disconnects += 1;
+            } else if event == zmq::SocketEvent::CONNECT_RETRIED.to_raw() {
+                self.stats.connect_retries += 1;
+            }
+        }
     }
 
     /// What it has seen so far.
@@ -244,6 +309,7 @@ impl ZmqSubscriber {
     /// The next item, waiting up to `timeout` for the live stream; `None` if nothing
     /// came. A gap is filled (within `replay_timeout`) before this returns.
     pub fn next(&mut self, timeout: Duration) -> Result<Option<SubscriberItem>, ZmqError> {
+        self.drain_monitor();
         if let Some(item) = self.ready.pop_front() {
             return Ok(Some(item));
         }
@@ -266,6 +332,7 @@ impl ZmqSubscriber {
                 self.stats.live += 1;
                 self.last_heard = Instant::now();
                 self.accept(batch);
+                self.caught_up = true;
             }
             Err(error) => {
                 self.stats.malformed += 1;
@@ -291,6 +358,7 @@ impl ZmqSubscriber {
                     self.expected = Some(last + 1);
                 }
             }
+            self.caught_up = true;
             return;
         };
         // Ask from the last batch seen: an engine that still has it, with the same
@@ -457,4 +525,29 @@ impl ZmqSubscriber {
 /// A hash of a payload, to tell a replayed batch seen again from a new one.
 fn payload_hash(payload: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(payload)
+}
+
+/// Gives `socket` libzmq's reconnect backoff ([`RECONNECT_IVL`] doubling up to
+/// [`RECONNECT_IVL_MAX`], with libzmq's jitter).
+fn set_reconnect_backoff(socket: &zmq::Socket, endpoint: &str) -> Result<(), ZmqError> {
+    let millis = |d: Duration| i32::try_from(d.as_millis()).unwrap_or(i32::MAX);
+    socket
+        .set_reconnect_ivl(millis(RECONNECT_IVL))
+        .map_err(socket_error("set_reconnect_ivl", endpoint))?;
+    socket
+        .set_reconnect_ivl_max(millis(RECONNECT_IVL_MAX))
+        .map_err(socket_error("set_reconnect_ivl_max", endpoint))
+}
+
+/// A monitor of `socket`'s connects, disconnects and connect retries, read through a
+/// PAIR socket; `None` if libzmq refuses (the counts then stay 0, nothing else changes).
+fn open_monitor(context: &zmq::Context, socket: &zmq::Socket) -> Option<zmq::Socket> {
+    let events = zmq::SocketEvent::CONNECTED.to_raw()
+        | zmq::SocketEvent::DISCONNECTED.to_raw()
+        | zmq::SocketEvent::CONNECT_RETRIED.to_raw();
+    socket.monitor(MONITOR_ENDPOINT, i32::from(events)).ok()?;
+    let pair = context.socket(zmq::PAIR).ok()?;
+    pair.set_linger(0).ok()?;
+    pair.connect(MONITOR_ENDPOINT).ok()?;
+    Some(pair)
 }

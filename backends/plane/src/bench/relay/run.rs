@@ -111,6 +111,7 @@ pub fn run_relay_bench(config: &RelayBenchConfig) -> Result<RelayBenchReport, Re
             },
             limits: DecodeLimits::default(),
             publish_attempts: 1,
+            drain_timeout: crate::service::relay::DRAIN_TIMEOUT,
         };
         relays.push(relay_rt.spawn(run_relay(relay, shutdown(stopped.clone()))));
         publishers.push(publisher);

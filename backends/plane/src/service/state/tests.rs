@@ -55,7 +55,7 @@ fn refused_events_are_counted_by_reason_and_the_rest_applied() {
     assert_eq!(state.indexer().pairs(), 0);
     assert!(state
         .render_metrics()
-        .contains("kvtwin_router_restarts_total 1\n"));
+        .contains("kvtwin_router_engine_restarts_total 1\n"));
 }
 
 #[test]
@@ -140,7 +140,7 @@ fn a_budget_bounds_the_index_and_the_engine_hashes_and_counts_per_rank() {
     assert!(
         text.contains("kvtwin_router_evicted_blocks_total{worker_id=\"1\",dp_rank=\"0\"} 2992\n")
     );
-    assert!(text.contains("# TYPE kvtwin_router_evicted_blocks_total counter\n"));
+    assert!(text.contains("# TYPE kvtwin_router_evicted_blocks counter\n"));
     assert!(text.contains("kvtwin_router_worker_over_declared{worker_id=\"1\",dp_rank=\"0\"} 1\n"));
     // A restart keeps the rank's eviction counts.
     state.restart_worker(WorkerId::new(1));
