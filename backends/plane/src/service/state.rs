@@ -272,6 +272,18 @@ impl RouterState {
         &self.indexer
     }
 
+    /// Heap bytes of what grows with the blocks held: the index (`KvIndexer::heap_bytes`)
+    /// and every rank's engine-hash map, as allocated. What `bytes_per_block` figures in
+    /// BENCHMARKS.md divide by the blocks indexed.
+    pub fn heap_bytes(&self) -> usize {
+        self.indexer.heap_bytes()
+            + self
+                .workers
+                .values()
+                .map(|entry| entry.hashes.heap_bytes())
+                .sum::<usize>()
+    }
+
     /// The counters.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
@@ -819,6 +831,11 @@ impl RouterState {
                 name: "kvtwin_router_index_heap_bytes",
                 help: "Heap bytes of the index (tree, position table, recency).",
                 values: vec![(String::new(), self.indexer.heap_bytes() as u64)],
+            },
+            Gauge {
+                name: "kvtwin_router_heap_bytes",
+                help: "Heap bytes of the index and every worker rank's engine-hash map.",
+                values: vec![(String::new(), self.heap_bytes() as u64)],
             },
             Gauge {
                 name: "kvtwin_router_worker_indexed_blocks",
