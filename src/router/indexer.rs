@@ -26,9 +26,11 @@ use budget::Recency;
 pub use budget::{IndexBudget, WorkerIndexStats};
 use std::collections::BTreeMap;
 use tree::{BlockTree, Holder, HolderSet, NodeBlock, NodeId, ROOT};
+use walk::Walk;
 
 mod budget;
 mod tree;
+mod walk;
 
 /// Dense index of a worker inside the indexer.
 type Slot = u32;
@@ -578,21 +580,11 @@ impl KvIndexer {
         let mut mask = 0u64;
         let mut depth = 0u32;
         let mut by_tier = [0u32; 4];
-        let mut position = 0;
-        let mut current = self.tree.node(ROOT);
-        while let Some(&first) = query.get(position) {
-            let Some(id) = current.child(first) else {
-                break;
-            };
-            let node = self.tree.node(id);
-            let matched = node
-                .blocks
-                .iter()
-                .zip(&query[position..])
-                .take_while(|(block, tokens)| block.tokens_hash == **tokens)
-                .count() as u32;
+        for step in Walk::new(&self.tree, query) {
+            let node = step.node;
+            let matched = step.matched as u32;
             if in_mask && node.mask.exact {
-                if position == 0 {
+                if step.start == 0 {
                     mask = node.mask.slots;
                 }
                 self.emit_mask(mask & !node.mask.slots, depth, by_tier, done);
@@ -602,7 +594,7 @@ impl KvIndexer {
             } else {
                 if in_mask {
                     in_mask = false;
-                    if position == 0 {
+                    if step.start == 0 {
                         active.extend(node.holders.iter().map(|h| Candidate {
                             slot: h.slot(),
                             blocks: 0,
@@ -640,16 +632,14 @@ impl KvIndexer {
                     }
                 }
             }
-            position += matched as usize;
             let left = if in_mask {
                 mask.count_ones() as usize
             } else {
                 active.len()
             };
-            if left == 0 || (early_exit && left <= 1) || (matched as usize) < node.len() {
+            if left == 0 || (early_exit && left <= 1) {
                 break;
             }
-            current = node;
         }
         if in_mask {
             self.emit_mask(mask, depth, by_tier, done);

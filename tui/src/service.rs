@@ -157,19 +157,9 @@ pub(crate) struct RouterArgs {
     /// Serve on a non-loopback --listen address without a token (refused otherwise).
     #[arg(long)]
     insecure: bool,
-    /// Distinct blocks the index holds at most, all workers together (0: no cap). Past
-    /// it, the worker holding the most loses its least recently used leaves (a cache
-    /// miss later, never a wrong answer). The default, 2^24, is about 1.5 GB at the
-    /// measured ~90 bytes a block (index and engine hashes; BENCHMARKS.md): well inside
-    /// a 24 GiB machine.
-    #[arg(long, default_value_t = DEFAULT_MAX_BLOCKS, value_name = "BLOCKS")]
-    max_blocks: u64,
-    /// Blocks one worker rank holds in the index at most (0: no cap); past it, that
-    /// rank's least recently stored or matched leaves are evicted. The default, 2^22,
-    /// is above any single engine's cache we know (an 80 GB GPU holds ~10^5 blocks of
-    /// 16 tokens, with host and disk tiers ~10^6), so only a flood or a leak reaches it.
-    #[arg(long, default_value_t = DEFAULT_MAX_BLOCKS_PER_WORKER, value_name = "BLOCKS")]
-    max_blocks_per_worker: u64,
+    /// The index's memory budget.
+    #[command(flatten)]
+    budget: BudgetArgs,
     /// Blocks each worker declared it can hold, all tiers (vLLM's events do not carry
     /// it): a rank reporting more is flagged `over_declared` in GET /v1/workers and
     /// /metrics. Unset: not checked.
@@ -186,16 +176,42 @@ const DEFAULT_MAX_BLOCKS: u64 = 1 << 24;
 /// `--max-blocks-per-worker` by default: 2^22 blocks.
 const DEFAULT_MAX_BLOCKS_PER_WORKER: u64 = 1 << 22;
 
+/// The index budget's flags: `kvtwin router`'s, and `kvtwin dash`'s as a replica (which
+/// keeps the same index and so needs the same bound).
+#[derive(Args, Clone, Debug)]
+pub(crate) struct BudgetArgs {
+    /// Distinct blocks the index holds at most, all workers together (0: no cap). Past
+    /// it, the worker holding the most loses its least recently used leaves (a cache
+    /// miss later, never a wrong answer). The default, 2^24, is about 1.5 GB at the
+    /// measured ~90 bytes a block (index and engine hashes; BENCHMARKS.md): well inside
+    /// a 24 GiB machine.
+    #[arg(long, default_value_t = DEFAULT_MAX_BLOCKS, value_name = "BLOCKS")]
+    max_blocks: u64,
+    /// Blocks one worker rank holds in the index at most (0: no cap); past it, that
+    /// rank's least recently stored or matched leaves are evicted. The default, 2^22,
+    /// is above any single engine's cache we know (an 80 GB GPU holds ~10^5 blocks of
+    /// 16 tokens, with host and disk tiers ~10^6), so only a flood or a leak reaches it.
+    #[arg(long, default_value_t = DEFAULT_MAX_BLOCKS_PER_WORKER, value_name = "BLOCKS")]
+    max_blocks_per_worker: u64,
+}
+
+impl BudgetArgs {
+    /// The budget the flags set (0 is no cap).
+    pub(crate) fn budget(&self) -> IndexBudget {
+        let cap = |blocks: u64| (blocks > 0).then(|| usize::try_from(blocks).unwrap_or(usize::MAX));
+        IndexBudget {
+            max_blocks: cap(self.max_blocks),
+            max_blocks_per_worker: cap(self.max_blocks_per_worker),
+            ..IndexBudget::UNBOUNDED
+        }
+    }
+}
+
 impl RouterArgs {
     /// The state's limits from the flags (0 is no cap).
     fn limits(&self) -> RouterLimits {
-        let cap = |blocks: u64| (blocks > 0).then(|| usize::try_from(blocks).unwrap_or(usize::MAX));
         RouterLimits {
-            budget: IndexBudget {
-                max_blocks: cap(self.max_blocks),
-                max_blocks_per_worker: cap(self.max_blocks_per_worker),
-                ..IndexBudget::UNBOUNDED
-            },
+            budget: self.budget.budget(),
             worker_capacity_blocks: self.worker_capacity_blocks,
             ..RouterLimits::default()
         }

@@ -32,6 +32,7 @@
 //! past twice the blocks its worker holds (it is compacted).
 
 use super::tree::{NodeId, ROOT};
+use super::walk::Walk;
 use super::{with_tiers, Slot};
 use crate::events::StoredBlock;
 use crate::ids::{LocalBlockHash, SequenceHash, WorkerWithDpRank};
@@ -221,28 +222,9 @@ impl super::KvIndexer {
             return;
         };
         let stamp = recency.tick();
-        let mut deepest = None;
-        let mut position = 0;
-        let mut current = ROOT;
-        while let Some(&first) = query.get(position) {
-            let Some(id) = self.tree.node(current).child(first) else {
-                break;
-            };
-            let node = self.tree.node(id);
-            let matched = node
-                .blocks
-                .iter()
-                .zip(&query[position..])
-                .take_while(|(block, tokens)| block.tokens_hash == **tokens)
-                .count();
-            deepest = Some(id);
-            position += matched;
-            if matched < node.len() {
-                break;
-            }
-            current = id;
-        }
-        if let Some(id) = deepest {
+        // The walk a query takes ([`super::KvIndexer::find_matches_with`]'s): its last
+        // run is the deepest the query used.
+        if let Some(id) = Walk::new(&self.tree, query).last().map(|step| step.id) {
             self.tree.stamp_path(id, stamp);
         }
     }

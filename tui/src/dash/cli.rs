@@ -12,7 +12,7 @@ use super::router_source::RouterSource;
 use super::run::{interactive, once, LoopConfig, OnceUntil};
 use super::sim_source::{SimSource, TraceError};
 use super::source::{ReplaySource, Source};
-use crate::service::{parse_zmq_source, ZmqSourceArg};
+use crate::service::{parse_zmq_source, BudgetArgs, ZmqSourceArg};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kvtwin_plane::service::auth::{load_token, TokenSource};
@@ -52,6 +52,9 @@ pub(crate) struct DashArgs {
     /// The engines' block size (with --zmq): batches of another size are refused.
     #[arg(long, default_value_t = 16)]
     block_size: u32,
+    /// The replica's index budget (with --zmq or --nats), as `kvtwin router` keeps it.
+    #[command(flatten)]
+    budget: BudgetArgs,
     /// Be a router replica fed by Dynamo RouterEvents from this NATS server.
     #[arg(long, value_name = "URL")]
     nats: Option<String>,
@@ -195,23 +198,29 @@ async fn open_source(args: &DashArgs) -> Result<(Box<dyn Source>, SourceKind, On
         return Ok((Box::new(source), SourceKind::Router, OnceUntil::FirstFull));
     }
     if !args.zmq.is_empty() {
-        let source = ReplicaSource::start(ReplicaInput::Zmq {
-            sources: args.zmq.clone(),
-            block_size: args.block_size,
-        })
+        let source = ReplicaSource::start(
+            ReplicaInput::Zmq {
+                sources: args.zmq.clone(),
+                block_size: args.block_size,
+            },
+            args.budget.budget(),
+        )
         .await?;
         return Ok((Box::new(source), SourceKind::Replica, OnceUntil::Deadline));
     }
     if let Some(url) = &args.nats {
-        let source = ReplicaSource::start(ReplicaInput::Nats(Box::new(NatsInput {
-            url: url.clone(),
-            subject: args
-                .subject
-                .clone()
-                .unwrap_or_else(|| DEFAULT_SUBJECT.into()),
-            jetstream: args.jetstream.clone(),
-            auth: args.nats_auth.auth()?,
-        })))
+        let source = ReplicaSource::start(
+            ReplicaInput::Nats(Box::new(NatsInput {
+                url: url.clone(),
+                subject: args
+                    .subject
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_SUBJECT.into()),
+                jetstream: args.jetstream.clone(),
+                auth: args.nats_auth.auth()?,
+            })),
+            args.budget.budget(),
+        )
         .await?;
         return Ok((Box::new(source), SourceKind::Replica, OnceUntil::Deadline));
     }
@@ -268,4 +277,33 @@ async fn open_source(args: &DashArgs) -> Result<(Box<dyn Source>, SourceKind, On
         return Ok((Box::new(source), SourceKind::Replay, OnceUntil::End));
     }
     bail!("name a source: --router, --zmq, --nats, --sim or --replay")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        dash: DashArgs,
+    }
+
+    #[test]
+    fn a_replica_takes_the_routers_budget_flags_and_defaults() {
+        let parse = |extra: &[&str]| {
+            let args = ["dash", "--zmq", "1=tcp://127.0.0.1:5557"]
+                .iter()
+                .chain(extra)
+                .copied();
+            Cli::try_parse_from(args).unwrap().dash.budget.budget()
+        };
+        let default = parse(&[]);
+        assert_eq!(default.max_blocks, Some(1 << 24));
+        assert_eq!(default.max_blocks_per_worker, Some(1 << 22));
+        let small = parse(&["--max-blocks", "100", "--max-blocks-per-worker", "0"]);
+        assert_eq!(small.max_blocks, Some(100));
+        assert_eq!(small.max_blocks_per_worker, None);
+    }
 }

@@ -13,10 +13,11 @@ use super::plane_delta::delta_of_message;
 use super::source::{LiveClock, LiveFeed};
 use crate::service::{connect_nats, describe_zmq_source, start_zmq_sources, ZmqSourceArg};
 use anyhow::Result;
+use kvtwin::router::indexer::IndexBudget;
 use kvtwin_plane::nats::NatsAuth;
 use kvtwin_plane::service::http::{lock, SharedState};
 use kvtwin_plane::service::source::ZmqSource;
-use kvtwin_plane::service::state::RouterState;
+use kvtwin_plane::service::state::{RouterLimits, RouterState};
 use kvtwin_plane::service::stream::StreamCursor;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -79,8 +80,9 @@ impl Drop for Feeders {
 }
 
 impl ReplicaSource {
-    /// Starts listening; must run inside a tokio runtime.
-    pub(crate) async fn start(input: ReplicaInput) -> Result<LiveFeed> {
+    /// Starts listening, keeping the index within `budget` as the router does; must run
+    /// inside a tokio runtime.
+    pub(crate) async fn start(input: ReplicaInput, budget: IndexBudget) -> Result<LiveFeed> {
         let clock = LiveClock::start();
         let (sender, updates) = mpsc::channel(CHANNEL_BOUND);
         let (stop, _) = watch::channel(false);
@@ -90,7 +92,7 @@ impl ReplicaSource {
             ReplicaInput::Zmq { block_size, .. } => *block_size,
             ReplicaInput::Nats(_) => 16,
         };
-        let state: SharedState = Arc::new(Mutex::new(RouterState::new(block_size as usize)));
+        let state = replica_state(block_size, budget);
         let mut tasks = Vec::new();
         let (label, zmq) = match &input {
             ReplicaInput::Zmq { sources, .. } => {
@@ -120,6 +122,19 @@ impl ReplicaSource {
         };
         Ok(LiveFeed::new(updates, clock, label, feeders))
     }
+}
+
+/// The replica's state: the router's, held to the same budget (an uncapped replica
+/// would grow with whatever the engines publish).
+fn replica_state(block_size: u32, budget: IndexBudget) -> SharedState {
+    let limits = RouterLimits {
+        budget,
+        ..RouterLimits::default()
+    };
+    Arc::new(Mutex::new(RouterState::with_limits(
+        block_size as usize,
+        limits,
+    )))
 }
 
 /// Reads the state's changes every tick until the receiver goes.
@@ -187,5 +202,52 @@ async fn nats_forever(
             _ = stop.wait_for(|stop| *stop) => return,
         }
         backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvtwin::ids::{LocalBlockHash, WorkerId, WorkerWithDpRank};
+    use kvtwin::tier::Tier;
+    use kvtwin_plane::wire::{WorkerEvent, WorkerEventData};
+
+    #[test]
+    fn a_replica_keeps_the_budget_it_is_given() {
+        let budget = IndexBudget {
+            max_blocks: Some(100),
+            max_blocks_per_worker: Some(100),
+            ..IndexBudget::UNBOUNDED
+        };
+        let state = replica_state(16, budget);
+        let mut state = lock(&state);
+        assert_eq!(state.limits().budget, budget);
+        // 1,000 fresh blocks, 10 chains of 100: ten times the budget.
+        for chain in 0..10u64 {
+            let event = WorkerEvent {
+                worker: WorkerId::new(1),
+                dp_rank: 0,
+                event_id: chain,
+                data: WorkerEventData::Stored {
+                    parent: None,
+                    blocks: (chain * 100..(chain + 1) * 100)
+                        .map(|b| (b, LocalBlockHash::new(b)))
+                        .collect(),
+                    tier: Tier::Device,
+                },
+            };
+            assert!(state.apply(&event).is_ok());
+        }
+        let indexer = state.indexer();
+        assert!(
+            indexer.distinct_blocks() <= 100,
+            "{}",
+            indexer.distinct_blocks()
+        );
+        let key = WorkerWithDpRank {
+            worker: WorkerId::new(1),
+            dp_rank: 0,
+        };
+        assert_eq!(indexer.worker_stats(key).evicted_blocks, 900);
     }
 }

@@ -275,6 +275,18 @@ impl RouterState {
         &self.indexer
     }
 
+    /// Heap bytes of what grows with the blocks held: the index (`KvIndexer::heap_bytes`)
+    /// and every rank's engine-hash map, as allocated. What `bytes_per_block` figures in
+    /// BENCHMARKS.md divide by the blocks indexed.
+    pub fn heap_bytes(&self) -> usize {
+        self.indexer.heap_bytes()
+            + self
+                .workers
+                .values()
+                .map(|entry| entry.hashes.heap_bytes())
+                .sum::<usize>()
+    }
+
     /// The counters.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics

@@ -19,14 +19,22 @@
 //! down), and a store under such a hash is refused as `EvictedParent`, not
 //! `UnknownParent`. That guess can take a truly unknown removal for an evicted one; it
 //! never changes what the index answers.
+//!
+//! Memory: an entry is the engine hash, the kvtwin hash and the tier bits packed in 17
+//! bytes (a `HashMap<u64, (SequenceHash, u8)>` pads them to 24), in a hashbrown table
+//! rebuilt at its entries' size plus a quarter when it runs out of room or removals'
+//! tombstones pass an eighth of the entries, as the index's position table is
+//! (`BlockTree::reserve_locations`): hashbrown alone doubles a table whose load sits
+//! just above half under churn, which is where an engine's cache sits.
 //! Never: apply events to the indexer (the router state does), or guess a parent it does
 //! not know (the event is refused, as Dynamo's indexer refuses it).
 
 use crate::wire::{WorkerEvent, WorkerEventData};
+use hashbrown::HashTable;
 use kvtwin::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
 use kvtwin::ids::SequenceHash;
 use kvtwin::tokens::chain_sequence_hash;
-use rustc_hash::FxHashMap;
+use std::hash::BuildHasher;
 
 /// An event that cannot be translated; nothing of it was applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -52,17 +60,114 @@ impl TranslateError {
     }
 }
 
+/// One engine block: its hash, its kvtwin hash and the tiers holding it, packed (the
+/// fields are read by value, never by reference).
 #[derive(Clone, Copy, Debug)]
+#[repr(C, packed)]
 struct Entry {
-    sequence: SequenceHash,
+    engine: u64,
+    sequence: u64,
     /// Bit `Tier::index` set for each tier holding the block.
     tiers: u8,
+}
+
+const _: () = assert!(std::mem::size_of::<Entry>() == 17);
+
+fn hash_of(engine: u64) -> u64 {
+    rustc_hash::FxBuildHasher.hash_one(engine)
+}
+
+/// The engine-hash table: entries keyed by their engine hash, its size kept near its
+/// entries' (see the module documentation).
+#[derive(Clone, Debug, Default)]
+struct EngineTable {
+    table: HashTable<Entry>,
+    /// `table.capacity()` right after the last rebuild: what it falls short of now is
+    /// tombstones.
+    full_capacity: usize,
+}
+
+impl EngineTable {
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    fn get(&self, engine: u64) -> Option<Entry> {
+        let found = self.table.find(hash_of(engine), |e| {
+            let key = e.engine;
+            key == engine
+        });
+        found.copied()
+    }
+
+    fn get_mut(&mut self, engine: u64) -> Option<&mut Entry> {
+        self.table.find_mut(hash_of(engine), |e| {
+            let key = e.engine;
+            key == engine
+        })
+    }
+
+    /// The entry of `engine`, inserted as `fresh` if absent.
+    fn get_or_insert(&mut self, engine: u64, fresh: Entry) -> &mut Entry {
+        if self.get(engine).is_none() {
+            self.make_room();
+        }
+        let entry = self.table.entry(
+            hash_of(engine),
+            |e| {
+                let key = e.engine;
+                key == engine
+            },
+            |e| hash_of(e.engine),
+        );
+        entry.or_insert(fresh).into_mut()
+    }
+
+    fn remove(&mut self, engine: u64) {
+        if let Ok(entry) = self.table.find_entry(hash_of(engine), |e| {
+            let key = e.engine;
+            key == engine
+        }) {
+            entry.remove();
+        }
+    }
+
+    /// Room for one more entry; rebuilds at the entries' size plus a quarter when there
+    /// is none, or when tombstones pass an eighth of the entries (amortised O(1): a
+    /// rebuild follows at least that many removals or a growth).
+    fn make_room(&mut self) {
+        let entries = self.table.len();
+        let tombstones = self.full_capacity.saturating_sub(self.table.capacity());
+        if entries < self.table.capacity() && tombstones <= entries / 8 {
+            return;
+        }
+        let needed = entries + 1;
+        let mut rebuilt = HashTable::with_capacity(needed + needed / 4);
+        for entry in self.table.drain() {
+            rebuilt.insert_unique(hash_of(entry.engine), entry, |e| hash_of(e.engine));
+        }
+        self.table = rebuilt;
+        self.full_capacity = self.table.capacity();
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&mut Entry) -> bool) {
+        self.table.retain(|entry| keep(entry));
+        // Erased in place: those are tombstones too, shed at the next insert.
+    }
+
+    fn clear(&mut self) {
+        *self = EngineTable::default();
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.table.allocation_size()
+    }
 }
 
 /// One worker rank's engine hashes; see the module documentation.
 #[derive(Clone, Debug, Default)]
 pub struct EngineHashes {
-    blocks: FxHashMap<u64, Entry>,
+    blocks: EngineTable,
     /// Blocks reported held per tier, swept ones included.
     counts: [u64; 4],
     /// Of `counts`, blocks swept out of `blocks` and not yet removed.
@@ -99,7 +204,12 @@ impl EngineHashes {
 
     /// Whether the map is empty.
     pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
+        self.blocks.len() == 0
+    }
+
+    /// Heap bytes of the map, as allocated.
+    pub fn heap_bytes(&self) -> usize {
+        self.blocks.heap_bytes()
     }
 
     /// Forgets every block whose kvtwin hash `keep` refuses (the index evicted it); they
@@ -107,12 +217,13 @@ impl EngineHashes {
     pub fn sweep(&mut self, mut keep: impl FnMut(SequenceHash) -> bool) -> usize {
         let before = self.blocks.len();
         let untracked = &mut self.untracked;
-        self.blocks.retain(|_, entry| {
-            if keep(entry.sequence) {
+        self.blocks.retain(|entry| {
+            if keep(SequenceHash::new(entry.sequence)) {
                 return true;
             }
+            let tiers = entry.tiers;
             for (index, count) in untracked.iter_mut().enumerate() {
-                if entry.tiers & (1 << index) != 0 {
+                if tiers & (1 << index) != 0 {
                     *count += 1;
                 }
             }
@@ -123,7 +234,9 @@ impl EngineHashes {
 
     /// The kvtwin hash of engine block `engine`, if held in some tier.
     pub fn sequence_hash(&self, engine: u64) -> Option<SequenceHash> {
-        self.blocks.get(&engine).map(|entry| entry.sequence)
+        self.blocks
+            .get(engine)
+            .map(|entry| SequenceHash::new(entry.sequence))
     }
 
     /// Translates `event` into kvtwin's hashes and updates the map.
@@ -149,22 +262,26 @@ impl EngineHashes {
                 let mut stored = Vec::with_capacity(blocks.len());
                 for &(engine, tokens_hash) in blocks {
                     let sequence = chain_sequence_hash(previous, tokens_hash);
-                    let entry = self
-                        .blocks
-                        .entry(engine)
-                        .or_insert(Entry { sequence, tiers: 0 });
-                    if entry.sequence != sequence {
+                    let fresh = Entry {
+                        engine,
+                        sequence: sequence.get(),
+                        tiers: 0,
+                    };
+                    let entry = self.blocks.get_or_insert(engine, fresh);
+                    let (held, tiers) = (entry.sequence, entry.tiers);
+                    if held != sequence.get() {
                         // The engine reused a hash for other tokens: the newest wins,
                         // and the tiers that held the old block no longer do.
                         for (index, count) in self.counts.iter_mut().enumerate() {
-                            if entry.tiers & (1 << index) != 0 {
+                            if tiers & (1 << index) != 0 {
                                 *count -= 1;
                             }
                         }
-                        *entry = Entry { sequence, tiers: 0 };
+                        *entry = fresh;
                     }
-                    if entry.tiers & bit == 0 {
-                        entry.tiers |= bit;
+                    let tiers = entry.tiers;
+                    if tiers & bit == 0 {
+                        entry.tiers = tiers | bit;
                         self.counts[tier.index()] += 1;
                     }
                     stored.push(StoredBlock {
@@ -183,13 +300,14 @@ impl EngineHashes {
                 let bit = 1u8 << tier.index();
                 let mut removed = Vec::with_capacity(hashes.len());
                 for engine in hashes {
-                    match self.blocks.get_mut(engine) {
+                    match self.blocks.get_mut(*engine) {
                         Some(entry) if entry.tiers & bit != 0 => {
-                            entry.tiers &= !bit;
+                            let tiers = entry.tiers & !bit;
+                            entry.tiers = tiers;
                             self.counts[tier.index()] -= 1;
-                            removed.push(entry.sequence);
-                            if entry.tiers == 0 {
-                                self.blocks.remove(engine);
+                            removed.push(SequenceHash::new(entry.sequence));
+                            if tiers == 0 {
+                                self.blocks.remove(*engine);
                             }
                         }
                         Some(_) => self.unknown_removals += 1,

@@ -120,6 +120,11 @@ impl RouterState {
             "Heap bytes of the index (tree, position table, recency).",
             self.indexer.heap_bytes() as u64,
         );
+        out.gauge(
+            "kvtwin_router_heap_bytes",
+            "Heap bytes of the index and every worker rank's engine-hash map.",
+            self.heap_bytes() as u64,
+        );
         out.gauges(
             "kvtwin_router_worker_indexed_blocks",
             "Blocks the index holds for each worker rank.",
