@@ -492,11 +492,26 @@ impl KvIndexer {
                     }
                 })
                 .flatten();
+            // Under a budget, what the worker still holds below blocks it no longer holds
+            // at all is dropped with them (`drop_orphans_below`): the view stays
+            // prefix-closed.
+            let orphans = (self.recency.is_some()
+                && tiers & !bit == 0
+                && (hi < node.len() || self.tree.has_child_held_by(id, slot)))
+            .then(|| {
+                (
+                    node.blocks[hi - 1].block_hash,
+                    node.blocks.get(hi).map(|b| b.block_hash),
+                )
+            });
             let stamp = self.tree.stamp(id);
             let holders = with_tiers(&node.holders, slot, tiers & !bit);
             self.tree.retag(id, lo, hi, holders);
             if let Some(hash) = candidate {
                 self.queue_candidate(slot, stamp, hash);
+            }
+            if let Some((last_removed, next_in_run)) = orphans {
+                self.drop_orphans_below(slot, last_removed, next_in_run);
             }
         }
         if missing > 0 {

@@ -420,6 +420,74 @@ impl super::KvIndexer {
         evicted
     }
 
+    /// After a removal took `slot` off a block entirely (`last_removed`, followed in its
+    /// run by `next_in_run`, if any): whatever `slot` still holds below it can no longer
+    /// be matched (a query walks down from the root), so it leaves the view as evicted
+    /// blocks (counted, remembered). Under a budget this happens when the index had
+    /// evicted a block in every tier and the worker stored it again in one: its removal
+    /// of that tier leaves the tiers the index forgot, and the worker still holds the
+    /// blocks below. Dropping them keeps the view prefix-closed, at the price of misses
+    /// only. Rare (a leaf-first removal never gets here), so it walks by hash.
+    pub(super) fn drop_orphans_below(
+        &mut self,
+        slot: Slot,
+        last_removed: SequenceHash,
+        next_in_run: Option<SequenceHash>,
+    ) {
+        // Segments (first block's hash, blocks) the slot holds below, top-down.
+        let mut segments: Vec<(SequenceHash, usize)> = Vec::new();
+        let mut stack: Vec<(NodeId, usize)> = Vec::new();
+        match next_in_run {
+            Some(hash) => {
+                if let Some((id, offset)) = self.tree.locate(hash) {
+                    stack.push((id, offset));
+                }
+            }
+            None => {
+                if let Some((id, _)) = self.tree.locate(last_removed) {
+                    let children = self.tree.node(id).sorted_children();
+                    stack.extend(children.into_iter().map(|(_, child)| (child, 0)));
+                }
+            }
+        }
+        while let Some((id, from)) = stack.pop() {
+            let node = self.tree.node(id);
+            if node.holder(slot).is_none() {
+                continue;
+            }
+            segments.push((node.blocks[from].block_hash, node.len() - from));
+            stack.extend(
+                node.sorted_children()
+                    .into_iter()
+                    .map(|(_, child)| (child, 0)),
+            );
+        }
+        let limit = self.budget.evicted_remembered_per_worker;
+        let mut dropped = 0;
+        // Deepest first: each retag may split or merge runs, so every segment is found
+        // again by its first block's hash.
+        for (first, len) in segments.into_iter().rev() {
+            let Some((id, offset)) = self.tree.locate(first) else {
+                continue;
+            };
+            let node = self.tree.node(id);
+            let hashes: Vec<SequenceHash> = node.blocks[offset..offset + len]
+                .iter()
+                .map(|b| b.block_hash)
+                .collect();
+            let holders = with_tiers(&node.holders, slot, 0);
+            self.tree.retag(id, offset, offset + len, holders);
+            dropped += len;
+            if let Some(recency) = self.recency.as_mut() {
+                for hash in hashes {
+                    recency.evicted(slot).remember(hash, limit);
+                }
+            }
+        }
+        self.stats.evicted_blocks += dropped as u64;
+        self.slots[slot as usize].index.evicted_blocks += dropped as u64;
+    }
+
     /// Drops stale and repeated candidates once the queue passes twice what its worker
     /// holds, keeping each leaf's latest entry in order: the queue stays O(blocks held).
     fn compact_queue(&mut self, slot: Slot) {

@@ -132,6 +132,20 @@ fn an_unbounded_index_keeps_no_recency() {
     assert_eq!(index.budget(), IndexBudget::UNBOUNDED);
 }
 
+fn names(view: &BTreeMap<SequenceHash, u8>) -> Vec<(Vec<u64>, u8)> {
+    let mut out = Vec::new();
+    for (hash, tiers) in view {
+        for chain in CHAINS {
+            let ids = chain_of(&chain);
+            if let Some(i) = ids.iter().position(|b| b.sequence_hash == *hash) {
+                out.push((chain[..=i].to_vec(), *tiers));
+                break;
+            }
+        }
+    }
+    out
+}
+
 /// Whether every block of `view` (blocks of `CHAINS`) has its parent in `view` too.
 fn prefix_closed(view: &BTreeMap<SequenceHash, u8>) -> bool {
     let mut parent = BTreeMap::new();
@@ -285,7 +299,7 @@ proptest! {
                 let theirs = unbounded.blocks_of(key(worker));
                 // Eviction takes leaves only: a view the events kept prefix-closed stays so.
                 if prefix_closed(&theirs) {
-                    prop_assert!(prefix_closed(&mine), "evicted a block under a kept one");
+                    prop_assert!(prefix_closed(&mine), "evicted a block under a kept one: {:?} vs {:?}", names(&mine), names(&theirs));
                 }
                 for (hash, tiers) in &mine {
                     let all = theirs.get(hash).copied().unwrap_or(0);
