@@ -86,6 +86,9 @@ impl Histogram {
 pub struct Metrics {
     /// Events applied to the index.
     pub events_applied: u64,
+    /// Events handed to the state by the sources (applied or refused): with nothing
+    /// refused before decoding, every event a source carried.
+    pub events_received: u64,
     /// Batches (messages) received from sources.
     pub batches: u64,
     /// Gaps in a source's sequence.
@@ -146,6 +149,12 @@ impl Metrics {
             "kvtwin_router_events_applied_total",
             "KV events applied to the index.",
             self.events_applied,
+        );
+        counter(
+            &mut out,
+            "kvtwin_router_events_received_total",
+            "KV events handed to the index by the sources, applied or refused.",
+            self.events_received,
         );
         counter(
             &mut out,

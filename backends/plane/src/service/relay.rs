@@ -1,7 +1,8 @@
 //! The relay: one engine's ZMQ KV events onto NATS as Dynamo `RouterEvent`s, like
 //! Dynamo's own relay.
 //!
-//! Owns: [`RelayConfig`], [`NatsFormat`], [`RelayStats`] and [`run_relay`]. A thread
+//! Owns: [`RelayConfig`], [`NatsFormat`], [`RelayStats`], [`run_relay`] and
+//! [`run_relay_reporting`] (the same, its stats published after every step). A thread
 //! runs the ZMQ subscriber (gaps filled by replay, restarts detected) and decodes each
 //! batch into `RouterEvent`s with the engine's block hashes and computed token hashes,
 //! numbered per data-parallel rank; it hands them over a bounded channel to the async
@@ -77,6 +78,8 @@ pub struct RelayStats {
     pub lost_batches: u64,
     /// Batches or events refused, by reason.
     pub dropped: BTreeMap<&'static str, u64>,
+    /// Times the NATS connection came back after being lost.
+    pub reconnects: u64,
 }
 
 /// A relay could not start.
@@ -107,6 +110,17 @@ enum Hop {
 pub async fn run_relay(
     config: RelayConfig,
     shutdown: impl Future<Output = ()>,
+) -> Result<RelayStats, RelayError> {
+    run_relay_reporting(config, shutdown, None).await
+}
+
+/// [`run_relay`], with its stats sent to `progress` after each batch, restart, loss or
+/// drop is handled: a watcher (`kvtwin relay --stats-every-ms`) sees what was published
+/// and acknowledged so far, even if the process is later killed without a last word.
+pub async fn run_relay_reporting(
+    config: RelayConfig,
+    shutdown: impl Future<Output = ()>,
+    progress: Option<tokio::sync::watch::Sender<RelayStats>>,
 ) -> Result<RelayStats, RelayError> {
     let publisher = NatsPublisher::connect(config.nats.clone()).await?;
     let mut subscriber = ZmqSubscriber::new(config.zmq.clone())?;
@@ -189,35 +203,45 @@ pub async fn run_relay(
         let events = match hop {
             Hop::Events(events) => {
                 stats.batches += 1;
-                events
+                Some(events)
             }
             Hop::Restarted(cleared) => {
                 stats.restarts += 1;
-                cleared
+                Some(cleared)
             }
             Hop::Lost(batches) => {
                 stats.lost_batches += batches;
-                continue;
+                None
             }
             Hop::Dropped(reason, count) => {
                 *stats.dropped.entry(reason).or_default() += count;
-                continue;
+                None
             }
         };
-        publish(
-            &publisher,
-            &config,
-            &events,
-            &mut envelope_sequence,
-            &mut stats,
-        )
-        .await;
+        if let Some(events) = events {
+            publish(
+                &publisher,
+                &config,
+                &events,
+                &mut envelope_sequence,
+                &mut stats,
+            )
+            .await;
+        }
+        stats.reconnects = publisher.stats().connection.reconnected;
+        if let Some(progress) = &progress {
+            progress.send_replace(stats.clone());
+        }
     }
     stop.store(true, Ordering::Relaxed);
     // Unblocks a thread waiting to hand over, so it sees the stop flag.
     drop(receiver);
     let _ = thread.join();
     let _ = publisher.flush().await;
+    stats.reconnects = publisher.stats().connection.reconnected;
+    if let Some(progress) = &progress {
+        progress.send_replace(stats.clone());
+    }
     Ok(stats)
 }
 

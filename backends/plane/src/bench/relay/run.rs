@@ -290,6 +290,7 @@ pub fn run_relay_bench(config: &RelayBenchConfig) -> Result<RelayBenchReport, Re
             relay.publish_failures += stats.publish_failures;
             relay.restarts += stats.restarts;
             relay.lost_batches += stats.lost_batches;
+            relay.reconnects += stats.reconnects;
             for (reason, count) in stats.dropped {
                 *relay.dropped.entry(reason).or_default() += count;
             }
