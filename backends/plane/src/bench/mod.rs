@@ -10,6 +10,6 @@
 
 #[cfg(feature = "testing")]
 pub mod relay;
+pub mod router;
 #[cfg(feature = "testing")]
 pub mod soak;
-pub mod router;

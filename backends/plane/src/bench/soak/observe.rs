@@ -136,8 +136,14 @@ mod tests {
         );
         assert_eq!(parse_workers("{}"), None);
         let text = RouterState::new(16).render_metrics();
-        assert_eq!(metric(&text, "kvtwin_router_events_received_total"), Some(0));
-        assert_eq!(metric(&text, "kvtwin_router_source_reconnects_total"), Some(0));
+        assert_eq!(
+            metric(&text, "kvtwin_router_events_received_total"),
+            Some(0)
+        );
+        assert_eq!(
+            metric(&text, "kvtwin_router_source_reconnects_total"),
+            Some(0)
+        );
         assert_eq!(metric(&text, "kvtwin_router_nothing"), None);
     }
 }

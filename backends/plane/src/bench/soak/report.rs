@@ -122,7 +122,9 @@ impl SoakReport {
     fn restarts(&self, process: &str) -> u32 {
         self.rss
             .iter()
-            .filter(|rss| rss.process == process || (process == "relay" && rss.process.starts_with("relay-")))
+            .filter(|rss| {
+                rss.process == process || (process == "relay" && rss.process.starts_with("relay-"))
+            })
             .map(|rss| rss.lives.saturating_sub(1))
             .sum()
     }
@@ -193,7 +195,11 @@ impl std::fmt::Display for SoakReport {
             self.config.engines,
             self.config.rate_blocks_per_s,
             self.config.seed,
-            if self.config.chaos == Chaos::On { "on" } else { "off" }
+            if self.config.chaos == Chaos::On {
+                "on"
+            } else {
+                "off"
+            }
         )?;
         writeln!(
             f,
@@ -264,7 +270,12 @@ pub(super) struct Life {
 }
 
 /// A process's RSS figures from its lives (the last one is judged).
-pub(super) fn judge_rss(process: &str, lives: &[Life], windows: &Windows, judged: bool) -> ProcessRss {
+pub(super) fn judge_rss(
+    process: &str,
+    lives: &[Life],
+    windows: &Windows,
+    judged: bool,
+) -> ProcessRss {
     let last = lives.last().cloned().unwrap_or_default();
     let mean = |from: Duration, to: Duration| -> Option<u64> {
         let picked: Vec<u64> = last
@@ -306,10 +317,13 @@ mod tests {
         // Warm-up window [5, 7], last window [15, 20].
         let steady = life(0, &[(1, 10), (5, 100), (6, 100), (16, 105), (19, 109)]);
         let rss = judge_rss("router", &[steady], &windows, true);
-        assert_eq!((rss.after_warm_up_kib, rss.last_window_kib), (Some(100), Some(107)));
+        assert_eq!(
+            (rss.after_warm_up_kib, rss.last_window_kib),
+            (Some(100), Some(107))
+        );
         assert!(rss.passed());
         let leak = life(0, &[(5, 100), (7, 100), (16, 150), (20, 170)]);
-        assert!(!judge_rss("router", &[leak.clone()], &windows, true).passed());
+        assert!(!judge_rss("router", std::slice::from_ref(&leak), &windows, true).passed());
         // The soak process is reported, not judged.
         assert!(judge_rss("soak", &[leak], &windows, false).passed());
         // A drop passes; a restarted life is judged from its own warm-up ([15, 17]).

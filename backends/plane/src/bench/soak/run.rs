@@ -184,7 +184,10 @@ pub fn run_soak(
         if elapsed >= config.duration && schedule.is_empty() {
             break;
         }
-        std::thread::sleep(TICK.min(config.duration.saturating_sub(elapsed)).max(Duration::from_millis(20)));
+        std::thread::sleep(
+            TICK.min(config.duration.saturating_sub(elapsed))
+                .max(Duration::from_millis(20)),
+        );
     }
     let elapsed = soak.start.elapsed();
     let sent: Vec<(u64, u64, u64)> = engines
@@ -279,16 +282,13 @@ struct Soak {
 impl Soak {
     fn begin_life(&mut self, process: &str, pid: Option<u32>) {
         let started = self.start.elapsed();
-        self.lives
-            .entry(process.to_string())
-            .or_default()
-            .push((
-                pid,
-                Life {
-                    started,
-                    samples: Vec::new(),
-                },
-            ));
+        self.lives.entry(process.to_string()).or_default().push((
+            pid,
+            Life {
+                started,
+                samples: Vec::new(),
+            },
+        ));
     }
 
     fn life_count(&self, process: &str) -> usize {
@@ -370,7 +370,11 @@ impl Soak {
         Ok(())
     }
 
-    fn spawn_relay(&mut self, engine: usize, endpoints: &(String, String)) -> Result<Child, SoakError> {
+    fn spawn_relay(
+        &mut self,
+        engine: usize,
+        endpoints: &(String, String),
+    ) -> Result<Child, SoakError> {
         let name = format!("relay-{}", engine + 1);
         let life = self.life_count(&name) + 1;
         let log = self.dir.join(format!("{name}-{life}.log"));
@@ -465,7 +469,10 @@ impl Soak {
                 return Err(SoakError::Interrupted);
             }
             self.tick()?;
-            let now = self.router_address.and_then(observe::view).unwrap_or_default();
+            let now = self
+                .router_address
+                .and_then(observe::view)
+                .unwrap_or_default();
             let behind: Vec<u64> = (1..=self.config.engines as u64)
                 .filter(|worker| {
                     let was = before.get(worker).map_or(0, |view| view.received);
@@ -542,10 +549,13 @@ impl Soak {
             .router_address
             .and_then(|address| observe::get(address, "/metrics"))
         {
-            let received = observe::metric(&text, "kvtwin_router_events_received_total").unwrap_or(0);
+            let received =
+                observe::metric(&text, "kvtwin_router_events_received_total").unwrap_or(0);
             let applied = observe::metric(&text, "kvtwin_router_events_applied_total").unwrap_or(0);
             router_metrics = (received, applied);
-            if let Some(reconnects) = observe::metric(&text, "kvtwin_router_source_reconnects_total") {
+            if let Some(reconnects) =
+                observe::metric(&text, "kvtwin_router_source_reconnects_total")
+            {
                 self.router_reconnects.1 = reconnects;
             }
             if received >= stream_events || Instant::now() > deadline {
@@ -676,16 +686,18 @@ impl Soak {
     /// by this process.
     fn rebuild(&self, stream_messages: u64) -> Result<SharedState, SoakError> {
         let state: SharedState = Arc::new(Mutex::new(RouterState::new(16)));
-        let source = self.runtime.block_on(NatsSource::connect(NatsSourceConfig {
-            subscriber: SubscriberConfig::new(
-                &self.server.url(),
-                SUBJECT,
-                ConsumeMode::Replay {
-                    stream: STREAM.to_string(),
-                },
-            ),
-            limits: DecodeLimits::default(),
-        }))?;
+        let source = self
+            .runtime
+            .block_on(NatsSource::connect(NatsSourceConfig {
+                subscriber: SubscriberConfig::new(
+                    &self.server.url(),
+                    SUBJECT,
+                    ConsumeMode::Replay {
+                        stream: STREAM.to_string(),
+                    },
+                ),
+                limits: DecodeLimits::default(),
+            }))?;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let task = self.runtime.spawn(source.run(state.clone(), async move {
             let _ = stopped.wait_for(|stop| *stop).await;
@@ -726,7 +738,9 @@ fn matches_engines(view: &RouterView, stopped: &[Stopped]) -> Vec<String> {
 /// The router's address from its log's "listening on http://ADDR" line.
 fn listening_address(log: &Path) -> Option<SocketAddr> {
     let text = std::fs::read_to_string(log).ok()?;
-    let line = text.lines().find(|line| line.contains("listening on http://"))?;
+    let line = text
+        .lines()
+        .find(|line| line.contains("listening on http://"))?;
     let start = line.find("http://")? + "http://".len();
     line[start..].split_whitespace().next()?.parse().ok()
 }
@@ -746,6 +760,9 @@ mod tests {
             "x INFO kvtwin router: listening on http://127.0.0.1:4321 (POST /v1/route, ...)\n",
         )
         .unwrap();
-        assert_eq!(listening_address(&log), Some("127.0.0.1:4321".parse().unwrap()));
+        assert_eq!(
+            listening_address(&log),
+            Some("127.0.0.1:4321".parse().unwrap())
+        );
     }
 }

@@ -118,7 +118,9 @@ mod tests {
         for target in [Target::NatsServer, Target::Router] {
             assert_eq!(kills.iter().filter(|k| k.target == target).count(), 1);
         }
-        assert!(kills.iter().any(|k| matches!(k.target, Target::Relay(r) if r < 3)));
+        assert!(kills
+            .iter()
+            .any(|k| matches!(k.target, Target::Relay(r) if r < 3)));
         for kill in &kills {
             assert!(kill.at >= Duration::from_secs(15) && kill.at < Duration::from_secs(24));
         }
