@@ -55,6 +55,9 @@ impl Child {
             .stderr(stderr)
             // The user's token must not change what the soak's router wants.
             .env_remove("KVTWIN_AUTH_TOKEN")
+            // The soak reads the router's address from its `info` start-up line, whatever
+            // the user's RUST_LOG says for the soak itself.
+            .env("RUST_LOG", "info")
             // A Ctrl-C at the terminal reaches the soak alone; it stops the children.
             .process_group(0);
         // SAFETY: prctl(2) with constant arguments is async-signal-safe, which is all a
