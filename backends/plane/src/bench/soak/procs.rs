@@ -58,6 +58,8 @@ impl Child {
             // The soak reads the router's address from its `info` start-up line, whatever
             // the user's RUST_LOG says for the soak itself.
             .env("RUST_LOG", "info")
+            // An error's message, not a backtrace, ends the log the soak quotes.
+            .env("RUST_LIB_BACKTRACE", "0")
             // A Ctrl-C at the terminal reaches the soak alone; it stops the children.
             .process_group(0);
         // SAFETY: prctl(2) with constant arguments is async-signal-safe, which is all a

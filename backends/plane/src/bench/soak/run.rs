@@ -12,7 +12,9 @@ use super::procs::{log_tail, rss_kib, Child};
 use super::report::{judge_rss, KillRecord, Life, Verdict};
 use super::schedule::{kill_schedule, Kill, Target, Windows};
 use super::{Chaos, SoakConfig, SoakError, SoakReport, STREAM, SUBJECT};
-use crate::nats::{ConsumeMode, NatsError, NatsServer, SubscriberConfig};
+use crate::nats::{
+    ensure_stream, jetstream_context, ConsumeMode, NatsError, NatsServer, SubscriberConfig,
+};
 use crate::service::http::{lock, SharedState};
 use crate::service::nats_source::{NatsSource, NatsSourceConfig};
 use crate::service::state::RouterState;
@@ -27,6 +29,11 @@ use std::time::{Duration, Instant};
 
 /// How often RSS is sampled and children are checked.
 const TICK: Duration = Duration::from_millis(500);
+
+/// The stream's bound: far above what a soak stores (a 10-minute run at the default
+/// rate wrote about 23 MB in all), so nothing is discarded; a run that filled it would fail
+/// its state verdict, not pass silently.
+const STREAM_MAX_BYTES: u64 = 256 << 20;
 
 /// How long a router may take to listen, and relays and router to stop on SIGTERM.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -120,6 +127,10 @@ pub fn run_soak(
         relay_totals: RelayTotals::default(),
         jetstream_replayed_messages: 0,
     };
+    // Made here with a bound sized for a soak, before router and relays would make it
+    // with their default of 1 GiB, which a JetStream server refuses when its disk has less
+    // free (it reserves a stream's bound up front).
+    soak.create_stream()?;
     soak.start_router()?;
     let engines = Engines::start(
         config.engines,
@@ -403,6 +414,22 @@ impl Soak {
         let relay = Child::spawn(&name, &self.exe, &args, log)?;
         self.begin_life(&name, Some(relay.pid()));
         Ok(relay)
+    }
+
+    /// The soak's stream, file-backed, bounded at `STREAM_MAX_BYTES`.
+    fn create_stream(&self) -> Result<(), SoakError> {
+        let url = self.server.url();
+        self.runtime.block_on(async {
+            let client = async_nats::connect(&url)
+                .await
+                .map_err(|source| NatsError::Connect {
+                    url: url.clone(),
+                    source,
+                })?;
+            let context = jetstream_context(client, Duration::from_secs(5));
+            ensure_stream(&context, STREAM, SUBJECT, Some(STREAM_MAX_BYTES)).await?;
+            Ok(())
+        })
     }
 
     /// The stream's message count now.
