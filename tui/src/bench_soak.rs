@@ -27,7 +27,7 @@ pub(crate) struct SoakArgs {
     engines: usize,
     /// Blocks stored per second, all engines together (removals follow once caches are
     /// full).
-    #[arg(long, default_value_t = 200, value_name = "BLOCKS_PER_S")]
+    #[arg(long, default_value_t = 100, value_name = "BLOCKS_PER_S")]
     rate: u64,
     /// Blocks each engine caches before it evicts.
     #[arg(long, default_value_t = 512)]
