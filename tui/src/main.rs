@@ -11,6 +11,7 @@ mod bench_cuda;
 mod bench_dash;
 mod bench_relay;
 mod bench_sim;
+mod bench_soak;
 mod calibrate;
 mod dash;
 mod logging;
@@ -186,6 +187,10 @@ enum Bench {
     /// Push synthetic vLLM events through ZMQ → relay → NATS → router on loopback (its
     /// own nats-server) and report block events per second and the added latency.
     Relay(bench_relay::RelayArgs),
+    /// Run engines, relays, a JetStream nats-server and a router as processes for
+    /// minutes, `kill -9` and restart each of the latter at seeded moments, and check the
+    /// router against the engines, acknowledged events and RSS; one JSON line.
+    Soak(bench_soak::SoakArgs),
     /// Time the dashboard: frames per view and size, update ingest, the replica path at
     /// the event rate, key press to frame and replay speed; one JSON line.
     Dash(bench_dash::DashBenchArgs),
@@ -277,6 +282,7 @@ fn main() -> Result<()> {
         Command::Bench(Bench::Sim(args)) => bench_sim::run(&args),
         Command::Bench(Bench::Cuda(args)) => bench_cuda::run(&args),
         Command::Bench(Bench::Relay(args)) => bench_relay::run(&args),
+        Command::Bench(Bench::Soak(args)) => bench_soak::run(&args),
         Command::Bench(Bench::Dash(args)) => bench_dash::run(&args),
         Command::Sweep(args) => sweep::run(&args),
         Command::Router(args) => service::router(&args),

@@ -24,7 +24,7 @@ use kvtwin_plane::service::auth::{
 };
 use kvtwin_plane::service::http::{serve_with, SharedState, Transport};
 use kvtwin_plane::service::nats_source::{NatsSource, NatsSourceConfig};
-use kvtwin_plane::service::relay::{run_relay, NatsFormat, RelayConfig};
+use kvtwin_plane::service::relay::{run_relay_reporting, NatsFormat, RelayConfig, RelayStats};
 use kvtwin_plane::service::source::{VllmDecoder, ZmqSource};
 use kvtwin_plane::service::state::{RouterLimits, RouterState};
 use kvtwin_plane::service::tls::server_config;
@@ -329,6 +329,11 @@ pub(crate) struct RelayArgs {
     /// exit status 1.
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     drain_timeout_s: u64,
+    /// Also print the stats line (the one printed at exit) every this many milliseconds
+    /// while it changes, so a supervisor knows what was published and acknowledged even if
+    /// the relay is killed (`kvtwin bench soak` reads it).
+    #[arg(long, value_name = "MS")]
+    stats_every_ms: Option<u64>,
     /// Log lines as text or as one JSON object each (filter with RUST_LOG, default info).
     #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
     log_format: crate::logging::LogFormat,
@@ -592,24 +597,29 @@ pub(crate) fn relay(args: &RelayArgs) -> Result<()> {
                 .unwrap_or_else(|| "core NATS".to_string()),
             if args.envelope { "envelopes" } else { "JSON" }
         );
-        run_relay(config, stopped(&stop)).await
+        let progress = match args.stats_every_ms {
+            Some(ms) => {
+                let (sender, mut receiver) = watch::channel(RelayStats::default());
+                let every = std::time::Duration::from_millis(ms.max(1));
+                tokio::spawn(async move {
+                    let mut ticks = tokio::time::interval(every);
+                    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                    loop {
+                        ticks.tick().await;
+                        match receiver.has_changed() {
+                            Ok(true) => println!("{}", stats_json(&receiver.borrow_and_update())),
+                            Ok(false) => {}
+                            Err(_) => break,
+                        }
+                    }
+                });
+                Some(sender)
+            }
+            None => None,
+        };
+        run_relay_reporting(config, stopped(&stop), progress).await
     })?;
-    println!(
-        "{}",
-        json!({
-            "batches": stats.batches,
-            "events": stats.events,
-            "blocks": stats.blocks,
-            "messages": stats.messages,
-            "publish_failures": stats.publish_failures,
-            "restarts": stats.restarts,
-            "lost_batches": stats.lost_batches,
-            "dropped": stats.dropped,
-            "abandoned_events": stats.abandoned_events,
-            "zmq_reconnects": stats.zmq_reconnects,
-            "zmq_disconnects": stats.zmq_disconnects,
-        })
-    );
+    println!("{}", stats_json(&stats));
     if stats.unacknowledged() > 0 {
         bail!(
             "not everything decoded was acknowledged: {} publish(es) failed, {} event(s) still \
@@ -620,6 +630,24 @@ pub(crate) fn relay(args: &RelayArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The relay's stats line: one JSON object.
+fn stats_json(stats: &RelayStats) -> serde_json::Value {
+    json!({
+        "batches": stats.batches,
+        "events": stats.events,
+        "blocks": stats.blocks,
+        "messages": stats.messages,
+        "publish_failures": stats.publish_failures,
+        "restarts": stats.restarts,
+        "lost_batches": stats.lost_batches,
+        "dropped": stats.dropped,
+        "abandoned_events": stats.abandoned_events,
+        "zmq_reconnects": stats.zmq_reconnects,
+        "zmq_disconnects": stats.zmq_disconnects,
+        "nats_reconnects": stats.nats_reconnects,
+    })
 }
 
 #[cfg(test)]

@@ -3,10 +3,13 @@
 //! prints.
 //!
 //! Owns: `relay` (feature `testing`: engines → relays → NATS → router on loopback, it
-//! starts its own `nats-server`) and [`router`] (a `kv-router-workload` file replayed
+//! starts its own `nats-server`), `soak` (feature `testing`: the same as processes, for
+//! minutes, with `kill -9`s, checked against the engines) and [`router`] (a `kv-router-workload` file replayed
 //! through kvtwin's indexer, inline or sharded over threads).
 //! Never: be used as a correctness test (the plane's tests are), or print.
 
 #[cfg(feature = "testing")]
 pub mod relay;
 pub mod router;
+#[cfg(feature = "testing")]
+pub mod soak;

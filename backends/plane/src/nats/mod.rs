@@ -413,7 +413,10 @@ fn reconnect_delay(attempts: usize, max: Duration, seed: u64) -> Duration {
 }
 
 /// A JetStream context whose requests and acks are bounded by `timeout`.
-fn jetstream_context(client: async_nats::Client, timeout: Duration) -> jetstream::Context {
+pub(crate) fn jetstream_context(
+    client: async_nats::Client,
+    timeout: Duration,
+) -> jetstream::Context {
     jetstream::ContextBuilder::new()
         .timeout(timeout)
         .build(client)
@@ -421,7 +424,7 @@ fn jetstream_context(client: async_nats::Client, timeout: Duration) -> jetstream
 
 /// The stream `name` storing `subject`: created (file storage, oldest discarded past
 /// `max_bytes`) when missing, otherwise used as it is, provided it stores `subject`.
-async fn ensure_stream(
+pub(crate) async fn ensure_stream(
     context: &jetstream::Context,
     name: &str,
     subject: &str,

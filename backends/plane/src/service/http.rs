@@ -14,11 +14,15 @@
 //!   "host": n, "disk": n, "remote": n}, "last_event_id": n|null, "events": n, "gaps": n,
 //!   "out_of_order": n, "reconnects": n, "block_size_mismatches": n, "lost_batches": n,
 //!   "restarts": n, "dropped": n, "indexed_blocks": n, "evicted_blocks": n,
-//!   "evicted_removals": n, "stored_under_evicted": n, "over_declared": bool|null}]}`: each
+//!   "evicted_removals": n, "stored_under_evicted": n, "over_declared": bool|null,
+//!   "block_digest": "16 hex digits"}]}`: each
 //!   worker rank's cached blocks (as it reports them), last event id, stream integrity
 //!   counters (see `WorkerIntegrity`; gaps count occurrences), the blocks the index holds
 //!   for it and what the index budget evicted (see `WorkerEvictions`); `over_declared` is
-//!   null unless the router was told the workers' capacity.
+//!   null unless the router was told the workers' capacity. `block_digest` is
+//!   `translate::block_digest` of the engine block hashes (and tiers) it holds, in hex: a
+//!   worker (or a test) that computes the same over its own cache knows the router's view
+//!   of it is exact.
 //! - `GET /v1/stream`: server-sent events. Every 100 ms the handler looks at the state
 //!   (locked briefly) through a `StreamCursor` and, when something changed, sends
 //!   `event: delta` with one JSON `StreamMessage` as `data:`; a `:` keep-alive comment
@@ -273,6 +277,7 @@ async fn workers(State(state): State<SharedState>) -> Json<Value> {
                 "evicted_removals": summary.evictions.evicted_removals,
                 "stored_under_evicted": summary.evictions.stored_under_evicted,
                 "over_declared": summary.over_declared,
+                "block_digest": format!("{:016x}", summary.block_digest),
             })
         })
         .collect();

@@ -102,6 +102,9 @@ impl Histogram {
 pub struct Metrics {
     /// Events applied to the index.
     pub events_applied: u64,
+    /// Events handed to the state by the sources (applied or refused): with nothing
+    /// refused before decoding, every event a source carried.
+    pub events_received: u64,
     /// Batches (messages) received from sources.
     pub batches: u64,
     /// Gaps in a source's sequence.
@@ -151,6 +154,11 @@ impl Metrics {
             "kvtwin_router_kv_cache_events_applied_total",
             "KV events applied to the index (Dynamo: kv_cache_events_applied).",
             self.events_applied,
+        );
+        out.counter(
+            "kvtwin_router_events_received_total",
+            "KV events handed to the index by the sources, applied or refused.",
+            self.events_received,
         );
         out.counter(
             "kvtwin_router_batches_total",

@@ -1,7 +1,8 @@
 //! The relay: one engine's ZMQ KV events onto NATS as Dynamo `RouterEvent`s, like
 //! Dynamo's own relay.
 //!
-//! Owns: [`RelayConfig`], [`NatsFormat`], [`RelayStats`] and [`run_relay`]. A thread
+//! Owns: [`RelayConfig`], [`NatsFormat`], [`RelayStats`], [`run_relay`] and
+//! [`run_relay_reporting`] (the same, its stats published after every step). A thread
 //! runs the ZMQ subscriber (gaps filled by replay, restarts detected) and decodes each
 //! batch into `RouterEvent`s with the engine's block hashes and computed token hashes,
 //! numbered per data-parallel rank; it hands them over a bounded channel to the async
@@ -99,6 +100,8 @@ pub struct RelayStats {
     pub zmq_reconnects: u64,
     /// Connections of the ZMQ socket lost.
     pub zmq_disconnects: u64,
+    /// Times the NATS connection came back after being lost.
+    pub nats_reconnects: u64,
 }
 
 impl RelayStats {
@@ -185,19 +188,31 @@ pub async fn run_relay(
     config: RelayConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<RelayStats, RelayError> {
+    run_relay_reporting(config, shutdown, None).await
+}
+
+/// [`run_relay`], with its stats sent to `progress` after each batch, restart, loss or
+/// drop is handled: a watcher (`kvtwin relay --stats-every-ms`) sees what was published
+/// and acknowledged so far, even if the process is later killed without a last word.
+pub async fn run_relay_reporting(
+    config: RelayConfig,
+    shutdown: impl Future<Output = ()>,
+    progress: Option<tokio::sync::watch::Sender<RelayStats>>,
+) -> Result<RelayStats, RelayError> {
     let span = tracing::info_span!(
         "relay",
         worker_id = config.worker.get(),
         endpoint = %config.zmq.endpoint,
         subject = %config.nats.subject,
     );
-    tracing::Instrument::instrument(relay(config, shutdown, span.clone()), span).await
+    tracing::Instrument::instrument(relay(config, shutdown, span.clone(), progress), span).await
 }
 
 async fn relay(
     config: RelayConfig,
     shutdown: impl Future<Output = ()>,
     span: tracing::Span,
+    progress: Option<tokio::sync::watch::Sender<RelayStats>>,
 ) -> Result<RelayStats, RelayError> {
     let publisher = NatsPublisher::connect(config.nats.clone()).await?;
     let mut subscriber = ZmqSubscriber::new(config.zmq.clone())?;
@@ -308,45 +323,51 @@ async fn relay(
         let events = match hop {
             Hop::Events(events) => {
                 stats.batches += 1;
-                events
+                Some(events)
             }
             Hop::Restarted(cleared) => {
                 stats.restarts += 1;
-                cleared
+                Some(cleared)
             }
             Hop::Lost(batches) => {
                 stats.lost_batches += batches;
-                continue;
+                None
             }
             Hop::Dropped(reason, count) => {
                 *stats.dropped.entry(reason).or_default() += count;
-                continue;
+                None
             }
             Hop::Connection(reconnects, disconnects) => {
                 stats.zmq_reconnects += reconnects;
                 stats.zmq_disconnects += disconnects;
-                continue;
+                None
             }
         };
-        let events_before = stats.events;
-        let publishing = publish(
-            &publisher,
-            &config,
-            &events,
-            &mut envelope_sequence,
-            &mut stats,
-        );
-        match deadline {
-            None => publishing.await,
-            Some(at) => {
-                if tokio::time::timeout_at(at, publishing).await.is_err() {
-                    // Cut off mid-batch: what it had not seen acknowledged is lost (a
-                    // message whose ack was still on its way is counted lost too).
-                    let published = stats.events - events_before;
-                    stats.abandoned_events += events.len() as u64 - published;
-                    break;
+        if let Some(events) = events {
+            let events_before = stats.events;
+            let publishing = publish(
+                &publisher,
+                &config,
+                &events,
+                &mut envelope_sequence,
+                &mut stats,
+            );
+            match deadline {
+                None => publishing.await,
+                Some(at) => {
+                    if tokio::time::timeout_at(at, publishing).await.is_err() {
+                        // Cut off mid-batch: what it had not seen acknowledged is lost (a
+                        // message whose ack was still on its way is counted lost too).
+                        let published = stats.events - events_before;
+                        stats.abandoned_events += events.len() as u64 - published;
+                        break;
+                    }
                 }
             }
+        }
+        stats.nats_reconnects = publisher.stats().connection.reconnected;
+        if let Some(progress) = &progress {
+            progress.send_replace(stats.clone());
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -361,6 +382,10 @@ async fn relay(
         stats.abandoned_events += hop.events();
     }
     let _ = publisher.flush().await;
+    stats.nats_reconnects = publisher.stats().connection.reconnected;
+    if let Some(progress) = &progress {
+        progress.send_replace(stats.clone());
+    }
     if deadline.is_some() {
         tracing::info!(
             events = stats.events,

@@ -156,6 +156,9 @@ pub struct WorkerSummary {
     /// Whether it reports holding more blocks than declared; `None` when no capacity
     /// was declared.
     pub over_declared: Option<bool>,
+    /// The [`block_digest`](super::translate::block_digest) of the blocks it holds, as
+    /// engine hashes and tiers (of those tracked: a budget sweep drops evicted ones).
+    pub block_digest: u64,
 }
 
 /// What `/v1/route` answers.
@@ -470,6 +473,7 @@ impl RouterState {
         let start = Instant::now();
         let evicted_before = self.indexer.stats().evicted_blocks;
         let mut applied = 0;
+        self.metrics.events_received += events.len() as u64;
         for event in events {
             if self.apply(event).is_ok() {
                 applied += 1;
@@ -772,6 +776,7 @@ impl RouterState {
         let (indexed_blocks, evictions) = self.evictions(key, entry);
         WorkerSummary {
             key,
+            block_digest: entry.hashes.digest(),
             blocks,
             last_event_id: entry.last_event_id,
             integrity: entry.integrity,

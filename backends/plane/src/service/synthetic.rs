@@ -113,6 +113,14 @@ impl SyntheticEngine {
         self.cached.len()
     }
 
+    /// The [`block_digest`](crate::service::translate::block_digest) of the blocks cached
+    /// now (all in the configured tier): what a router that applied every batch so far
+    /// reports for this engine in `GET /v1/workers`.
+    pub fn block_digest(&self) -> u64 {
+        let tiers = 1u8 << self.config.tier.index();
+        crate::service::translate::block_digest(self.cached.keys().map(|&hash| (hash, tiers)))
+    }
+
     /// The next batch (sequence numbers from 0).
     pub fn next_batch(&mut self) -> EngineBatch {
         let mut events = Vec::new();
@@ -245,10 +253,27 @@ mod tests {
             assert!(a.cached_blocks() <= 256 + 12, "{}", a.cached_blocks());
         }
         assert_eq!(stored_blocks - removed_blocks, a.cached_blocks());
+        assert_eq!(a.block_digest(), b.block_digest());
+        assert_ne!(a.block_digest(), 0);
         assert!(
             removed_blocks > 0 && with_parent > 100,
             "{removed_blocks} {with_parent}"
         );
+        // A router fed every batch holds exactly the engine's cache.
+        let mut router = crate::service::state::RouterState::new(16);
+        let mut replay = SyntheticEngine::new(config);
+        for _ in 0..200 {
+            let mut events = Vec::new();
+            replay
+                .next_batch()
+                .worker_events(kvtwin::ids::WorkerId::new(4), &mut events)
+                .unwrap();
+            router.apply_batch(&events);
+        }
+        let row = &router.workers()[0];
+        assert_eq!(row.block_digest, a.block_digest());
+        assert_eq!(row.blocks[0], a.cached_blocks() as u64);
+        assert_eq!(row.indexed_blocks, a.cached_blocks() as u64);
         // Another engine shares the prompts and hashes them differently.
         let other = SyntheticEngine::new(SyntheticConfig { seed: 8, ..config });
         assert_eq!(other.prompts, a.prompts);

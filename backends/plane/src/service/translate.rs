@@ -3,7 +3,7 @@
 //!
 //! Owns: [`EngineHashes`] (one worker
 //! rank's map from engine hash to kvtwin `SequenceHash` and the tiers holding it, with
-//! per-tier counts) and [`TranslateError`].
+//! per-tier counts and the [`block_digest`] of what it tracks) and [`TranslateError`].
 //!
 //! Why: an engine's block hash is an opaque id (vLLM seeds it per process, so two workers
 //! hash the same tokens differently), while kvtwin's indexer keys blocks by the chain of
@@ -35,6 +35,37 @@ use kvtwin::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
 use kvtwin::ids::SequenceHash;
 use kvtwin::tokens::chain_sequence_hash;
 use std::hash::BuildHasher;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// One block's share of a [`block_digest`]: xxh3-64 of the engine hash's 8 little-endian
+/// bytes followed by the tier set (bit `Tier::index` per tier holding it).
+pub fn block_digest_term(engine: u64, tiers: u8) -> u64 {
+    let mut bytes = [0u8; 9];
+    bytes[..8].copy_from_slice(&engine.to_le_bytes());
+    bytes[8] = tiers;
+    xxh3_64(&bytes)
+}
+
+/// An order-independent digest of a set of blocks, each an engine hash and the tiers
+/// holding it: the wrapping sum of their [`block_digest_term`]s (0 for no blocks). Two
+/// sides that agree on the set agree on the digest whatever order they saw it in, and a
+/// router keeps it up to date block by block, so comparing a worker's cache with a
+/// router's view costs one number (`GET /v1/workers`' `block_digest`).
+pub fn block_digest(blocks: impl IntoIterator<Item = (u64, u8)>) -> u64 {
+    blocks.into_iter().fold(0u64, |digest, (engine, tiers)| {
+        digest.wrapping_add(block_digest_term(engine, tiers))
+    })
+}
+
+/// Moves `digest` from a block held in `old` tiers to `new` ones (an empty set is absent).
+fn retier(digest: &mut u64, engine: u64, old: u8, new: u8) {
+    if old != 0 {
+        *digest = digest.wrapping_sub(block_digest_term(engine, old));
+    }
+    if new != 0 {
+        *digest = digest.wrapping_add(block_digest_term(engine, new));
+    }
+}
 
 /// An event that cannot be translated; nothing of it was applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -174,6 +205,8 @@ pub struct EngineHashes {
     untracked: [u64; 4],
     unknown_removals: u64,
     evicted_removals: u64,
+    /// [`block_digest`] of `blocks`, kept as they change.
+    digest: u64,
 }
 
 impl EngineHashes {
@@ -197,6 +230,12 @@ impl EngineHashes {
         self.evicted_removals
     }
 
+    /// The [`block_digest`] of the blocks the map tracks (engine hash and tiers): with no
+    /// sweep, exactly what the worker reported holding.
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
     /// Engine hashes held in the map.
     pub fn len(&self) -> usize {
         self.blocks.len()
@@ -217,11 +256,13 @@ impl EngineHashes {
     pub fn sweep(&mut self, mut keep: impl FnMut(SequenceHash) -> bool) -> usize {
         let before = self.blocks.len();
         let untracked = &mut self.untracked;
+        let digest = &mut self.digest;
         self.blocks.retain(|entry| {
             if keep(SequenceHash::new(entry.sequence)) {
                 return true;
             }
             let tiers = entry.tiers;
+            retier(digest, entry.engine, tiers, 0);
             for (index, count) in untracked.iter_mut().enumerate() {
                 if tiers & (1 << index) != 0 {
                     *count += 1;
@@ -277,10 +318,12 @@ impl EngineHashes {
                                 *count -= 1;
                             }
                         }
+                        retier(&mut self.digest, engine, tiers, 0);
                         *entry = fresh;
                     }
                     let tiers = entry.tiers;
                     if tiers & bit == 0 {
+                        retier(&mut self.digest, engine, tiers, tiers | bit);
                         entry.tiers = tiers | bit;
                         self.counts[tier.index()] += 1;
                     }
@@ -303,6 +346,7 @@ impl EngineHashes {
                     match self.blocks.get_mut(*engine) {
                         Some(entry) if entry.tiers & bit != 0 => {
                             let tiers = entry.tiers & !bit;
+                            retier(&mut self.digest, *engine, entry.tiers, tiers);
                             entry.tiers = tiers;
                             self.counts[tier.index()] -= 1;
                             removed.push(SequenceHash::new(entry.sequence));
@@ -326,6 +370,7 @@ impl EngineHashes {
             }
             WorkerEventData::Cleared => {
                 self.blocks.clear();
+                self.digest = 0;
                 self.counts = [0; 4];
                 self.untracked = [0; 4];
                 KvCacheEventData::Cleared
@@ -416,6 +461,36 @@ mod tests {
             hashes.translate(&stored(Some(3), &[(4, 4)], Tier::Device)),
             Err(TranslateError::UnknownParent(3))
         );
+    }
+
+    #[test]
+    fn the_digest_kept_block_by_block_is_the_digest_of_the_blocks_held() {
+        let mut hashes = EngineHashes::new();
+        assert_eq!(hashes.digest(), 0);
+        hashes
+            .translate(&stored(None, &[(1, 1), (2, 2), (3, 3)], Tier::Device))
+            .unwrap();
+        hashes
+            .translate(&stored(Some(1), &[(2, 2)], Tier::Host))
+            .unwrap();
+        hashes.translate(&removed(&[3, 8], Tier::Device)).unwrap();
+        let device = 1 << Tier::Device.index();
+        let host = 1 << Tier::Host.index();
+        let expected = block_digest([(1, device), (2, device | host)]);
+        assert_eq!(hashes.digest(), expected);
+        // Order does not matter, and every difference shows.
+        assert_eq!(expected, block_digest([(2, device | host), (1, device)]));
+        assert_ne!(expected, block_digest([(1, device), (2, device)]));
+        assert_ne!(expected, block_digest([(1, device)]));
+        let first = hashes.sequence_hash(1).unwrap();
+        hashes.sweep(|sequence| sequence == first);
+        assert_eq!(hashes.digest(), block_digest([(1, device)]));
+        let cleared = WorkerEvent {
+            data: WorkerEventData::Cleared,
+            ..removed(&[], Tier::Host)
+        };
+        hashes.translate(&cleared).unwrap();
+        assert_eq!(hashes.digest(), 0);
     }
 
     #[test]

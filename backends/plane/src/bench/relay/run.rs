@@ -291,6 +291,7 @@ pub fn run_relay_bench(config: &RelayBenchConfig) -> Result<RelayBenchReport, Re
             relay.publish_failures += stats.publish_failures;
             relay.restarts += stats.restarts;
             relay.lost_batches += stats.lost_batches;
+            relay.nats_reconnects += stats.nats_reconnects;
             for (reason, count) in stats.dropped {
                 *relay.dropped.entry(reason).or_default() += count;
             }
