@@ -48,7 +48,8 @@ pub const ROUTE_RECORDS_KEPT: usize = 256;
 pub const REMOVALS_KEPT: usize = 1024;
 
 /// Engine hashes a rank may keep beyond twice its indexed blocks before they are swept
-/// (a sweep costs a pass over its map, so it waits for that much to gain).
+/// (a sweep costs a pass over a shard of its map, so it waits for that much to gain;
+/// each event over the bound sweeps the next shard).
 pub const SWEEP_SLACK: usize = 1024;
 
 /// Worker ranks known at most, unless [`RouterLimits`] says otherwise.
@@ -538,7 +539,7 @@ impl RouterState {
             let indexed = self.indexer.worker_stats(key).blocks as usize;
             if entry.hashes.len() > 2 * indexed + SWEEP_SLACK {
                 let indexer = &self.indexer;
-                entry.hashes.sweep(|hash| indexer.holds(key, hash));
+                entry.hashes.sweep_step(|hash| indexer.holds(key, hash));
             }
         }
         match result {

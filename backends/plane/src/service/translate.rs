@@ -21,11 +21,12 @@
 //! never changes what the index answers.
 //!
 //! Memory: an entry is the engine hash, the kvtwin hash and the tier bits packed in 17
-//! bytes (a `HashMap<u64, (SequenceHash, u8)>` pads them to 24), in a hashbrown table
-//! rebuilt at its entries' size plus a quarter when it runs out of room or removals'
-//! tombstones pass an eighth of the entries, as the index's position table is
+//! bytes (a `HashMap<u64, (SequenceHash, u8)>` pads them to 24), in 64 hashbrown
+//! shards, each rebuilt at its entries' size plus a quarter when it runs out of room or
+//! removals' tombstones pass an eighth of its entries, as the index's position table is
 //! (`BlockTree::reserve_locations`): hashbrown alone doubles a table whose load sits
-//! just above half under churn, which is where an engine's cache sits.
+//! just above half under churn, which is where an engine's cache sits. Sweeps and
+//! rebuilds pass over one shard at a time, so none holds the router's lock for long.
 //! Never: apply events to the indexer (the router state does), or guess a parent it does
 //! not know (the event is refused, as Dynamo's indexer refuses it).
 
@@ -108,61 +109,122 @@ fn hash_of(engine: u64) -> u64 {
     rustc_hash::FxBuildHasher.hash_one(engine)
 }
 
-/// The engine-hash table: entries keyed by their engine hash, its size kept near its
-/// entries' (see the module documentation).
+/// Shards of an engine-hash table (by bits of the key's hash that hashbrown's probing
+/// does not use): a sweep or a rebuild passes over one shard at a time, so the router
+/// state's lock is never held for a pass over a whole map (for a worker at a 4 M-block
+/// cap, a full sweep and the rebuild after it stalled `/v1/route` for seconds).
+const SHARDS: usize = 64;
+
+fn shard_of(hash: u64) -> usize {
+    (hash >> 40) as usize & (SHARDS - 1)
+}
+
+/// The engine-hash table: entries keyed by their engine hash, in [`SHARDS`] shards made
+/// on the first insert (an idle rank costs a few words).
 #[derive(Clone, Debug, Default)]
 struct EngineTable {
+    shards: Vec<Shard>,
+    /// The shard [`EngineTable::retain_step`] sweeps next.
+    cursor: usize,
+}
+
+/// One shard: its size kept near its entries' (see the module documentation).
+#[derive(Clone, Debug, Default)]
+struct Shard {
     table: HashTable<Entry>,
     /// `table.capacity()` right after the last rebuild: what it falls short of now is
     /// tombstones.
     full_capacity: usize,
 }
 
+fn same_key(engine: u64) -> impl Fn(&Entry) -> bool {
+    move |e| {
+        let key = e.engine;
+        key == engine
+    }
+}
+
 impl EngineTable {
     fn len(&self) -> usize {
-        self.table.len()
+        self.shards.iter().map(|shard| shard.table.len()).sum()
+    }
+
+    fn shard(&self, hash: u64) -> Option<&Shard> {
+        self.shards.get(shard_of(hash))
     }
 
     fn get(&self, engine: u64) -> Option<Entry> {
-        let found = self.table.find(hash_of(engine), |e| {
-            let key = e.engine;
-            key == engine
-        });
-        found.copied()
+        let hash = hash_of(engine);
+        self.shard(hash)?
+            .table
+            .find(hash, same_key(engine))
+            .copied()
     }
 
     fn get_mut(&mut self, engine: u64) -> Option<&mut Entry> {
-        self.table.find_mut(hash_of(engine), |e| {
-            let key = e.engine;
-            key == engine
-        })
+        let hash = hash_of(engine);
+        let shard = self.shards.get_mut(shard_of(hash))?;
+        shard.table.find_mut(hash, same_key(engine))
     }
 
     /// The entry of `engine`, inserted as `fresh` if absent.
     fn get_or_insert(&mut self, engine: u64, fresh: Entry) -> &mut Entry {
-        if self.get(engine).is_none() {
-            self.make_room();
+        if self.shards.is_empty() {
+            self.shards.resize_with(SHARDS, Shard::default);
         }
-        let entry = self.table.entry(
-            hash_of(engine),
-            |e| {
-                let key = e.engine;
-                key == engine
-            },
-            |e| hash_of(e.engine),
-        );
+        let hash = hash_of(engine);
+        let shard = &mut self.shards[shard_of(hash)];
+        if shard.table.find(hash, same_key(engine)).is_none() {
+            shard.make_room();
+        }
+        let entry = shard
+            .table
+            .entry(hash, same_key(engine), |e| hash_of(e.engine));
         entry.or_insert(fresh).into_mut()
     }
 
     fn remove(&mut self, engine: u64) {
-        if let Ok(entry) = self.table.find_entry(hash_of(engine), |e| {
-            let key = e.engine;
-            key == engine
-        }) {
-            entry.remove();
+        let hash = hash_of(engine);
+        if let Some(shard) = self.shards.get_mut(shard_of(hash)) {
+            if let Ok(entry) = shard.table.find_entry(hash, same_key(engine)) {
+                entry.remove();
+            }
         }
     }
 
+    /// Keeps the entries `keep` accepts, in every shard.
+    fn retain(&mut self, mut keep: impl FnMut(&mut Entry) -> bool) {
+        for shard in &mut self.shards {
+            shard.table.retain(&mut keep);
+        }
+        // Erased in place: those are tombstones too, shed at the next insert.
+    }
+
+    /// Keeps the entries `keep` accepts in the next shard only (round robin).
+    fn retain_step(&mut self, keep: impl FnMut(&mut Entry) -> bool) {
+        if self.shards.is_empty() {
+            return;
+        }
+        let at = self.cursor % SHARDS;
+        self.cursor = (at + 1) % SHARDS;
+        self.shards[at].table.retain(keep);
+    }
+
+    fn clear(&mut self) {
+        *self = EngineTable::default();
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.shards.capacity() * std::mem::size_of::<Shard>()
+            + self
+                .shards
+                .iter()
+                .map(|shard| shard.table.allocation_size())
+                .sum::<usize>()
+    }
+}
+
+impl Shard {
     /// Room for one more entry; rebuilds at the entries' size plus a quarter when there
     /// is none, or when tombstones pass an eighth of the entries (amortised O(1): a
     /// rebuild follows at least that many removals or a growth).
@@ -179,19 +241,6 @@ impl EngineTable {
         }
         self.table = rebuilt;
         self.full_capacity = self.table.capacity();
-    }
-
-    fn retain(&mut self, mut keep: impl FnMut(&mut Entry) -> bool) {
-        self.table.retain(|entry| keep(entry));
-        // Erased in place: those are tombstones too, shed at the next insert.
-    }
-
-    fn clear(&mut self) {
-        *self = EngineTable::default();
-    }
-
-    fn heap_bytes(&self) -> usize {
-        self.table.allocation_size()
     }
 }
 
@@ -253,11 +302,22 @@ impl EngineHashes {
 
     /// Forgets every block whose kvtwin hash `keep` refuses (the index evicted it); they
     /// stay counted as reported but untracked. How many went.
-    pub fn sweep(&mut self, mut keep: impl FnMut(SequenceHash) -> bool) -> usize {
+    pub fn sweep(&mut self, keep: impl FnMut(SequenceHash) -> bool) -> usize {
+        self.sweep_where(keep, false)
+    }
+
+    /// [`EngineHashes::sweep`] over one shard of the map (1/64 of it, the next in turn):
+    /// what a caller holding a lock does on each event while the map is over its bound,
+    /// so no one event pays for a pass over the whole map. How many went.
+    pub fn sweep_step(&mut self, keep: impl FnMut(SequenceHash) -> bool) -> usize {
+        self.sweep_where(keep, true)
+    }
+
+    fn sweep_where(&mut self, mut keep: impl FnMut(SequenceHash) -> bool, step: bool) -> usize {
         let before = self.blocks.len();
         let untracked = &mut self.untracked;
         let digest = &mut self.digest;
-        self.blocks.retain(|entry| {
+        let mut forget = |entry: &mut Entry| {
             if keep(SequenceHash::new(entry.sequence)) {
                 return true;
             }
@@ -269,7 +329,12 @@ impl EngineHashes {
                 }
             }
             false
-        });
+        };
+        if step {
+            self.blocks.retain_step(&mut forget);
+        } else {
+            self.blocks.retain(&mut forget);
+        }
         before - self.blocks.len()
     }
 
@@ -434,6 +499,46 @@ mod tests {
             eb2.data,
             KvCacheEventData::Stored { parent_hash: Some(p), .. } if p == expected_first
         ));
+    }
+
+    #[test]
+    fn a_sweep_in_steps_takes_one_shard_at_a_time_and_ends_where_a_full_sweep_does() {
+        let mut hashes = EngineHashes::new();
+        let blocks: Vec<(u64, u64)> = (1..=4096).map(|i| (i * 7919, i)).collect();
+        for chunk in blocks.chunks(16) {
+            hashes
+                .translate(&stored(None, &chunk[..1], Tier::Device))
+                .unwrap();
+            for pair in chunk.windows(2) {
+                hashes
+                    .translate(&stored(Some(pair[0].0), &pair[1..], Tier::Device))
+                    .unwrap();
+            }
+        }
+        let kept: std::collections::BTreeSet<SequenceHash> = blocks
+            .iter()
+            .filter(|(engine, _)| engine % 3 == 0)
+            .map(|(engine, _)| hashes.sequence_hash(*engine).unwrap())
+            .collect();
+        let mut full = hashes.clone();
+        let gone = full.sweep(|sequence| kept.contains(&sequence));
+        let mut steps = Vec::new();
+        for _ in 0..SHARDS {
+            steps.push(hashes.sweep_step(|sequence| kept.contains(&sequence)));
+        }
+        // Each step is a part: no step takes everything, together they take it all.
+        assert!(steps.iter().all(|step| *step < gone), "{steps:?}");
+        assert_eq!(steps.iter().sum::<usize>(), gone);
+        assert_eq!(hashes.len(), full.len());
+        assert_eq!(hashes.digest(), full.digest());
+        assert_eq!(hashes.counts(), full.counts());
+        // Another round finds nothing more.
+        assert_eq!(
+            (0..SHARDS)
+                .map(|_| hashes.sweep_step(|_| false))
+                .sum::<usize>(),
+            full.len()
+        );
     }
 
     #[test]
