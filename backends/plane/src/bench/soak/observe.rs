@@ -157,10 +157,15 @@ mod tests {
             metric(&text, "kvtwin_router_events_received_total"),
             Some(0)
         );
-        assert_eq!(
-            metric(&text, "kvtwin_router_source_reconnects_total"),
-            Some(0)
-        );
         assert_eq!(metric(&text, "kvtwin_router_nothing"), None);
+        // A labelled family is the sum of its series; a longer name is another family.
+        let labelled = "# TYPE kvtwin_router_source_reconnects counter\n\
+            kvtwin_router_source_reconnects_total{transport=\"nats\",endpoint=\"a\"} 2\n\
+            kvtwin_router_source_reconnects_total{transport=\"zmq\",endpoint=\"b\"} 3\n\
+            kvtwin_router_source_reconnects_total_extra 7\n";
+        assert_eq!(
+            metric(labelled, "kvtwin_router_source_reconnects_total"),
+            Some(5)
+        );
     }
 }
