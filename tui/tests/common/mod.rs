@@ -75,29 +75,9 @@ impl Process {
     }
 
     /// Sends SIGINT (what Ctrl-C sends) and waits for the exit (10 s at most); stdout.
-    pub(crate) fn interrupt(mut self) -> String {
-        let status = Command::new("kill")
-            .arg("-INT")
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let exit = loop {
-            if let Some(exit) = self.child.try_wait().unwrap() {
-                break exit;
-            }
-            assert!(Instant::now() < deadline, "kvtwin did not stop on SIGINT");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+    pub(crate) fn interrupt(self) -> String {
+        let (exit, _, stdout) = self.signal("-INT", Duration::from_secs(10));
         assert!(exit.success(), "kvtwin exited with {exit}");
-        let mut stdout = String::new();
-        self.child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut stdout)
-            .unwrap();
         stdout
     }
 }
@@ -105,13 +85,19 @@ impl Process {
 impl Process {
     /// Sends SIGTERM and waits for the exit (at most `limit`): (exit status, how long it
     /// took, stdout).
-    pub(crate) fn terminate(
+    pub(crate) fn terminate(self, limit: Duration) -> (std::process::ExitStatus, Duration, String) {
+        self.signal("-TERM", limit)
+    }
+
+    /// Sends `signal` (as `kill` names it) and waits for the exit, at most `limit`.
+    fn signal(
         mut self,
+        signal: &str,
         limit: Duration,
     ) -> (std::process::ExitStatus, Duration, String) {
         let sent = Instant::now();
         let status = Command::new("kill")
-            .arg("-TERM")
+            .arg(signal)
             .arg(self.child.id().to_string())
             .status()
             .unwrap();
@@ -122,7 +108,7 @@ impl Process {
             }
             assert!(
                 sent.elapsed() < limit,
-                "kvtwin did not stop within {limit:?} of SIGTERM"
+                "kvtwin did not stop within {limit:?} of kill {signal}"
             );
             std::thread::sleep(Duration::from_millis(20));
         };

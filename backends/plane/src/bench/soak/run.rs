@@ -416,16 +416,21 @@ impl Soak {
         Ok(relay)
     }
 
+    /// A client of the soak's nats-server (on the soak's runtime).
+    async fn client(url: &str) -> Result<async_nats::Client, SoakError> {
+        Ok(async_nats::connect(url)
+            .await
+            .map_err(|source| NatsError::Connect {
+                url: url.to_string(),
+                source,
+            })?)
+    }
+
     /// The soak's stream, file-backed, bounded at `STREAM_MAX_BYTES`.
     fn create_stream(&self) -> Result<(), SoakError> {
         let url = self.server.url();
         self.runtime.block_on(async {
-            let client = async_nats::connect(&url)
-                .await
-                .map_err(|source| NatsError::Connect {
-                    url: url.clone(),
-                    source,
-                })?;
+            let client = Self::client(&url).await?;
             let context = jetstream_context(client, Duration::from_secs(5));
             ensure_stream(&context, STREAM, SUBJECT, Some(STREAM_MAX_BYTES)).await?;
             Ok(())
@@ -436,12 +441,7 @@ impl Soak {
     fn stream_messages(&self) -> Result<u64, SoakError> {
         let url = self.server.url();
         self.runtime.block_on(async {
-            let client = async_nats::connect(&url)
-                .await
-                .map_err(|source| NatsError::Connect {
-                    url: url.clone(),
-                    source,
-                })?;
+            let client = Self::client(&url).await?;
             let stream = async_nats::jetstream::new(client)
                 .get_stream(STREAM)
                 .await
