@@ -34,8 +34,9 @@ pub struct ProcessRss {
     pub last_window_kib: Option<u64>,
     /// Highest RSS sampled in its last life, KiB.
     pub peak_kib: u64,
-    /// Whether the 10 % bound applies (not to the soak process itself).
-    pub judged: bool,
+    /// The highest last-window / after-warm-up ratio that passes ([`RssBound`]); `None`
+    /// for the soak process itself (reported, not judged).
+    pub bound: Option<f64>,
 }
 
 impl ProcessRss {
@@ -47,9 +48,17 @@ impl ProcessRss {
         }
     }
 
-    /// Judged and within 10 % above its after-warm-up figure (or not judged).
+    /// Whether it is judged at all.
+    pub fn judged(&self) -> bool {
+        self.bound.is_some()
+    }
+
+    /// Within its bound above its after-warm-up figure (or not judged).
     pub fn passed(&self) -> bool {
-        !self.judged || self.ratio().is_some_and(|ratio| ratio <= 1.10)
+        match self.bound {
+            None => true,
+            Some(bound) => self.ratio().is_some_and(|ratio| ratio <= bound),
+        }
     }
 }
 
@@ -176,7 +185,8 @@ impl SoakReport {
                 "last_window_kib": rss.last_window_kib,
                 "peak_kib": rss.peak_kib,
                 "ratio": rss.ratio().map(|r| (r * 1000.0).round() / 1000.0),
-                "judged": rss.judged,
+                "judged": rss.judged(),
+                "bound": rss.bound,
             })).collect::<Vec<_>>(),
             "verdicts": self.verdicts.iter().map(|v| (v.name.to_string(), json!({
                 "passed": v.passed,
@@ -245,7 +255,10 @@ impl std::fmt::Display for SoakReport {
                 rss.peak_kib,
                 rss.ratio()
                     .map_or_else(|| "-".to_string(), |r| format!("{r:.3}")),
-                if rss.judged { "" } else { " (not judged)" }
+                match rss.bound {
+                    Some(bound) => format!(" (bound {bound:.2})"),
+                    None => " (not judged)".to_string(),
+                }
             )?;
         }
         for verdict in &self.verdicts {
@@ -269,12 +282,37 @@ pub(super) struct Life {
     pub(super) samples: Vec<(Duration, u64)>,
 }
 
-/// A process's RSS figures from its lives (the last one is judged).
+/// How much a process's RSS may grow from after warm-up to the last window.
+pub(super) struct RssBound;
+
+impl RssBound {
+    /// kvtwin's own processes (router, relays): 10 %, the bound; their state is
+    /// bounded by the engines' caches, so growth past noise is a leak.
+    pub(super) const KVTWIN: f64 = 1.10;
+    /// The nats-server: 2x. It is a Go program (GOGC=100 lets its heap reach twice the
+    /// live data before a collection, and freed pages go back to the OS slowly), and its
+    /// JetStream stream grows through the run by design (the router's rebuild after a
+    /// kill replays it from the start): measured at 100 blocks/s, its RSS rose in steps
+    /// of 4-8 MiB (23.5 -> 31.1 MiB over 5 minutes) with nothing leaking. A bound of 2x
+    /// still catches a server that grows without limit.
+    pub(super) const NATS_SERVER: f64 = 2.0;
+
+    /// The bound of `process` (`None`: not judged).
+    pub(super) fn of(process: &str) -> Option<f64> {
+        match process {
+            "soak" => None,
+            "nats-server" => Some(Self::NATS_SERVER),
+            _ => Some(Self::KVTWIN),
+        }
+    }
+}
+
+/// A process's RSS figures from its lives (the last one is judged, against `bound`).
 pub(super) fn judge_rss(
     process: &str,
     lives: &[Life],
     windows: &Windows,
-    judged: bool,
+    bound: Option<f64>,
 ) -> ProcessRss {
     let last = lives.last().cloned().unwrap_or_default();
     let mean = |from: Duration, to: Duration| -> Option<u64> {
@@ -293,7 +331,7 @@ pub(super) fn judge_rss(
         after_warm_up_kib: mean(from, to),
         last_window_kib: mean(windows.last_start(), windows.duration),
         peak_kib: last.samples.iter().map(|(_, kib)| *kib).max().unwrap_or(0),
-        judged,
+        bound,
     }
 }
 
@@ -316,25 +354,67 @@ mod tests {
         let windows = Windows::of(Duration::from_secs(20));
         // Warm-up window [5, 7], last window [15, 20].
         let steady = life(0, &[(1, 10), (5, 100), (6, 100), (16, 105), (19, 109)]);
-        let rss = judge_rss("router", &[steady], &windows, true);
+        let rss = judge_rss("router", &[steady], &windows, RssBound::of("router"));
         assert_eq!(
             (rss.after_warm_up_kib, rss.last_window_kib),
             (Some(100), Some(107))
         );
         assert!(rss.passed());
         let leak = life(0, &[(5, 100), (7, 100), (16, 150), (20, 170)]);
-        assert!(!judge_rss("router", std::slice::from_ref(&leak), &windows, true).passed());
+        assert!(!judge_rss(
+            "router",
+            std::slice::from_ref(&leak),
+            &windows,
+            RssBound::of("router")
+        )
+        .passed());
         // The soak process is reported, not judged.
-        assert!(judge_rss("soak", &[leak], &windows, false).passed());
+        assert!(judge_rss(
+            "soak",
+            std::slice::from_ref(&leak),
+            &windows,
+            RssBound::of("soak")
+        )
+        .passed());
+        // The nats-server may double (Go's heap), not more.
+        let doubled = life(0, &[(5, 100), (7, 100), (16, 190), (20, 200)]);
+        assert!(judge_rss(
+            "nats-server",
+            &[doubled],
+            &windows,
+            RssBound::of("nats-server")
+        )
+        .passed());
+        let runaway = life(0, &[(5, 100), (7, 100), (16, 250), (20, 300)]);
+        assert!(!judge_rss(
+            "nats-server",
+            &[runaway],
+            &windows,
+            RssBound::of("nats-server")
+        )
+        .passed());
+        // What fails the router passes the nats-server.
+        assert!(judge_rss(
+            "nats-server",
+            &[leak],
+            &windows,
+            RssBound::of("nats-server")
+        )
+        .passed());
         // A drop passes; a restarted life is judged from its own warm-up ([15, 17]).
         let first = life(0, &[(5, 500)]);
         let second = life(12, &[(13, 50), (15, 80), (17, 82), (20, 60)]);
-        let rss = judge_rss("relay-1", &[first, second], &windows, true);
+        let rss = judge_rss(
+            "relay-1",
+            &[first, second],
+            &windows,
+            RssBound::of("relay-1"),
+        );
         assert_eq!(rss.lives, 2);
         assert_eq!(rss.after_warm_up_kib, Some(81));
         assert_eq!(rss.peak_kib, 82);
         assert!(rss.passed());
         // Nothing sampled: cannot pass.
-        assert!(!judge_rss("router", &[life(0, &[])], &windows, true).passed());
+        assert!(!judge_rss("router", &[life(0, &[])], &windows, RssBound::of("router")).passed());
     }
 }
