@@ -28,6 +28,8 @@ mod events;
 mod publisher;
 #[cfg(feature = "testing")]
 mod server;
+#[cfg(feature = "testing")]
+pub(crate) use server::log_tail;
 mod subscriber;
 
 pub use auth::{read_secret, NatsAuth, Secret};

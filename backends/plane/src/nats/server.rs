@@ -249,7 +249,7 @@ impl NatsServer {
                 self.child = None;
                 return Err(NatsError::ServerExited {
                     status,
-                    log: log_tail(&log_path),
+                    log: log_tail(&log_path, 8),
                 });
             }
             if log_contains(&log_path, log_start, READY_LINE)
@@ -267,7 +267,7 @@ impl NatsServer {
                 return Err(NatsError::ServerNotReady {
                     port: self.port,
                     waited: READY_TIMEOUT,
-                    log: log_tail(&log_path),
+                    log: log_tail(&log_path, 8),
                 });
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -385,11 +385,11 @@ fn log_contains(path: &Path, start: u64, needle: &str) -> bool {
         && text.contains(needle)
 }
 
-/// The last lines of the log, for error messages.
-fn log_tail(path: &Path) -> String {
+/// The last `count` lines of a log file, for error messages (empty if unreadable).
+pub(crate) fn log_tail(path: &Path, count: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(8)..].join("\n")
+    lines[lines.len().saturating_sub(count)..].join("\n")
 }
 
 #[cfg(test)]

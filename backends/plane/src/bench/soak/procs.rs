@@ -189,11 +189,9 @@ pub(super) fn rss_kib(pid: u32) -> Option<u64> {
         .and_then(|kib| kib.parse().ok())
 }
 
-/// The last lines of a log file, for error messages.
+/// The last lines of a child's log file, for error messages.
 pub(super) fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(12)..].join("\n")
+    crate::nats::log_tail(path, 12)
 }
 
 #[cfg(test)]
