@@ -108,7 +108,7 @@ pub enum ComputeChoice {
     /// A built-in profile, by name.
     Builtin(String),
     /// A model given in full.
-    Custom(ComputeModel),
+    Custom(Box<ComputeModel>),
 }
 
 impl HardwareProfile {
@@ -116,7 +116,7 @@ impl HardwareProfile {
     pub fn compute_model(&self) -> Result<ComputeModel, UnknownProfile> {
         match &self.compute {
             Some(ComputeChoice::Builtin(name)) => ComputeModel::builtin(name),
-            Some(ComputeChoice::Custom(model)) => Ok(model.clone()),
+            Some(ComputeChoice::Custom(model)) => Ok((**model).clone()),
             None => Ok(ComputeModel::Linear {
                 prefill_ns_per_token: self.prefill_ns_per_token,
                 decode_ns_per_token: self.decode_ns_per_token,

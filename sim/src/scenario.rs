@@ -380,6 +380,14 @@ pub enum ScenarioError {
         /// Which name, and the ones there are.
         source: crate::compute::UnknownProfile,
     },
+    /// The hardware profile's measured compute table cannot be interpolated.
+    #[error("{path}: hardware.compute: {source}", path = path.display())]
+    ComputeTable {
+        /// The file.
+        path: PathBuf,
+        /// Which field, and what is wrong with it.
+        source: crate::compute::table::TableError,
+    },
     /// A fault of the timeline is not applicable.
     #[error("{path}: faults[{index}]: {reason}", path = path.display())]
     Fault {
@@ -527,12 +535,21 @@ impl Scenario {
                 path: path.to_owned(),
                 source,
             })?;
-        self.hardware
-            .compute_model()
-            .map_err(|source| ScenarioError::UnknownCompute {
-                path: path.to_owned(),
-                source,
-            })?;
+        let compute =
+            self.hardware
+                .compute_model()
+                .map_err(|source| ScenarioError::UnknownCompute {
+                    path: path.to_owned(),
+                    source,
+                })?;
+        if let crate::compute::ComputeModel::Table(table) = &compute {
+            table
+                .validate()
+                .map_err(|source| ScenarioError::ComputeTable {
+                    path: path.to_owned(),
+                    source,
+                })?;
+        }
         Ok(())
     }
 }
@@ -822,6 +839,24 @@ mod tests {
         assert_eq!(
             custom.hardware.compute_model().unwrap().prefill(3, 0),
             std::time::Duration::from_nanos(21)
+        );
+        // A measured table, and one whose prompt lengths go backwards.
+        let table = |isl: &str| {
+            with(&format!(
+                "Custom(Table((name: \"lab\", prefill_isl: {isl}, prefill_ms: [20.0, 80.0], \
+                 decode: [(context: 1024, batch: [1], ms: [6.0])])))"
+            ))
+        };
+        let measured = Scenario::parse(&table("[1000, 4000]"), Path::new("t.ron")).unwrap();
+        assert_eq!(
+            measured.hardware.compute_model().unwrap().prefill(4000, 0),
+            std::time::Duration::from_millis(80)
+        );
+        let error = Scenario::parse(&table("[4000, 1000]"), Path::new("t.ron")).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.starts_with("t.ron: hardware.compute: compute table \"lab\": prefill_isl"),
+            "{message}"
         );
         let error = Scenario::parse(&with(r#"Builtin("tpu-v9")"#), Path::new("u.ron")).unwrap_err();
         let message = error.to_string();

@@ -45,27 +45,27 @@ pub(crate) fn shared_prefix_chain(c: u64, len: usize) -> Vec<BlockIdentity> {
 pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
     (
         "autoscale-burst.ron",
-        "5622cb7a4eb20fca39ff42451f4b04c9b94ec378c8cf6882c8d52abd0014a0dc",
+        "e70385e41094ee54eb00b565873ecb5b9853b4b7d2ec2e8382733f6c54e391d7",
     ),
     (
         "autoscale-diurnal.ron",
-        "c001110e453fa9fc1aadb57fa477dd024525d76e3f6aeba28d6e4c98b646faee",
+        "7e203beb3aa9dcb634830165ce8b0e8ce45f6175ba1ff81c4a52bc26590979b8",
     ),
     (
         "autoscale-flap.ron",
-        "32db83afd5be1f21806eaf1a80dc496e577b1a9c1a039b46b196017be223239e",
+        "e3e23f21f679e57713d2d7367b374175b61e49145a721c27fad577803014b4ea",
     ),
     (
         "cluster-disagg.ron",
-        "b2ff3392056b0eaad5127709de4579738d4fa60b711269689dd713323cd51bcf",
+        "f4262f6dd0e4c60f9c0132218e7f2f1570d4ab445d454cdc05931dd7a9026b99",
     ),
     (
         "cluster-faults.ron",
-        "f54b803131bf929f5e4b14b26cea09773a1211074e47aeb767e0ca155da46632",
+        "6cb1f981cf9a52ee6c6bc6a71b6b0ea466e0ea39aa346aeeb26df322d624b707",
     ),
     (
         "cluster-kv.ron",
-        "84de01956f0fb5fc0fddc8f3732eec1d6cb039d7e68ccad3f2f42b89026056f5",
+        "26c089ca94fb0513dc3af81d073cac56b747914d3b91018899463222eb66b33e",
     ),
     (
         "conversation-trace.ron",
@@ -81,11 +81,11 @@ pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
     ),
     (
         "h100-llama3-8b.ron",
-        "a1cabbe6c2717fbfe05c18c79c2c4db4337644b072f5f2f2682c2d7193566e6c",
+        "c0c58110ae1c0f4df18bb6b24dc84ba47a79d7968dd526e9e0f9658a795fc3aa",
     ),
     (
         "reasoning-priority.ron",
-        "c91bd60169b3866ee9a2d82bf331f1f565964b0c114066a0032322885032ce46",
+        "12e12234dec3450f0e3fe68baa22690a2c52af3ff71ae7b0efd52cad43ce7399",
     ),
 ];
 

@@ -14,6 +14,7 @@ mod bench_sim;
 mod bench_soak;
 mod calibrate;
 mod dash;
+mod estimate;
 mod logging;
 mod nats_args;
 mod plan;
@@ -141,6 +142,10 @@ enum Command {
     /// The cheapest configuration of a design space that meets an SLO (latency bounds),
     /// with the Pareto fronts of cost, latency and throughput.
     Plan(plan::PlanArgs),
+    /// The compute model's static estimate for a batch of identical requests: TTFT,
+    /// TPOT, latency, throughput and memory, named as AIConfigurator's `cli estimate`
+    /// names them; no simulation.
+    Estimate(estimate::EstimateArgs),
     /// One replica's capacity tables (prefill TTFT by ISL, decode ITL by KV usage and
     /// context) in the layout NVIDIA Dynamo's SLA planner reads.
     Profile(profile::ProfileArgs),
@@ -289,6 +294,7 @@ fn main() -> Result<()> {
         Command::Dash(args) => dash::cli::dash(&args),
         Command::Plan(args) => plan::plan(&args),
         Command::Profile(args) => profile::profile(&args),
+        Command::Estimate(args) => estimate::run(&args),
         Command::Relay(args) => service::relay(&args),
         Command::Calibrate(args) => calibrate::calibrate(&args),
         Command::Validate(args) => calibrate::validate(&args),

@@ -6,7 +6,8 @@
 //! of a scenario ([`profile_prefill`], [`profile_decode`], [`default_grid`]), how they
 //! are read between their points ([`PrefillProfile::ttft_ms_at`],
 //! [`DecodeProfile::best_thpt_per_gpu`], ...), and their files in Dynamo's layout
-//! ([`write_profiles`], [`load_profiles`]; the formats are in `files` and `npy`).
+//! ([`write_profiles`], [`load_profiles`]; the formats are in `files` and `npy`), and
+//! a loaded pair as a measured compute table ([`table_from_profiles`]).
 //!
 //! The planner's side was checked against ai-dynamo/dynamo:
 //! `components/planner/src/dynamo/planner/utils/perf_interpolation.py` (later moved to
@@ -25,15 +26,17 @@
 
 mod files;
 mod npy;
+mod table;
 
 pub use files::{
     decode_from_json, decode_from_npz, load_profiles, prefill_from_json, prefill_from_npz,
     write_profiles, DECODE_JSON, DECODE_KEYS, DECODE_NPZ, PREFILL_JSON, PREFILL_KEYS, PREFILL_NPZ,
 };
 pub use npy::{NpyArray, NpyData, NpyError};
+pub use table::table_from_profiles;
 
 use crate::cluster::{simulate, SimError};
-use crate::compute::{ComputeModel, UnknownProfile};
+use crate::compute::UnknownProfile;
 use crate::scenario::{ClusterSpec, Scenario};
 use crate::workload::Request;
 use kvtwin::block::BlockIdentity;
@@ -220,13 +223,9 @@ fn one_replica(scenario: &Scenario) -> Scenario {
     one
 }
 
-/// GPUs one replica runs on: the roofline's tensor-parallel `gpu.count`; 1 for the
-/// DynoSim and per-token models, which model no GPU count.
+/// GPUs one replica runs on ([`crate::compute::ComputeModel::gpus`]).
 pub fn gpus_per_replica(scenario: &Scenario) -> Result<u32, ProfileError> {
-    Ok(match scenario.hardware.compute_model()? {
-        ComputeModel::Roofline { gpu, .. } => gpu.count.max(1),
-        ComputeModel::Dynosim | ComputeModel::Linear { .. } => 1,
-    })
+    Ok(scenario.hardware.compute_model()?.gpus())
 }
 
 /// KV tokens of the replica's device tier (`capacity_blocks × block_size_tokens`).

@@ -1,25 +1,31 @@
 //! How long a GPU takes for a forward pass: prefill of new tokens after a cached context,
-//! or one decode step of a batch.
+//! or one decode step of a batch; and the static estimates `kvtwin estimate` prints.
 //!
-//! Owns: [`ModelSpec`], [`GpuSpec`], [`Calibration`], [`ComputeModel`] and the built-in
-//! profiles ([`ComputeModel::builtin`]). Never: schedules passes or keeps state; the
-//! worker decides what goes into a pass and asks how long it takes.
+//! Owns: [`ModelSpec`], [`GpuSpec`], [`Calibration`], [`ComputeModel`], the built-in
+//! profiles ([`ComputeModel::builtin`], in `builtin`), the roofline sum (`roofline`),
+//! measured tables ([`table::TableModel`]) and the static estimates ([`estimate`]).
+//! Never: schedules passes or keeps state; the worker decides what goes into a pass and
+//! asks how long it takes.
 //!
 //! Models:
-//! - `Roofline`: a pass takes the longer of its arithmetic (FLOPs over the GPUs' peak,
-//!   scaled by `Calibration::flops_efficiency`) and its memory traffic (bytes over HBM
-//!   bandwidth, scaled by `Calibration::hbm_efficiency`), plus a fixed overhead. FLOPs:
-//!   `2 × params` per token (the linear term) plus attention, `4 × layers × heads ×
-//!   head_dim` per (query, key) pair (the quadratic term: a prefill of `T` tokens after
-//!   `C` cached ones has `T × C + T² / 2` pairs). Bytes: the weights once per pass plus the
-//!   KV cache read (`2 × layers × kv_heads × head_dim × dtype` per token of context).
-//!   Decode is memory bound for realistic batches, prefill compute bound.
+//! - `Roofline`: GEMMs, attention and tensor-parallel all-reduces, each the longer of its
+//!   arithmetic and its memory traffic at fitted fractions of the datasheet's peaks, plus
+//!   a fixed overhead per pass (see `roofline`). The built-in profiles' fractions are
+//!   fitted to NVIDIA AIConfigurator's measured kernel database.
+//! - `Table`: measured prefill times by prompt length and decode step times by batch and
+//!   context, interpolated (see [`table`]); the shape of Dynamo's planner profiles.
 //! - `Dynosim`: the default timing of NVIDIA's DynoSim, for comparison with it: prefill
 //!   ms = 4.21e-7·T² + 0.01518·T + 16.5 for `T` uncached tokens; decode ms =
 //!   max(1, −25.74·u² + 54.01·u + 5.74) with `u` the batch's context tokens over the
 //!   device's capacity in tokens.
 //! - `Linear`: fixed cost per token (the placeholder the simulator started with).
 
+mod builtin;
+pub mod estimate;
+mod roofline;
+pub mod table;
+
+use roofline::roofline_work;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -85,7 +91,7 @@ impl ModelSpec {
     }
 
     /// FLOPs per (query, key) pair of attention: scores and weighted values, every layer.
-    fn attention_flops_per_pair(&self) -> f64 {
+    pub(crate) fn attention_flops_per_pair(&self) -> f64 {
         4.0 * (self.layers * self.heads * self.head_dim) as f64
     }
 }
@@ -102,58 +108,119 @@ pub struct GpuSpec {
     pub hbm_bytes_per_s: f64,
     /// GPUs the model is split over (tensor parallel): FLOPs and bandwidth add up.
     pub count: u32,
+    /// Bytes per second one GPU sends to its peers (NVLink, one direction), for the
+    /// tensor-parallel all-reduces; 0: not modelled.
+    #[serde(default)]
+    pub link_bytes_per_s: f64,
+    /// HBM bytes of one GPU, which weights and KV cache must fit in; 0: unknown (not
+    /// checked).
+    #[serde(default)]
+    pub memory_bytes: u64,
 }
 
 impl GpuSpec {
-    /// One H100 SXM: 989 TFLOP/s bf16 dense, 3.35 TB/s.
+    /// One H100 SXM: 989 TFLOP/s bf16 dense, 3.35 TB/s, 80 GB, NVLink 4 (450 GB/s a
+    /// direction).
     pub fn h100_sxm(count: u32) -> Self {
         Self {
             name: "h100-sxm".into(),
             flops_per_s: 989e12,
             hbm_bytes_per_s: 3.35e12,
             count,
+            link_bytes_per_s: 450e9,
+            memory_bytes: 80_000_000_000,
         }
     }
 
-    /// One H200: the H100's compute with 4.8 TB/s of HBM3e.
+    /// One H200: the H100's compute with 141 GB of HBM3e at 4.8 TB/s.
     pub fn h200(count: u32) -> Self {
         Self {
             name: "h200".into(),
             flops_per_s: 989e12,
             hbm_bytes_per_s: 4.8e12,
             count,
+            link_bytes_per_s: 450e9,
+            memory_bytes: 141_000_000_000,
         }
     }
 
-    /// One A100 SXM 80 GB: 312 TFLOP/s bf16 dense, 2.04 TB/s.
+    /// One A100 SXM 80 GB: 312 TFLOP/s bf16 dense, 2.04 TB/s, NVLink 3 (300 GB/s a
+    /// direction).
     pub fn a100(count: u32) -> Self {
         Self {
             name: "a100-sxm-80gb".into(),
             flops_per_s: 312e12,
             hbm_bytes_per_s: 2.039e12,
             count,
+            link_bytes_per_s: 300e9,
+            memory_bytes: 80_000_000_000,
         }
     }
 }
 
-/// How much of the peak a real engine reaches (fit these to measurements).
+/// How much of the peak a real engine reaches (fit these to measurements: the built-in
+/// profiles' are fitted by scripts/fit_compute_profiles.py).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Calibration {
-    /// Fraction of peak FLOP/s reached.
+    /// Fraction of peak FLOP/s the GEMMs reach.
     pub flops_efficiency: f64,
-    /// Fraction of HBM bandwidth reached.
+    /// Fraction of HBM bandwidth reading the weights reaches.
     pub hbm_efficiency: f64,
     /// Fixed cost per pass (launches, sampling, scheduling), microseconds.
     pub pass_overhead_us: f64,
+    /// Fixed cost of a pass without prefill, microseconds (`None`: `pass_overhead_us`):
+    /// engines replay decode steps as CUDA graphs, which launch in one go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_overhead_us: Option<f64>,
+    /// Fraction of peak FLOP/s attention reaches (`None`: `flops_efficiency`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_flops_efficiency: Option<f64>,
+    /// Fraction of HBM bandwidth reading the KV cache reaches (`None`: `hbm_efficiency`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_hbm_efficiency: Option<f64>,
+    /// Fixed cost of one tensor-parallel all-reduce, microseconds.
+    #[serde(default)]
+    pub allreduce_latency_us: f64,
+    /// Fraction of the GPU's link bandwidth an all-reduce reaches.
+    #[serde(default = "one")]
+    pub link_efficiency: f64,
 }
 
+fn one() -> f64 {
+    1.0
+}
+
+impl Calibration {
+    /// What attention reaches of peak FLOP/s.
+    pub fn attention_flops_efficiency(&self) -> f64 {
+        self.attention_flops_efficiency
+            .unwrap_or(self.flops_efficiency)
+    }
+
+    /// What reading the KV cache reaches of HBM bandwidth.
+    pub fn kv_hbm_efficiency(&self) -> f64 {
+        self.kv_hbm_efficiency.unwrap_or(self.hbm_efficiency)
+    }
+
+    /// The fixed cost of a pass without prefill, microseconds.
+    pub fn decode_overhead_us(&self) -> f64 {
+        self.decode_overhead_us.unwrap_or(self.pass_overhead_us)
+    }
+}
+
+/// For a GPU or model nobody fitted: round figures near what the fitted profiles reach.
 impl Default for Calibration {
     fn default() -> Self {
         Self {
             flops_efficiency: 0.6,
             hbm_efficiency: 0.8,
             pass_overhead_us: 500.0,
+            decode_overhead_us: None,
+            attention_flops_efficiency: None,
+            kv_hbm_efficiency: None,
+            allreduce_latency_us: 0.0,
+            link_efficiency: 1.0,
         }
     }
 }
@@ -171,6 +238,8 @@ pub enum ComputeModel {
         #[serde(default)]
         calibration: Calibration,
     },
+    /// Measured times, interpolated (see [`table`]).
+    Table(table::TableModel),
     /// DynoSim's default timing (see the module doc).
     Dynosim,
     /// A fixed cost per token.
@@ -193,40 +262,14 @@ pub struct UnknownProfile {
 }
 
 impl ComputeModel {
-    /// The built-in profiles' names.
-    pub const BUILTIN: [&'static str; 7] = [
-        "h100-llama3-8b",
-        "h100x4-llama3-70b",
-        "h200-llama3-8b",
-        "h200x2-llama3-70b",
-        "a100-llama3-8b",
-        "a100x8-llama3-70b",
-        "dynosim",
-    ];
-
-    /// A built-in profile: a GPU and model pair with default calibration (70B on enough
-    /// GPUs for its weights), or `dynosim`.
-    pub fn builtin(name: &str) -> Result<Self, UnknownProfile> {
-        let roofline = |gpu: GpuSpec, model: ModelSpec| ComputeModel::Roofline {
-            model,
-            gpu,
-            calibration: Calibration::default(),
-        };
-        Ok(match name {
-            "h100-llama3-8b" => roofline(GpuSpec::h100_sxm(1), ModelSpec::llama3_8b()),
-            "h100x4-llama3-70b" => roofline(GpuSpec::h100_sxm(4), ModelSpec::llama3_70b()),
-            "h200-llama3-8b" => roofline(GpuSpec::h200(1), ModelSpec::llama3_8b()),
-            "h200x2-llama3-70b" => roofline(GpuSpec::h200(2), ModelSpec::llama3_70b()),
-            "a100-llama3-8b" => roofline(GpuSpec::a100(1), ModelSpec::llama3_8b()),
-            "a100x8-llama3-70b" => roofline(GpuSpec::a100(8), ModelSpec::llama3_70b()),
-            "dynosim" => ComputeModel::Dynosim,
-            _ => {
-                return Err(UnknownProfile {
-                    name: name.into(),
-                    known: Self::BUILTIN.join(", "),
-                })
-            }
-        })
+    /// GPUs one replica runs on: the roofline's tensor-parallel `gpu.count`, the table's
+    /// `gpus`; 1 for the DynoSim and per-token models, which model no GPU count.
+    pub fn gpus(&self) -> u32 {
+        match self {
+            ComputeModel::Roofline { gpu, .. } => gpu.count.max(1),
+            ComputeModel::Table(table) => table.gpus.max(1),
+            ComputeModel::Dynosim | ComputeModel::Linear { .. } => 1,
+        }
     }
 
     /// A pass that prefills `new_tokens` tokens after `cached_tokens` already in the KV
@@ -246,6 +289,7 @@ impl ComputeModel {
                 0,
                 0,
             ),
+            ComputeModel::Table(table) => table.prefill(&[(new_tokens, cached_tokens)]),
             ComputeModel::Dynosim => {
                 let t = new_tokens as f64;
                 millis(4.21e-7 * t * t + 0.01518 * t + 16.5)
@@ -270,6 +314,7 @@ impl ComputeModel {
                 gpu,
                 calibration,
             } => roofline_work(model, gpu, calibration, &[], batch, context_tokens),
+            ComputeModel::Table(table) => table.decode_step(batch, context_tokens),
             ComputeModel::Dynosim => {
                 let u = context_tokens as f64 / capacity_tokens.max(1) as f64;
                 millis((-25.74 * u * u + 54.01 * u + 5.74).max(1.0))
@@ -306,9 +351,10 @@ pub struct PassTime {
 impl ComputeModel {
     /// The time of one batched pass on a device that caches `capacity_tokens` tokens.
     ///
-    /// Roofline: the whole pass is one roofline (weights read once, every token's FLOPs
-    /// and KV reads); its prefill part is the roofline of the prefill work alone. DynoSim
-    /// and Linear: the prefill part (by the pass's uncached tokens) plus the decode part.
+    /// Roofline: the whole pass is one sum of rooflines (weights read once, every token's
+    /// FLOPs and KV reads); its prefill part is that of the prefill work alone. Table:
+    /// the prefill chunks' times (one overhead) plus the decode step. DynoSim and Linear:
+    /// the prefill part (by the pass's uncached tokens) plus the decode part.
     pub fn pass(&self, pass: &Pass, capacity_tokens: u64) -> PassTime {
         let new: u64 = pass.prefills.iter().map(|(t, _)| t).sum();
         let nothing = |p: &Pass| p.prefills.is_empty() && p.decodes == 0;
@@ -337,11 +383,11 @@ impl ComputeModel {
                     total: work(&pass.prefills, pass.decodes, pass.decode_context).max(prefill),
                 }
             }
-            ComputeModel::Dynosim | ComputeModel::Linear { .. } => {
-                let prefill = if pass.prefills.is_empty() {
-                    Duration::ZERO
-                } else {
-                    self.prefill(new, 0)
+            ComputeModel::Table(_) | ComputeModel::Dynosim | ComputeModel::Linear { .. } => {
+                let prefill = match self {
+                    _ if pass.prefills.is_empty() => Duration::ZERO,
+                    ComputeModel::Table(table) => table.prefill(&pass.prefills),
+                    _ => self.prefill(new, 0),
                 };
                 let decode = self.decode_step(pass.decodes, pass.decode_context, capacity_tokens);
                 PassTime {
@@ -357,51 +403,9 @@ fn millis(ms: f64) -> Duration {
     Duration::from_nanos((ms * 1e6).round().max(0.0) as u64)
 }
 
-/// The roofline time of prefill chunks `(new, cached)` and `decodes` sequences attending
-/// to `context` tokens in one pass: weights read once, every token's FLOPs and KV reads.
-fn roofline_work(
-    model: &ModelSpec,
-    gpu: &GpuSpec,
-    calibration: &Calibration,
-    prefills: &[(u64, u64)],
-    decodes: u64,
-    context: u64,
-) -> Duration {
-    let pairs: f64 = prefills
-        .iter()
-        .map(|(t, c)| *t as f64 * *c as f64 + (*t as f64).powi(2) / 2.0)
-        .sum();
-    let tokens: u64 = prefills.iter().map(|(t, _)| t).sum::<u64>() + decodes;
-    let kv: u64 = prefills.iter().map(|(t, c)| t + c).sum::<u64>() + context;
-    let flops = 2.0 * model.params as f64 * tokens as f64
-        + model.attention_flops_per_pair() * (pairs + context as f64);
-    let bytes = (model.weight_bytes() + kv * model.kv_bytes_per_token()) as f64;
-    roofline_time(flops, bytes, gpu, calibration)
-}
-
-fn roofline_time(flops: f64, bytes: f64, gpu: &GpuSpec, calibration: &Calibration) -> Duration {
-    let count = f64::from(gpu.count.max(1));
-    let compute_s = flops / (gpu.flops_per_s * count * calibration.flops_efficiency.max(1e-6));
-    let memory_s = bytes / (gpu.hbm_bytes_per_s * count * calibration.hbm_efficiency.max(1e-6));
-    let seconds = compute_s.max(memory_s) + calibration.pass_overhead_us * 1e-6;
-    Duration::from_nanos((seconds * 1e9).round() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ideal(gpu: GpuSpec, model: ModelSpec) -> ComputeModel {
-        ComputeModel::Roofline {
-            model,
-            gpu,
-            calibration: Calibration {
-                flops_efficiency: 1.0,
-                hbm_efficiency: 1.0,
-                pass_overhead_us: 0.0,
-            },
-        }
-    }
 
     #[test]
     fn kv_bytes_per_token_match_the_published_shapes() {
@@ -410,37 +414,28 @@ mod tests {
     }
 
     #[test]
-    fn decode_is_weights_and_kv_over_hbm_bandwidth() {
-        let model = ideal(GpuSpec::h100_sxm(1), ModelSpec::llama3_8b());
-        // 16.06 GB of weights + 32 sequences × 2,048 tokens × 128 KiB (8.59 GB) at
-        // 3.35 TB/s: 7.36 ms, memory bound (the FLOPs take 0.55 ms).
-        let step = model.decode_step(32, 32 * 2048, 1 << 20);
-        let expected = (16.06e9 + 32.0 * 2048.0 * 131072.0) / 3.35e12;
-        assert!((step.as_secs_f64() - expected).abs() < 1e-6, "{step:?}");
-        // Twice the bandwidth (H200 has 4.8 TB/s): proportionally faster.
-        let h200 = ideal(GpuSpec::h200(1), ModelSpec::llama3_8b());
-        let ratio = step.as_secs_f64() / h200.decode_step(32, 32 * 2048, 1 << 20).as_secs_f64();
-        assert!((ratio - 4.8 / 3.35).abs() < 1e-6);
-    }
-
-    #[test]
-    fn prefill_has_a_linear_and_a_quadratic_term() {
-        let model = ideal(GpuSpec::h100_sxm(1), ModelSpec::llama3_8b());
-        // 8,192 new tokens: 2 × 8.03e9 × 8192 = 131.6 TFLOP linear, plus 4 × 32 × 32 ×
-        // 128 × 8192² / 2 = 17.6 TFLOP of attention, at 989 TFLOP/s: 151 ms.
-        let t = 8192.0;
-        let flops = 2.0 * 8.03e9 * t + 4.0 * 32.0 * 32.0 * 128.0 * t * t / 2.0;
-        let pass = model.prefill(8192, 0);
-        assert!(
-            (pass.as_secs_f64() - flops / 989e12).abs() < 1e-6,
-            "{pass:?}"
-        );
-        // The same tokens after a long cached context cost more (attention over it).
-        assert!(model.prefill(8192, 32_768) > pass);
-        // Four GPUs in tensor parallel: a quarter of the time.
-        let four = ideal(GpuSpec::h100_sxm(4), ModelSpec::llama3_8b());
-        let ratio = pass.as_secs_f64() / four.prefill(8192, 0).as_secs_f64();
-        assert!((ratio - 4.0).abs() < 1e-6);
+    fn a_profile_written_before_the_fit_still_reads() {
+        // The three coefficients a roofline had before: the others take their defaults.
+        let text = "Roofline(model: (name: \"m\", layers: 2, hidden: 64, heads: 2, kv_heads: 1, \
+                    head_dim: 32, params: 1000000, dtype_bytes: 2), gpu: (name: \"g\", \
+                    flops_per_s: 1e12, hbm_bytes_per_s: 1e11, count: 2), calibration: \
+                    (flops_efficiency: 0.5, hbm_efficiency: 0.5, pass_overhead_us: 100.0))";
+        let model: ComputeModel = ron::from_str(text).unwrap();
+        let ComputeModel::Roofline {
+            gpu, calibration, ..
+        } = &model
+        else {
+            panic!("{model:?}");
+        };
+        assert_eq!(gpu.link_bytes_per_s, 0.0);
+        assert_eq!(gpu.memory_bytes, 0);
+        assert_eq!(calibration.attention_flops_efficiency(), 0.5);
+        assert_eq!(calibration.kv_hbm_efficiency(), 0.5);
+        assert_eq!(calibration.decode_overhead_us(), 100.0);
+        assert_eq!(calibration.link_efficiency, 1.0);
+        assert!(model.prefill(100, 0) > Duration::from_micros(100));
+        // Two GPUs with no link: no all-reduce term, half the single GPU's work.
+        assert_eq!(model.gpus(), 2);
     }
 
     #[test]

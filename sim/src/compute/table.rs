@@ -1,0 +1,350 @@
+//! Forward-pass times measured on a real engine, interpolated: the `Table` compute
+//! profile, for an operator who timed their own deployment.
+//!
+//! Owns: [`TableModel`] (prefill time by prompt length; decode step time by batch, one
+//! curve per context length: the shape of Dynamo's planner profiles, whose KV usage is
+//! a batch once divided by the context), its checks ([`TableError`]) and its
+//! interpolation. Never: measures, reads Dynamo's files (`autoscale::profile` does, and
+//! makes a table of them), or fills holes with a model; between points it is piecewise
+//! linear, beyond the ends it carries the last segment's slope on, and a curve of one
+//! point is constant.
+//!
+//! A decode step of `B` sequences at `k` tokens each reads each context's curve at `B`,
+//! then goes linearly between the two contexts around `k`.
+//!
+//! A prefill chunk of `T` tokens after `C` cached costs `P(C + T) − P(C)`, where `P` is
+//! the measured prompt time with `P(0)` the intercept of its first two points (the fixed
+//! cost of a pass): one pass pays that once, however many chunks it holds.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Measured prefill and decode times (RON: `Table((name: ..., prefill_isl: [...], ...))`
+/// inside a hardware profile's `compute: Some(Custom(...))`, or a file of its own for
+/// `kvtwin estimate --compute`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableModel {
+    /// What was measured (engine, model, GPUs), for reports.
+    pub name: String,
+    /// GPUs one replica runs on (throughput per GPU divides by it).
+    #[serde(default = "one_gpu")]
+    pub gpus: u32,
+    /// KV-cache bytes per token of the model (0: unknown; the estimate's KV figures and
+    /// its fit check need it).
+    #[serde(default)]
+    pub kv_bytes_per_token: u64,
+    /// KV tokens one replica holds at most (0: unknown, not checked).
+    #[serde(default)]
+    pub max_kv_tokens: u64,
+    /// Prompt lengths prefilled alone on an empty cache, tokens, ascending.
+    pub prefill_isl: Vec<u64>,
+    /// Their times (the time to first token), milliseconds.
+    pub prefill_ms: Vec<f64>,
+    /// Decode step times, one curve per context length, contexts ascending.
+    pub decode: Vec<DecodeCurve>,
+}
+
+/// Decode step times at one context length.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecodeCurve {
+    /// Context tokens per decoding sequence.
+    pub context: u64,
+    /// Batch sizes, ascending.
+    pub batch: Vec<u64>,
+    /// Their step times, milliseconds.
+    pub ms: Vec<f64>,
+}
+
+fn one_gpu() -> u32 {
+    1
+}
+
+/// A table that cannot be used, naming the field.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("compute table {name:?}: {field}: {reason}")]
+pub struct TableError {
+    /// The table's name.
+    pub name: String,
+    /// The field at fault.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl TableModel {
+    /// Checks what the interpolation needs: points present, strictly ascending
+    /// coordinates, times finite and not negative, one time per coordinate.
+    pub fn validate(&self) -> Result<(), TableError> {
+        let error = |field: &'static str, reason: String| TableError {
+            name: self.name.clone(),
+            field,
+            reason,
+        };
+        ascending("prefill_isl", &self.prefill_isl).map_err(|r| error("prefill_isl", r))?;
+        if self.prefill_ms.len() != self.prefill_isl.len() {
+            return Err(error(
+                "prefill_ms",
+                format!(
+                    "{} times for {} prompt lengths",
+                    self.prefill_ms.len(),
+                    self.prefill_isl.len()
+                ),
+            ));
+        }
+        times(&self.prefill_ms).map_err(|r| error("prefill_ms", r))?;
+        if self.decode.is_empty() {
+            return Err(error("decode", "needs at least one curve".to_string()));
+        }
+        let contexts: Vec<u64> = self.decode.iter().map(|curve| curve.context).collect();
+        ascending("decode context", &contexts).map_err(|r| error("decode", r))?;
+        for curve in &self.decode {
+            let at =
+                |reason: String| error("decode", format!("context {}: {reason}", curve.context));
+            ascending("batch", &curve.batch).map_err(at)?;
+            if curve.ms.len() != curve.batch.len() {
+                return Err(at(format!(
+                    "{} times for {} batch sizes",
+                    curve.ms.len(),
+                    curve.batch.len()
+                )));
+            }
+            times(&curve.ms).map_err(at)?;
+        }
+        if self.gpus == 0 {
+            return Err(error("gpus", "must be at least 1".to_string()));
+        }
+        Ok(())
+    }
+
+    /// One pass's prefill chunks `(new, cached)`: the fixed cost once, plus each chunk's
+    /// share of the prompt curve.
+    pub fn prefill(&self, chunks: &[(u64, u64)]) -> Duration {
+        if chunks.is_empty() {
+            return Duration::ZERO;
+        }
+        let curve = |tokens: u64| self.prompt_ms(tokens);
+        let ms = curve(0)
+            + chunks
+                .iter()
+                .map(|&(new, cached)| curve(cached + new) - curve(cached))
+                .sum::<f64>();
+        millis(ms)
+    }
+
+    /// One decode step of `batch` sequences holding `context_tokens` between them.
+    pub fn decode_step(&self, batch: u64, context_tokens: u64) -> Duration {
+        if batch == 0 {
+            return Duration::ZERO;
+        }
+        let per_sequence = context_tokens as f64 / batch as f64;
+        let contexts: Vec<u64> = self.decode.iter().map(|curve| curve.context).collect();
+        let at_batch: Vec<f64> = self
+            .decode
+            .iter()
+            .map(|curve| interpolate(&curve.batch, &curve.ms, batch as f64))
+            .collect();
+        millis(interpolate(&contexts, &at_batch, per_sequence))
+    }
+
+    /// The prompt curve `P(tokens)`, with `P(0)` the intercept of its first two points.
+    fn prompt_ms(&self, tokens: u64) -> f64 {
+        let (xs, ys) = (&self.prefill_isl, &self.prefill_ms);
+        let intercept = match (xs.first(), ys.first(), xs.get(1), ys.get(1)) {
+            (Some(&x0), Some(&y0), Some(&x1), Some(&y1)) if x1 > x0 => {
+                (y0 - (y1 - y0) / (x1 - x0) as f64 * x0 as f64).max(0.0)
+            }
+            (_, Some(&y0), _, _) => y0,
+            _ => return 0.0,
+        };
+        let mut with_zero_x = vec![0];
+        let mut with_zero_y = vec![intercept];
+        for (&x, &y) in xs.iter().zip(ys) {
+            if x > 0 {
+                with_zero_x.push(x);
+                with_zero_y.push(y);
+            }
+        }
+        interpolate(&with_zero_x, &with_zero_y, tokens as f64)
+    }
+}
+
+/// Piecewise linear through `(xs, ys)`, the end segments carried on beyond them; one
+/// point is constant, none is 0. Never below 0.
+fn interpolate(xs: &[u64], ys: &[f64], x: f64) -> f64 {
+    let n = xs.len().min(ys.len());
+    match n {
+        0 => return 0.0,
+        1 => return ys[0].max(0.0),
+        _ => {}
+    }
+    // The segment holding x, or the end one nearest it.
+    let upper = xs[..n]
+        .partition_point(|&point| (point as f64) < x)
+        .clamp(1, n - 1);
+    let (x0, x1) = (xs[upper - 1] as f64, xs[upper] as f64);
+    let (y0, y1) = (ys[upper - 1], ys[upper]);
+    let slope = if x1 > x0 { (y1 - y0) / (x1 - x0) } else { 0.0 };
+    (y0 + slope * (x - x0)).max(0.0)
+}
+
+fn ascending(field: &str, values: &[u64]) -> Result<(), String> {
+    if values.is_empty() {
+        return Err("needs at least one point".to_string());
+    }
+    if let Some(pair) = values.windows(2).find(|pair| pair[1] <= pair[0]) {
+        return Err(format!(
+            "{field} must ascend strictly ({} then {})",
+            pair[0], pair[1]
+        ));
+    }
+    Ok(())
+}
+
+fn times(values: &[f64]) -> Result<(), String> {
+    match values.iter().position(|ms| !ms.is_finite() || *ms < 0.0) {
+        Some(at) => Err(format!(
+            "time {at} is {} (must be a finite number of milliseconds, not negative)",
+            values[at]
+        )),
+        None => Ok(()),
+    }
+}
+
+fn millis(ms: f64) -> Duration {
+    Duration::from_nanos((ms.max(0.0) * 1e6).round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> TableModel {
+        TableModel {
+            name: "measured".into(),
+            gpus: 1,
+            kv_bytes_per_token: 131_072,
+            max_kv_tokens: 500_000,
+            prefill_isl: vec![1000, 2000, 4000],
+            prefill_ms: vec![25.0, 45.0, 95.0],
+            decode: vec![
+                DecodeCurve {
+                    context: 1000,
+                    batch: vec![1, 16],
+                    ms: vec![6.0, 9.0],
+                },
+                DecodeCurve {
+                    context: 3000,
+                    batch: vec![1, 16],
+                    ms: vec![7.0, 13.0],
+                },
+            ],
+        }
+    }
+
+    fn ms(duration: Duration) -> f64 {
+        duration.as_secs_f64() * 1e3
+    }
+
+    #[test]
+    fn a_prompt_is_interpolated_and_extrapolated_along_the_curve() {
+        let table = table();
+        assert!((ms(table.prefill(&[(2000, 0)])) - 45.0).abs() < 1e-6);
+        assert!((ms(table.prefill(&[(3000, 0)])) - 70.0).abs() < 1e-6);
+        // Past the last point the last slope (25 ms a thousand tokens) goes on.
+        assert!((ms(table.prefill(&[(6000, 0)])) - 145.0).abs() < 1e-6);
+        // Below the first: towards the intercept of the first two points, 5 ms.
+        assert!((ms(table.prefill(&[(500, 0)])) - 15.0).abs() < 1e-6);
+        assert_eq!(table.prefill(&[]), Duration::ZERO);
+    }
+
+    #[test]
+    fn chunks_after_a_cache_cost_their_share_and_one_fixed_cost() {
+        let table = table();
+        // 2,000 new tokens after 2,000 cached: P(4000) − P(2000) plus P(0) = 50 + 5.
+        assert!((ms(table.prefill(&[(2000, 2000)])) - 55.0).abs() < 1e-6);
+        // Two prompts of 1,000 in one pass: 2 × (25 − 5) + 5.
+        assert!((ms(table.prefill(&[(1000, 0), (1000, 0)])) - 45.0).abs() < 1e-6);
+        // A prompt in two chunks costs what it costs whole, plus the second pass's 5 ms.
+        let whole = ms(table.prefill(&[(4000, 0)]));
+        let split = ms(table.prefill(&[(2000, 0)])) + ms(table.prefill(&[(2000, 2000)]));
+        assert!((split - whole - 5.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_decode_step_reads_each_context_curve_at_the_batch_then_goes_between_contexts() {
+        let table = table();
+        assert!((ms(table.decode_step(1, 1000)) - 6.0).abs() < 1e-6);
+        assert!((ms(table.decode_step(16, 16 * 3000)) - 13.0).abs() < 1e-6);
+        // Batch 8 is 7/15 of the way along each curve (7.4 ms at 1,000 tokens, 9.8 ms at
+        // 3,000); 2,000 tokens is halfway between them.
+        let step = table.decode_step(8, 8 * 2000);
+        let at_1000 = 6.0 + 3.0 * 7.0 / 15.0;
+        let at_3000 = 7.0 + 6.0 * 7.0 / 15.0;
+        assert!(
+            (ms(step) - (at_1000 + at_3000) / 2.0).abs() < 1e-6,
+            "{step:?}"
+        );
+        // Curves need not share their batch sizes (a profiler's sweep seldom does).
+        let mut uneven = table.clone();
+        uneven.decode[1] = DecodeCurve {
+            context: 3000,
+            batch: vec![2, 4, 32],
+            ms: vec![7.0, 8.0, 15.0],
+        };
+        let at_3000 = 8.0 + 7.0 * 4.0 / 28.0;
+        let step = uneven.decode_step(8, 8 * 3000);
+        assert!((ms(step) - at_3000).abs() < 1e-6, "{step:?}");
+        assert_eq!(table.decode_step(0, 0), Duration::ZERO);
+    }
+
+    #[test]
+    fn bad_tables_are_refused_naming_the_field() {
+        let mut unsorted = table();
+        unsorted.prefill_isl = vec![2000, 1000, 4000];
+        let error = unsorted.validate().unwrap_err();
+        assert_eq!(error.field, "prefill_isl");
+        assert!(error.to_string().contains("2000 then 1000"), "{error}");
+
+        let mut short = table();
+        short.decode[1].ms.pop();
+        let error = short.validate().unwrap_err();
+        assert_eq!(error.field, "decode");
+        assert!(
+            error
+                .to_string()
+                .contains("context 3000: 1 times for 2 batch sizes"),
+            "{error}"
+        );
+
+        let mut negative = table();
+        negative.prefill_ms[0] = -1.0;
+        let error = negative.validate().unwrap_err();
+        assert!(error.to_string().contains("-1"), "{error}");
+
+        let mut empty = table();
+        empty.decode.clear();
+        assert_eq!(empty.validate().unwrap_err().field, "decode");
+        let mut backwards = table();
+        backwards.decode.reverse();
+        let error = backwards.validate().unwrap_err();
+        assert!(error.to_string().contains("3000 then 1000"), "{error}");
+        assert!(table().validate().is_ok());
+    }
+
+    #[test]
+    fn a_table_reads_from_ron() {
+        let text = r#"(
+            name: "vllm-0.11 llama-3-8b h100",
+            prefill_isl: [1000, 2000],
+            prefill_ms: [25.0, 45.0],
+            decode: [(context: 1000, batch: [1], ms: [6.0])],
+        )"#;
+        let table: TableModel = ron::from_str(text).unwrap();
+        assert_eq!(table.gpus, 1);
+        assert!(table.validate().is_ok());
+        // One decode point: the same step at every batch and context.
+        assert_eq!(table.decode_step(64, 64 * 8000), Duration::from_millis(6));
+    }
+}
