@@ -113,3 +113,62 @@ fn sigterm_mid_stream_exits_0_and_everything_acknowledged_is_in_the_stream() {
         assert_eq!(ids, &expected, "rank {rank}: event ids not 0.. in order");
     }
 }
+
+/// The other way out: the NATS server stops answering (SIGSTOP, so no ack comes and no
+/// connection breaks) while the relay holds batches; SIGTERM then cannot publish them
+/// within the drain bound. The relay must still stop by the bound, exit 1, and count
+/// what it gave up.
+#[test]
+fn sigterm_with_acks_outstanding_at_the_drain_deadline_exits_1_and_counts_them() {
+    let test = "sigterm_with_acks_outstanding_at_the_drain_deadline_exits_1_and_counts_them";
+    let Some(server) = NatsServer::start_or_skip(test) else {
+        return;
+    };
+    let url = server.url();
+    let pid = server
+        .pid()
+        .expect("the test's own nats-server")
+        .to_string();
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {name} {pid}");
+    };
+    let mut publisher = ZmqPublisher::bind(&PublisherConfig::new(
+        "tcp://127.0.0.1:*",
+        Some("tcp://127.0.0.1:*"),
+    ))
+    .unwrap();
+    let relay = start_jetstream_relay(&publisher, &url, 6, &["--drain-timeout-s", "1"]);
+    let mut engine = SyntheticEngine::new(SyntheticConfig::small(12));
+    let options = EngineFormat::Vllm0_33.options();
+    let mut publish = |batches: usize| {
+        for _ in 0..batches {
+            publisher
+                .publish(&engine.next_batch().to_payload(&options))
+                .unwrap();
+        }
+    };
+    publish(10);
+    std::thread::sleep(Duration::from_millis(1500));
+    signal("-STOP");
+    publish(50);
+    std::thread::sleep(Duration::from_millis(500));
+    // One second of drain, then the stop itself: well within the limit.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        relay.terminate(Duration::from_secs(8))
+    }));
+    signal("-CONT");
+    let (exit, took, stdout) = outcome.expect("the relay stops within its bound");
+    assert_eq!(exit.code(), Some(1), "after {took:?}: {stdout}");
+    let stats: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let unacknowledged =
+        stats["abandoned_events"].as_u64().unwrap() + stats["publish_failures"].as_u64().unwrap();
+    assert!(unacknowledged > 0, "{stats}");
+    assert!(
+        stats["events"].as_u64().unwrap() > 0,
+        "the first batches went out: {stats}"
+    );
+}

@@ -304,13 +304,7 @@ async fn relay(
             None => tokio::select! {
                 hop = receiver.recv() => hop,
                 () = &mut shutdown => {
-                    stop.store(true, Ordering::Relaxed);
-                    deadline = Some(tokio::time::Instant::now() + config.drain_timeout);
-                    tracing::info!(
-                        queued = receiver.len(),
-                        drain_timeout_s = config.drain_timeout.as_secs_f64(),
-                        "stopping: publishing what is queued"
-                    );
+                    deadline = Some(begin_stop(&stop, &config, receiver.len()));
                     continue;
                 }
             },
@@ -345,24 +339,39 @@ async fn relay(
         };
         if let Some(events) = events {
             let events_before = stats.events;
-            let publishing = publish(
-                &publisher,
-                &config,
-                &events,
-                &mut envelope_sequence,
-                &mut stats,
-            );
-            match deadline {
-                None => publishing.await,
-                Some(at) => {
-                    if tokio::time::timeout_at(at, publishing).await.is_err() {
-                        // Cut off mid-batch: what it had not seen acknowledged is lost (a
-                        // message whose ack was still on its way is counted lost too).
-                        let published = stats.events - events_before;
-                        stats.abandoned_events += events.len() as u64 - published;
-                        break;
+            let published_in_time = {
+                let publishing = publish(
+                    &publisher,
+                    &config,
+                    &events,
+                    &mut envelope_sequence,
+                    &mut stats,
+                );
+                tokio::pin!(publishing);
+                // A publish to a server that stopped answering retries for minutes: the
+                // stop is watched during it too, and from then on the drain bounds it.
+                let mut finished = false;
+                if deadline.is_none() {
+                    tokio::select! {
+                        () = &mut publishing => finished = true,
+                        () = &mut shutdown => {
+                            deadline = Some(begin_stop(&stop, &config, receiver.len()));
+                        }
                     }
                 }
+                match deadline {
+                    Some(at) if !finished => {
+                        tokio::time::timeout_at(at, &mut publishing).await.is_ok()
+                    }
+                    _ => true,
+                }
+            };
+            if !published_in_time {
+                // Cut off mid-batch: what it had not seen acknowledged is lost (a message
+                // whose ack was still on its way is counted lost too).
+                let published = stats.events - events_before;
+                stats.abandoned_events += events.len() as u64 - published;
+                break;
             }
         }
         stats.nats_reconnects = publisher.stats().connection.reconnected;
@@ -381,7 +390,11 @@ async fn relay(
     while let Ok(hop) = receiver.try_recv() {
         stats.abandoned_events += hop.events();
     }
-    let _ = publisher.flush().await;
+    // Bounded as the drain is: a server that stopped answering (not one that closed the
+    // connection) would otherwise hold the stop forever.
+    let flush_until =
+        deadline.unwrap_or_else(|| tokio::time::Instant::now() + config.drain_timeout);
+    let _ = tokio::time::timeout_at(flush_until, publisher.flush()).await;
     stats.nats_reconnects = publisher.stats().connection.reconnected;
     if let Some(progress) = &progress {
         progress.send_replace(stats.clone());
@@ -398,6 +411,17 @@ async fn relay(
 }
 
 /// Publishes `payload`, trying up to `attempts` times; whether it went out.
+/// The stop begins: the reading thread is told, and the drain's deadline returned.
+fn begin_stop(stop: &AtomicBool, config: &RelayConfig, queued: usize) -> tokio::time::Instant {
+    stop.store(true, Ordering::Relaxed);
+    tracing::info!(
+        queued,
+        drain_timeout_s = config.drain_timeout.as_secs_f64(),
+        "stopping: publishing what is queued"
+    );
+    tokio::time::Instant::now() + config.drain_timeout
+}
+
 async fn publish_with_retry(publisher: &NatsPublisher, payload: Bytes, attempts: u32) -> bool {
     for attempt in 1..=attempts.max(1) {
         if publisher.publish(payload.clone()).await.is_ok() {
