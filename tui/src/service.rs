@@ -24,7 +24,9 @@ use kvtwin_plane::service::auth::{
 };
 use kvtwin_plane::service::http::{serve_with, SharedState, Transport};
 use kvtwin_plane::service::nats_source::{NatsSource, NatsSourceConfig};
-use kvtwin_plane::service::relay::{run_relay_reporting, NatsFormat, RelayConfig, RelayStats};
+use kvtwin_plane::service::relay::{
+    run_relay_reporting, serve_metrics, NatsFormat, RelayConfig, RelayStats,
+};
 use kvtwin_plane::service::source::{VllmDecoder, ZmqSource};
 use kvtwin_plane::service::state::{RouterLimits, RouterState};
 use kvtwin_plane::service::tls::server_config;
@@ -334,6 +336,11 @@ pub(crate) struct RelayArgs {
     /// the relay is killed (`kvtwin bench soak` reads it).
     #[arg(long, value_name = "MS")]
     stats_every_ms: Option<u64>,
+    /// Serve the stats as Prometheus metrics (`GET /metrics`, OpenMetrics text, and
+    /// `GET /healthz`) on this address (port 0: a free one, logged). The counters are
+    /// open to anyone who reaches the address.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
     /// Log lines as text or as one JSON object each (filter with RUST_LOG, default info).
     #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
     log_format: crate::logging::LogFormat,
@@ -597,27 +604,38 @@ pub(crate) fn relay(args: &RelayArgs) -> Result<()> {
                 .unwrap_or_else(|| "core NATS".to_string()),
             if args.envelope { "envelopes" } else { "JSON" }
         );
-        let progress = match args.stats_every_ms {
-            Some(ms) => {
-                let (sender, mut receiver) = watch::channel(RelayStats::default());
-                let every = std::time::Duration::from_millis(ms.max(1));
-                tokio::spawn(async move {
-                    let mut ticks = tokio::time::interval(every);
-                    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-                    loop {
-                        ticks.tick().await;
-                        match receiver.has_changed() {
-                            Ok(true) => println!("{}", stats_json(&receiver.borrow_and_update())),
-                            Ok(false) => {}
-                            Err(_) => break,
-                        }
+        let progress = (args.stats_every_ms.is_some() || args.metrics_listen.is_some())
+            .then(|| watch::channel(RelayStats::default()).0);
+        if let (Some(address), Some(sender)) = (args.metrics_listen, &progress) {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("--metrics-listen {address}"))?;
+            let address = listener.local_addr().context("the metrics address")?;
+            tracing::info!("kvtwin relay: metrics on http://{address}/metrics");
+            let serving = serve_metrics(listener, sender.subscribe(), worker, stopped(&stop));
+            tokio::spawn(async move {
+                if let Err(error) = serving.await {
+                    tracing::warn!(%error, "the metrics listener failed");
+                }
+            });
+        }
+        if let (Some(ms), Some(sender)) = (args.stats_every_ms, &progress) {
+            let mut receiver = sender.subscribe();
+            let every = std::time::Duration::from_millis(ms.max(1));
+            tokio::spawn(async move {
+                let mut ticks = tokio::time::interval(every);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                loop {
+                    ticks.tick().await;
+                    match receiver.has_changed() {
+                        Ok(true) => println!("{}", stats_json(&receiver.borrow_and_update())),
+                        Ok(false) => {}
+                        Err(_) => break,
                     }
-                });
-                Some(sender)
-            }
-            None => None,
-        };
-        run_relay_reporting(config, stopped(&stop), progress).await
+                }
+            });
+        }
+        anyhow::Ok(run_relay_reporting(config, stopped(&stop), progress).await?)
     })?;
     println!("{}", stats_json(&stats));
     if stats.unacknowledged() > 0 {

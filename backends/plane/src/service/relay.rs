@@ -15,10 +15,13 @@
 //! [`RelayStats::abandoned_events`], so a caller can tell a clean stop (every decoded
 //! event acknowledged) from a lossy one. The whole relay runs inside a `relay` span
 //! (worker id, ZMQ endpoint, subject), its ZMQ thread too. The ZMQ socket's connects and
-//! disconnects (libzmq's monitor) are counted and warned about, rate-limited.
+//! disconnects (libzmq's monitor) are counted and warned about, rate-limited. The stats
+//! render as OpenMetrics ([`RelayStats::render_metrics`], served by [`serve_metrics`])
+//! for `kvtwin relay --metrics-listen`.
 //! Never: translate hashes (routers do, per worker), or drop a decoded event silently: a
 //! publish that fails is counted, and the relay carries on with the next.
 
+use super::metrics::Exposition;
 use super::warn::WarnLimiter;
 use crate::nats::{NatsError, NatsPublisher, PublisherConfig as NatsPublisherConfig};
 use crate::wire::{
@@ -110,6 +113,129 @@ impl RelayStats {
     pub fn unacknowledged(&self) -> u64 {
         self.publish_failures + self.abandoned_events
     }
+
+    /// The stats as OpenMetrics text (`kvtwin relay --metrics-listen`): one
+    /// `kvtwin_relay_*_total` counter per field, each labelled with the engine's
+    /// `worker_id`, drops by `reason` too.
+    pub fn render_metrics(&self, worker: WorkerId) -> String {
+        let label = || WorkerIdLabels {
+            worker_id: worker.get(),
+        };
+        let mut out = Exposition::new();
+        let counters: [(&'static str, &'static str, u64); 11] = [
+            (
+                "kvtwin_relay_batches_total",
+                "Engine batches decoded.",
+                self.batches,
+            ),
+            (
+                "kvtwin_relay_events_total",
+                "Events published (acknowledged, on JetStream).",
+                self.events,
+            ),
+            (
+                "kvtwin_relay_blocks_total",
+                "Blocks in the events published.",
+                self.blocks,
+            ),
+            (
+                "kvtwin_relay_messages_total",
+                "NATS messages published.",
+                self.messages,
+            ),
+            (
+                "kvtwin_relay_publish_failures_total",
+                "NATS messages given up on after every attempt (their events are lost).",
+                self.publish_failures,
+            ),
+            (
+                "kvtwin_relay_engine_restarts_total",
+                "Engine restarts seen (published as Cleared per rank).",
+                self.restarts,
+            ),
+            (
+                "kvtwin_relay_lost_batches_total",
+                "Engine batches neither the stream nor replay supplied.",
+                self.lost_batches,
+            ),
+            (
+                "kvtwin_relay_abandoned_events_total",
+                "Events still queued when the stop's drain ran out.",
+                self.abandoned_events,
+            ),
+            (
+                "kvtwin_relay_zmq_reconnects_total",
+                "ZMQ connections made again after the first.",
+                self.zmq_reconnects,
+            ),
+            (
+                "kvtwin_relay_zmq_disconnects_total",
+                "ZMQ connections lost.",
+                self.zmq_disconnects,
+            ),
+            (
+                "kvtwin_relay_nats_reconnects_total",
+                "NATS connections made again after one was lost.",
+                self.nats_reconnects,
+            ),
+        ];
+        for (name, help, value) in counters {
+            out.counters(name, help, vec![(label(), value)]);
+        }
+        let dropped = self
+            .dropped
+            .iter()
+            .map(|(&reason, &count)| {
+                let labels = WorkerReasonLabels {
+                    worker_id: worker.get(),
+                    reason,
+                };
+                (labels, count)
+            })
+            .collect();
+        out.counters(
+            "kvtwin_relay_dropped_total",
+            "Batches or events refused, by reason.",
+            dropped,
+        );
+        out.finish()
+    }
+}
+
+/// Serves `GET /metrics` (the latest stats from `stats`, as
+/// [`RelayStats::render_metrics`]) and `GET /healthz` on `listener`, open to anyone who
+/// reaches it (counters only), until `shutdown` resolves.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    stats: tokio::sync::watch::Receiver<RelayStats>,
+    worker: WorkerId,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::http::header;
+    use axum::routing::get;
+    let metrics = move || {
+        let text = stats.borrow().render_metrics(worker);
+        async move { ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text) }
+    };
+    let app = axum::Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// `worker_id` alone (a relay serves one engine).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct WorkerIdLabels {
+    worker_id: u64,
+}
+
+/// `worker_id` and a drop `reason`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct WorkerReasonLabels {
+    worker_id: u64,
+    reason: &'static str,
 }
 
 /// A relay could not start.
@@ -489,4 +615,41 @@ fn unix_millis() -> u64 {
         .map_or(0, |elapsed| {
             u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
         })
+}
+
+#[cfg(test)]
+mod metrics_tests {
+    use super::*;
+
+    #[test]
+    fn the_stats_render_as_labelled_counters_in_a_fixed_order() {
+        let mut stats = RelayStats {
+            batches: 3,
+            events: 12,
+            abandoned_events: 2,
+            ..RelayStats::default()
+        };
+        stats.dropped.insert("bad_msgpack", 4);
+        stats.dropped.insert("array_too_long", 1);
+        let text = stats.render_metrics(WorkerId::new(7));
+        assert!(
+            text.contains("# TYPE kvtwin_relay_events counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvtwin_relay_events_total{worker_id=\"7\"} 12"),
+            "{text}"
+        );
+        assert!(text.contains("kvtwin_relay_abandoned_events_total{worker_id=\"7\"} 2"));
+        assert!(text.contains("kvtwin_relay_batches_total{worker_id=\"7\"} 3"));
+        let array = text
+            .find("kvtwin_relay_dropped_total{worker_id=\"7\",reason=\"array_too_long\"} 1")
+            .expect(&text);
+        let msgpack = text
+            .find("kvtwin_relay_dropped_total{worker_id=\"7\",reason=\"bad_msgpack\"} 4")
+            .expect(&text);
+        assert!(array < msgpack, "reasons in key order");
+        assert!(text.trim_end().ends_with("# EOF"));
+        assert_eq!(text, stats.render_metrics(WorkerId::new(7)));
+    }
 }
