@@ -40,18 +40,6 @@ pub(crate) fn roofline_work(
     decodes: u64,
     context: u64,
 ) -> Duration {
-    let seconds = roofline_seconds(model, gpu, calibration, prefills, decodes, context);
-    Duration::from_nanos((seconds * 1e9).round() as u64)
-}
-
-fn roofline_seconds(
-    model: &ModelSpec,
-    gpu: &GpuSpec,
-    calibration: &Calibration,
-    prefills: &[(u64, u64)],
-    decodes: u64,
-    context: u64,
-) -> f64 {
     let count = f64::from(gpu.count.max(1));
     let flops_per_s = gpu.flops_per_s * count;
     let hbm_bytes_per_s = gpu.hbm_bytes_per_s * count;
@@ -90,7 +78,8 @@ fn roofline_seconds(
     } else {
         calibration.pass_overhead_us
     };
-    overhead_us * 1e-6 + gemm + attention + allreduce
+    let seconds = overhead_us * 1e-6 + gemm + attention + allreduce;
+    Duration::from_nanos((seconds * 1e9).round() as u64)
 }
 
 /// Arithmetic time against memory time: the roofline's `max`, softened (module doc).
@@ -121,13 +110,13 @@ mod tests {
         // 16.06 GB of weights at 3.35 TB/s against the 32 tokens' 0.51 TFLOP at 989
         // TFLOP/s, then 32 × 2,048 tokens × 128 KiB of KV (8.59 GB) at 3.35 TB/s against
         // their 34 GFLOP of attention.
-        let step = roofline_seconds(&model, &gpu, &ideal(), &[], 32, 32 * 2048);
+        let step = roofline_work(&model, &gpu, &ideal(), &[], 32, 32 * 2048).as_secs_f64();
         let gemm = f64::hypot(16.06e9 / 3.35e12, 2.0 * 8.03e9 * 32.0 / 989e12);
         let attention = f64::hypot(
             32.0 * 2048.0 * 131_072.0 / 3.35e12,
             4.0 * 32.0 * 32.0 * 128.0 * 32.0 * 2048.0 / 989e12,
         );
-        assert!((step - gemm - attention).abs() < 1e-9, "{step}");
+        assert!((step - gemm - attention).abs() < 2e-9, "{step}");
         // Memory bound: the softened roofline is within 1 % of the hard one.
         let hard = 16.06e9 / 3.35e12 + 32.0 * 2048.0 * 131_072.0 / 3.35e12;
         assert!(step > hard && step < hard * 1.01, "{step} vs {hard}");
@@ -143,49 +132,53 @@ mod tests {
         let gemm = f64::hypot(2.0 * 8.03e9 * t / 989e12, 16.06e9 / 3.35e12);
         let kv_read = t * 131_072.0 / 3.35e12;
         let attention_flops = 4.0 * 32.0 * 32.0 * 128.0 * t * t / 2.0 / 989e12;
-        let pass = roofline_seconds(&model, &gpu, &ideal(), &[(8192, 0)], 0, 0);
+        let pass = roofline_work(&model, &gpu, &ideal(), &[(8192, 0)], 0, 0).as_secs_f64();
         let expected = gemm + attention_flops.hypot(kv_read);
-        assert!((pass - expected).abs() < 1e-9, "{pass} vs {expected}");
+        assert!((pass - expected).abs() < 2e-9, "{pass} vs {expected}");
         // Attention at half the efficiency of the GEMMs doubles its arithmetic only.
         let slow = Calibration {
             attention_flops_efficiency: Some(0.5),
             ..ideal()
         };
-        let slower = roofline_seconds(&model, &gpu, &slow, &[(8192, 0)], 0, 0);
+        let slower = roofline_work(&model, &gpu, &slow, &[(8192, 0)], 0, 0).as_secs_f64();
         let expected = gemm + (2.0 * attention_flops).hypot(kv_read);
-        assert!((slower - expected).abs() < 1e-9, "{slower} vs {expected}");
+        assert!((slower - expected).abs() < 2e-9, "{slower} vs {expected}");
         // The same tokens after a cached context attend to it as well.
-        assert!(roofline_seconds(&model, &gpu, &ideal(), &[(8192, 32_768)], 0, 0) > pass);
+        assert!(
+            roofline_work(&model, &gpu, &ideal(), &[(8192, 32_768)], 0, 0).as_secs_f64() > pass
+        );
     }
 
     #[test]
     fn tensor_parallel_splits_the_work_and_adds_two_allreduces_a_layer() {
         let model = ModelSpec::llama3_8b();
-        let one = roofline_seconds(&model, &GpuSpec::h100_sxm(1), &ideal(), &[(4096, 0)], 0, 0);
+        let one = roofline_work(&model, &GpuSpec::h100_sxm(1), &ideal(), &[(4096, 0)], 0, 0)
+            .as_secs_f64();
         // Without a link the four GPUs are a quarter of the time.
         let unlinked = GpuSpec {
             link_bytes_per_s: 0.0,
             ..GpuSpec::h100_sxm(4)
         };
-        let four = roofline_seconds(&model, &unlinked, &ideal(), &[(4096, 0)], 0, 0);
-        assert!((one / four - 4.0).abs() < 1e-9);
+        let four = roofline_work(&model, &unlinked, &ideal(), &[(4096, 0)], 0, 0).as_secs_f64();
+        assert!((one / four - 4.0).abs() < 1e-6);
         // Over NVLink: 64 all-reduces of 4,096 × 4,096 × 2 bytes, each GPU sending 3/4 of
         // twice that, at 450 GB/s, plus 10 µs each.
         let calibration = Calibration {
             allreduce_latency_us: 10.0,
             ..ideal()
         };
-        let linked = roofline_seconds(
+        let linked = roofline_work(
             &model,
             &GpuSpec::h100_sxm(4),
             &calibration,
             &[(4096, 0)],
             0,
             0,
-        );
+        )
+        .as_secs_f64();
         let message = 4096.0 * 4096.0 * 2.0 * 2.0 * 3.0 / 4.0;
         let expected = four + 64.0 * (10e-6 + message / 450e9);
-        assert!((linked - expected).abs() < 1e-9, "{linked} vs {expected}");
+        assert!((linked - expected).abs() < 2e-9, "{linked} vs {expected}");
     }
 
     #[test]
@@ -202,16 +195,16 @@ mod tests {
             ..calibration.clone()
         };
         let at = |c: &Calibration, prefills: &[(u64, u64)], decodes| {
-            roofline_seconds(&model, &gpu, c, prefills, decodes, decodes * 1024)
+            roofline_work(&model, &gpu, c, prefills, decodes, decodes * 1024).as_secs_f64()
         };
-        assert!((at(&calibration, &[], 8) - at(&plain, &[], 8) - 200e-6).abs() < 1e-12);
+        assert!((at(&calibration, &[], 8) - at(&plain, &[], 8) - 200e-6).abs() < 2e-9);
         let mixed = [(512, 0)];
-        assert!((at(&calibration, &mixed, 8) - at(&plain, &mixed, 8) - 1000e-6).abs() < 1e-12);
+        assert!((at(&calibration, &mixed, 8) - at(&plain, &mixed, 8) - 1000e-6).abs() < 2e-9);
         // Unset, the decode overhead is the pass overhead.
         let unset = Calibration {
             decode_overhead_us: None,
             ..calibration
         };
-        assert!((at(&unset, &[], 8) - at(&plain, &[], 8) - 1000e-6).abs() < 1e-12);
+        assert!((at(&unset, &[], 8) - at(&plain, &[], 8) - 1000e-6).abs() < 2e-9);
     }
 }
