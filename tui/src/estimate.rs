@@ -172,7 +172,9 @@ fn flag_error(error: &EstimateError, from_grid: &str) -> anyhow::Error {
             "--prefix {prefix} must be below --isl {isl}: at least one prompt token is \
              prefilled{at}"
         ),
-        EstimateError::DoesNotFit { .. } => anyhow::anyhow!("--{error}{at}"),
+        EstimateError::DoesNotFit { .. } | EstimateError::TooLarge { .. } => {
+            anyhow::anyhow!("--{error}{at}")
+        }
     }
 }
 

@@ -77,6 +77,16 @@ pub enum EstimateError {
         /// Which.
         field: &'static str,
     },
+    /// A size past what the estimate models.
+    #[error("{field} must be at most {max} (got {value})")]
+    TooLarge {
+        /// Which.
+        field: &'static str,
+        /// What was asked.
+        value: u64,
+        /// The most there may be.
+        max: u64,
+    },
     /// The cached prefix is the whole prompt or more.
     #[error("prefix ({prefix}) must be below isl ({isl}): at least one prompt token is prefilled")]
     PrefixTooLong {
@@ -106,6 +116,14 @@ pub enum EstimateError {
         fits: u64,
     },
 }
+
+/// Sequences in one batch at most: far past any engine's (vLLM's `max_num_seqs` is 256
+/// to 1,024), and the prefill pass lists them one by one.
+pub const MAX_BATCH: u64 = 65_536;
+
+/// Decode steps timed one by one at most; a longer output is sampled at this many steps
+/// spread evenly over it (a step's time moves smoothly with the context).
+const MAX_TIMED_STEPS: u64 = 4096;
 
 /// The fraction of GPU memory an engine takes for weights and KV (vLLM's
 /// `gpu_memory_utilization` default); the rest is activations and the CUDA context.
@@ -173,6 +191,13 @@ pub fn estimate(
             return Err(EstimateError::Zero { field });
         }
     }
+    if request.batch > MAX_BATCH {
+        return Err(EstimateError::TooLarge {
+            field: "batch",
+            value: request.batch,
+            max: MAX_BATCH,
+        });
+    }
     if request.prefix >= request.isl {
         return Err(EstimateError::PrefixTooLong {
             prefix: request.prefix,
@@ -214,15 +239,27 @@ pub fn estimate(
     };
     let ttft = model.pass(&prefill, capacity).prefill.as_secs_f64() * 1e3;
     let steps = request.osl - 1;
-    let generation: f64 = (1..=steps)
-        .map(|step| {
-            let context = request.batch * (request.isl + step);
-            model
-                .decode_step(request.batch, context, capacity)
-                .as_secs_f64()
-                * 1e3
-        })
-        .sum();
+    let step_ms = |step: u64| {
+        let context = request
+            .batch
+            .saturating_mul(request.isl.saturating_add(step));
+        model
+            .decode_step(request.batch, context, capacity)
+            .as_secs_f64()
+            * 1e3
+    };
+    let generation: f64 = if steps <= MAX_TIMED_STEPS {
+        (1..=steps).map(step_ms).sum()
+    } else {
+        // The mean of evenly spread steps (the middle of each of MAX_TIMED_STEPS runs),
+        // times the steps.
+        let run = steps as f64 / MAX_TIMED_STEPS as f64;
+        let mean = (0..MAX_TIMED_STEPS)
+            .map(|i| step_ms(1 + ((i as f64 + 0.5) * run) as u64))
+            .sum::<f64>()
+            / MAX_TIMED_STEPS as f64;
+        mean * steps as f64
+    };
     let tpot = if steps == 0 {
         0.0
     } else {
@@ -306,6 +343,32 @@ mod tests {
     }
 
     #[test]
+    fn a_long_output_is_sampled_and_matches_the_step_by_step_mean() {
+        let model = ComputeModel::builtin("h100-llama3-8b").unwrap();
+        // 4,096 steps are timed one by one; 40,000 are sampled at 4,096.
+        let exact = estimate(&model, &request(1024, 4097, 4)).unwrap();
+        let sampled = estimate(&model, &request(1024, 40_001, 4)).unwrap();
+        let exact_long: f64 = (1..=40_000u64)
+            .map(|step| {
+                model
+                    .decode_step(4, 4 * (1024 + step), 1 << 20)
+                    .as_secs_f64()
+                    * 1e3
+            })
+            .sum::<f64>()
+            / 40_000.0;
+        assert!(
+            (sampled.tpot / exact_long - 1.0).abs() < 1e-3,
+            "{sampled:?}"
+        );
+        assert!(sampled.tpot > exact.tpot, "longer contexts, slower steps");
+        // A billion output tokens (on a profile that checks no memory) take no longer to
+        // estimate than 4,096.
+        let huge = estimate(&ComputeModel::Dynosim, &request(1024, 1_000_000_000, 1)).unwrap();
+        assert!(huge.tpot > 0.0 && huge.request_latency > 1e6);
+    }
+
+    #[test]
     fn one_output_token_has_no_decode() {
         let model = ComputeModel::builtin("h100-llama3-8b").unwrap();
         let estimate = estimate(&model, &request(1024, 1, 1)).unwrap();
@@ -356,6 +419,12 @@ mod tests {
         .unwrap_err();
         assert!(
             matches!(error, EstimateError::PrefixTooLong { .. }),
+            "{error}"
+        );
+        // Past any engine's batch: refused before the pass is listed.
+        let error = estimate(&ComputeModel::Dynosim, &request(100, 2, 1 << 40)).unwrap_err();
+        assert!(
+            matches!(error, EstimateError::TooLarge { field: "batch", .. }),
             "{error}"
         );
         // 512 sequences of 8 K tokens: 550 GB of KV on an 80 GB H100.
