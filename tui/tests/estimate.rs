@@ -176,6 +176,10 @@ fn what_cannot_be_estimated_is_refused_naming_the_flag() {
         &["--batch", "negative"],
     );
     refused(
+        &["--compute", "dynosim", "--batch", "100000"],
+        &["--batch must be at most 65536"],
+    );
+    refused(
         &[&h100[..], &["--isl", "1000", "--prefix", "1000"]].concat(),
         &["--prefix 1000 must be below --isl 1000"],
     );
