@@ -36,6 +36,7 @@ pub(crate) struct EstimateArgs {
     prefix: u64,
     /// A grid axis, `KEY=V1,V2,...` with KEY one of isl, osl, batch, prefix; repeat for
     /// more axes. Every combination is estimated; the flags above fill the other keys.
+    /// Points whose KV does not fit are skipped, each said on stderr.
     #[arg(long, value_name = "KEY=VALUES")]
     grid: Vec<String>,
     /// KV tokens the device holds, for DynoSim's utilisation term (default: what the
@@ -69,9 +70,22 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<()> {
     };
     let points = expand_grid(base, &args.grid)?;
     let mut estimates = Vec::with_capacity(points.len());
+    let mut skipped = Vec::new();
     for (request, from_grid) in &points {
-        let estimate = estimate(&model, request).map_err(|error| flag_error(&error, from_grid))?;
-        estimates.push(estimate);
+        match estimate(&model, request) {
+            Ok(estimate) => estimates.push(estimate),
+            // A grid shows what fits: a point that does not is said, not fatal.
+            Err(error @ EstimateError::DoesNotFit { .. }) if points.len() > 1 => {
+                skipped.push(flag_error(&error, from_grid));
+            }
+            Err(error) => return Err(flag_error(&error, from_grid)),
+        }
+    }
+    for reason in &skipped {
+        eprintln!("skipped: {reason}");
+    }
+    if estimates.is_empty() {
+        bail!("no grid point fits: {} skipped", skipped.len());
     }
     if args.json {
         for estimate in &estimates {

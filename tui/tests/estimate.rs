@@ -188,6 +188,27 @@ fn what_cannot_be_estimated_is_refused_naming_the_flag() {
         &[&h100[..], &["--isl", "8192", "--batch", "512"]].concat(),
         &["--batch: 512 sequences", "h100-sxm", "at most 46 fit"],
     );
+    // In a grid, points that do not fit are skipped and said; none fitting is an error.
+    let (ok, stdout, stderr) = kvtwin_outcome(&[
+        "estimate",
+        "--compute",
+        "h100-llama3-8b",
+        "--isl",
+        "8192",
+        "--grid",
+        "batch=1,512",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    assert_eq!(json_lines(&stdout).len(), 1);
+    assert!(
+        stderr.contains("skipped: --batch: 512 sequences"),
+        "{stderr}"
+    );
+    refused(
+        &[&h100[..], &["--isl", "8192", "--grid", "batch=512,1024"]].concat(),
+        &["no grid point fits: 2 skipped"],
+    );
     refused(
         &[&h100[..], &["--grid", "batch=1,0"]].concat(),
         &["--batch must be at least 1", "grid point batch=0"],
