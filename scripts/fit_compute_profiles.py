@@ -18,12 +18,16 @@ latency; the datasheet figures stay as they are, so a new GPU or model still get
 sensible default from its datasheet and default fractions.
 
 Usage: target/venv-aic/bin/python scripts/fit_compute_profiles.py sim/data/aiconfigurator-vllm.csv
-Needs numpy and scipy.
+           [--plot DIR]
+Needs numpy and scipy; --plot (one PNG a profile: prefill time by ISL, decode step time
+by batch at each context, AIConfigurator's points against the fitted model) needs
+matplotlib.
 """
 
+import argparse
 import csv
+import os
 import statistics
-import sys
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -125,8 +129,58 @@ def rounded(p):
     return [float(f"{value:.3g}") if value > 1e-3 else 0.0 for value in p]
 
 
+def plot(directory, profile, rows, p):
+    """PNG of one profile: AIConfigurator's points (filled: fitted, open: held out)
+    against the fitted model's curves."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gpu, model, tp = GPUS[rows[0]["system"]], MODELS[rows[0]["model"]], rows[0]["tp"]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    prompts = sorted((r for r in rows if r["phase"] == "prefill" and r["batch"] == 1
+                      and r["prefix"] == 0), key=lambda r: r["isl"])
+    isls = np.geomspace(prompts[0]["isl"], prompts[-1]["isl"], 200)
+    left.plot(isls, [pass_ms(p, gpu, model, tp, [(int(t), 0)], 0, 0) for t in isls],
+              color="C0", label="kvtwin (fitted roofline)")
+    for role, face in (("fit", "C1"), ("holdout", "none")):
+        chosen = [r for r in prompts if r["role"] == role]
+        left.scatter([r["isl"] for r in chosen], [r["ms"] for r in chosen], s=30,
+                     facecolors=face, edgecolors="C1", zorder=3,
+                     label=f"AIConfigurator ({role})")
+    left.set(xscale="log", yscale="log", xlabel="prompt tokens (batch 1)",
+             ylabel="prefill ms (TTFT)", title=f"{profile}: prefill")
+    left.grid(True, which="both", alpha=0.3)
+    left.legend()
+    steps = [r for r in rows if r["phase"] == "decode"]
+    for i, context in enumerate(sorted({r["context"] for r in steps})):
+        mine = sorted((r for r in steps if r["context"] == context), key=lambda r: r["batch"])
+        batches = np.unique(np.round(np.geomspace(mine[0]["batch"], mine[-1]["batch"], 100)))
+        color = f"C{i % 10}"
+        right.plot(batches, [pass_ms(p, gpu, model, tp, [], int(round(b)),
+                                     int(round(b)) * context) for b in batches],
+                   color=color, label=f"context {context}")
+        for role, face in (("fit", color), ("holdout", "none")):
+            chosen = [r for r in mine if r["role"] == role]
+            right.scatter([r["batch"] for r in chosen], [r["ms"] for r in chosen], s=25,
+                          facecolors=face, edgecolors=color, zorder=3)
+    right.set(xscale="log", xlabel="decode batch", ylabel="decode step ms (TPOT)",
+              title=f"{profile}: decode (lines kvtwin, dots AIConfigurator)")
+    right.grid(True, which="both", alpha=0.3)
+    right.legend(fontsize=8)
+    figure.tight_layout()
+    path = os.path.join(directory, f"{profile}.png")
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return path
+
+
 def main():
-    rows = read(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("table", help="sim/data/aiconfigurator-vllm.csv")
+    parser.add_argument("--plot", metavar="DIR", help="write one PNG a profile here")
+    args = parser.parse_args()
+    rows = read(args.table)
     profiles = list(dict.fromkeys(row["profile"] for row in rows))
     summary = []
     print("// Fitted coefficients (paste into sim/src/compute/builtin.rs):")
@@ -142,6 +196,9 @@ def main():
                 if chosen:
                     summary.append((profile, role, phase, len(chosen),
                                     statistics.median(chosen), max(chosen)))
+        if args.plot:
+            os.makedirs(args.plot, exist_ok=True)
+            print(f"// plot: {plot(args.plot, profile, mine, p)}")
         worst = sorted(zip(errors, mine), key=lambda pair: -abs(pair[0]))[:3]
         for error, row in worst:
             print(f"//   worst: {row['phase']} {row['role']} isl={row['isl']} "
