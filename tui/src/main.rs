@@ -9,6 +9,7 @@ mod autoscale_plot;
 mod bench;
 mod bench_cuda;
 mod bench_dash;
+mod bench_gemm;
 mod bench_relay;
 mod bench_sim;
 mod bench_soak;
@@ -189,6 +190,10 @@ enum Bench {
     /// with one large copy (CUDA events) and with `HostHardware`'s transfers (needs a
     /// build with `--features cuda` and a GPU).
     Cuda(bench_cuda::CudaArgs),
+    /// Time Llama-3-8B's GEMMs on a GPU with cuBLAS (and one device-to-device copy),
+    /// beside what a built-in compute profile's roofline predicts for them (needs a build
+    /// with `--features cuda`, a GPU and libcublas).
+    Gemm(bench_gemm::GemmArgs),
     /// Push synthetic vLLM events through ZMQ → relay → NATS → router on loopback (its
     /// own nats-server) and report block events per second and the added latency.
     Relay(bench_relay::RelayArgs),
@@ -286,6 +291,7 @@ fn main() -> Result<()> {
         Command::Bench(Bench::Router { workload, threads }) => bench::router(&workload, threads),
         Command::Bench(Bench::Sim(args)) => bench_sim::run(&args),
         Command::Bench(Bench::Cuda(args)) => bench_cuda::run(&args),
+        Command::Bench(Bench::Gemm(args)) => bench_gemm::run(&args),
         Command::Bench(Bench::Relay(args)) => bench_relay::run(&args),
         Command::Bench(Bench::Soak(args)) => bench_soak::run(&args),
         Command::Bench(Bench::Dash(args)) => bench_dash::run(&args),

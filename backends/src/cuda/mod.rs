@@ -4,8 +4,9 @@
 //! Owns: [`CudaDevice`] (one GPU's primary context, opened only after checking that the
 //! driver library is present and the GPU exists, so a machine without either gets a
 //! [`CudaError`], never a panic), [`CudaError`], the device-memory arena and the pinned
-//! host region (module `memory`), the per-worker copy stream (module `stream`) and the
-//! block-copy benchmark (module [`bench`]). The host backend reaches the GPU only through
+//! host region (module `memory`), the per-worker copy stream (module `stream`), the
+//! block-copy benchmark (module [`bench`]) and the GEMM benchmark (module [`gemm`],
+//! cuBLAS). The host backend reaches the GPU only through
 //! its own `host::device` traits, which `memory` and `stream` implement (`open_gpu` is
 //! the one entry point it calls), so the dependency runs one way: `cuda` → `host`.
 //!
@@ -19,6 +20,7 @@
 //! there (cudarc panics if it is not), or let a copy outlive the borrow of its host bytes.
 
 pub mod bench;
+pub mod gemm;
 pub(crate) mod memory;
 pub(crate) mod stream;
 

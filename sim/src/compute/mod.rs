@@ -25,6 +25,7 @@ pub mod estimate;
 mod roofline;
 pub mod table;
 
+pub use roofline::gemm_seconds;
 use roofline::roofline_work;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;

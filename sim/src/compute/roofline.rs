@@ -53,11 +53,7 @@ pub(crate) fn roofline_work(
         + context as f64;
     let kv_tokens = (prefills.iter().map(|(t, c)| t + c).sum::<u64>() + context) as f64;
 
-    let gemm = soft_roofline(
-        2.0 * model.params as f64 * tokens
-            / (flops_per_s * efficiency(calibration.flops_efficiency)),
-        model.weight_bytes() as f64 / (hbm_bytes_per_s * efficiency(calibration.hbm_efficiency)),
-    );
+    let gemm = gemm_seconds(model, gpu, calibration, tokens);
     let attention = soft_roofline(
         model.attention_flops_per_pair() * pairs
             / (flops_per_s * efficiency(calibration.attention_flops_efficiency())),
@@ -80,6 +76,23 @@ pub(crate) fn roofline_work(
     };
     let seconds = overhead_us * 1e-6 + gemm + attention + allreduce;
     Duration::from_nanos((seconds * 1e9).round() as u64)
+}
+
+/// The GEMM part of a pass of `tokens` tokens, seconds: their FLOPs against the weights
+/// read once (what `kvtwin bench gemm` measures on a GPU).
+pub fn gemm_seconds(
+    model: &ModelSpec,
+    gpu: &GpuSpec,
+    calibration: &Calibration,
+    tokens: f64,
+) -> f64 {
+    let count = f64::from(gpu.count.max(1));
+    soft_roofline(
+        2.0 * model.params as f64 * tokens
+            / (gpu.flops_per_s * count * calibration.flops_efficiency.max(1e-6)),
+        model.weight_bytes() as f64
+            / (gpu.hbm_bytes_per_s * count * calibration.hbm_efficiency.max(1e-6)),
+    )
 }
 
 /// Arithmetic time against memory time: the roofline's `max`, softened (module doc).
