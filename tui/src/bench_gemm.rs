@@ -19,7 +19,11 @@ pub(crate) struct GemmArgs {
     #[arg(long, default_value = "h100-llama3-8b")]
     compute: String,
     /// Token counts (the GEMMs' M), comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256,1024,4096,8192")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,16,64,256,1024,4096,8192"
+    )]
     tokens: Vec<usize>,
     /// Timed forwards per token count (the median is reported).
     #[arg(long, default_value_t = 5)]

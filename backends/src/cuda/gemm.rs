@@ -338,7 +338,11 @@ impl Handle {
         input: &Buffer,
         output: &Buffer,
     ) -> Result<(), GemmError> {
-        let (m, n, k) = (tokens as c_int, projection.n as c_int, projection.k as c_int);
+        let (m, n, k) = (
+            tokens as c_int,
+            projection.n as c_int,
+            projection.k as c_int,
+        );
         let (alpha, beta) = (1.0f32, 0.0f32);
         let bf16 = blas_sys::cudaDataType::CUDA_R_16BF;
         // SAFETY: the buffers hold at least N × K, M × K and M × N bf16 elements (sized
