@@ -9,7 +9,7 @@
 //! `osl − 1` steps (the first token comes with the prefill), every sequence holding one
 //! more token each step; the TPOT is their mean.
 
-use super::{ComputeModel, Pass};
+use super::{ComputeModel, Pass, GPU_MEMORY_UTILIZATION};
 use serde::Serialize;
 
 /// What to estimate.
@@ -125,10 +125,6 @@ pub const MAX_BATCH: u64 = 65_536;
 /// spread evenly over it (a step's time moves smoothly with the context).
 const MAX_TIMED_STEPS: u64 = 4096;
 
-/// The fraction of GPU memory an engine takes for weights and KV (vLLM's
-/// `gpu_memory_utilization` default); the rest is activations and the CUDA context.
-const USABLE_MEMORY: f64 = 0.9;
-
 /// What the profile says about memory: (GPUs, weight bytes per GPU, KV bytes per token
 /// per GPU, usable bytes per GPU, the name); zeros where unknown.
 struct Footprint {
@@ -144,7 +140,7 @@ fn footprint(model: &ComputeModel) -> Footprint {
     match model {
         ComputeModel::Roofline { model, gpu, .. } => {
             let gpus = gpu.count.max(1);
-            let usable = gpu.memory_bytes as f64 * USABLE_MEMORY;
+            let usable = gpu.memory_bytes as f64 * GPU_MEMORY_UTILIZATION;
             let weights = model.weight_bytes() as f64 / f64::from(gpus);
             let kv = model.kv_bytes_per_token();
             let max_kv_tokens = (gpu.memory_bytes > 0 && kv > 0)

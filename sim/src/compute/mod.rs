@@ -159,6 +159,11 @@ impl GpuSpec {
     }
 }
 
+/// Share of GPU memory an engine gives the weights and the KV cache (vLLM's default
+/// `gpu_memory_utilization`); activations and the CUDA context take the rest. The
+/// estimate's fit check and the planner's device blocks both use it.
+pub const GPU_MEMORY_UTILIZATION: f64 = 0.9;
+
 /// How much of the peak a real engine reaches (fit these to measurements: the built-in
 /// profiles' are fitted by scripts/fit_compute_profiles.py).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

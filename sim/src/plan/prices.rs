@@ -19,7 +19,8 @@
 //! - SSD: 0.00011 per GB-hour, AWS EBS gp3 at 0.08 per GB-month (730 hours); local NVMe
 //!   costs about the same per GB in instance prices.
 
-use crate::compute::ComputeModel;
+pub use crate::compute::GPU_MEMORY_UTILIZATION;
+use crate::compute::{ComputeModel, GpuSpec};
 use crate::ron_file::{self, RonFileError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -177,17 +178,13 @@ impl GpuShape {
     }
 }
 
-/// Share of HBM an engine gives the model and its cache (vLLM's default
-/// `gpu_memory_utilization`); activations and the CUDA context take the rest.
-pub const GPU_MEMORY_UTILIZATION: f64 = 0.9;
-
-/// HBM bytes of one GPU of the built-in profiles, by name (vendors' data sheets).
+/// HBM bytes of one GPU of the built-in profiles, by name: their `GpuSpec`s'
+/// `memory_bytes` (vendors' data sheets).
 pub fn hbm_bytes(gpu: &str) -> Option<u64> {
-    match gpu {
-        "h100-sxm" | "a100-sxm-80gb" => Some(80_000_000_000),
-        "h200" => Some(141_000_000_000),
-        _ => None,
-    }
+    [GpuSpec::h100_sxm(1), GpuSpec::h200(1), GpuSpec::a100(1)]
+        .into_iter()
+        .find(|spec| spec.name == gpu)
+        .map(|spec| spec.memory_bytes)
 }
 
 #[cfg(test)]
