@@ -123,7 +123,7 @@ pub fn run(config: BlockCopyConfig) -> Result<BlockCopyReport, BenchError> {
 
     let mut figures = Vec::new();
     for upload in [true, false] {
-        let bulk = timer.median(repeats, |stream| {
+        let bulk = timer.median::<BenchError>(repeats, |stream| {
             let region = host.as_mut_ptr();
             let device = arena
                 .write(block_id(0))
@@ -146,7 +146,7 @@ pub fn run(config: BlockCopyConfig) -> Result<BlockCopyReport, BenchError> {
             }
             Ok(())
         })?;
-        let batched = timer.median(repeats, |stream| {
+        let batched = timer.median::<BenchError>(repeats, |stream| {
             for (index, block) in host_blocks.iter_mut().enumerate() {
                 let target = block_id(slot[index]);
                 // SAFETY: one block each side, used by nothing but this benchmark; the
@@ -292,7 +292,7 @@ fn median(runs: &mut [Duration]) -> Duration {
 }
 
 /// A stream with a start and an end event that time what is enqueued between them.
-struct EventTimer {
+pub(crate) struct EventTimer {
     device: Arc<CudaDevice>,
     stream: sys::CUstream,
     start: sys::CUevent,
@@ -300,7 +300,7 @@ struct EventTimer {
 }
 
 impl EventTimer {
-    fn new(device: &Arc<CudaDevice>) -> Result<Self, CudaError> {
+    pub(crate) fn new(device: &Arc<CudaDevice>) -> Result<Self, CudaError> {
         device.bind()?;
         let stream =
             result::stream::create(StreamKind::NonBlocking).map_err(driver("cuStreamCreate"))?;
@@ -315,12 +315,17 @@ impl EventTimer {
         })
     }
 
+    /// The stream its runs are enqueued on.
+    pub(crate) fn stream(&self) -> sys::CUstream {
+        self.stream
+    }
+
     /// The median GPU time of `repeats` runs of `enqueue`, after one warm-up run.
-    fn median(
+    pub(crate) fn median<E: From<CudaError>>(
         &self,
         repeats: usize,
-        mut enqueue: impl FnMut(sys::CUstream) -> Result<(), BenchError>,
-    ) -> Result<Duration, BenchError> {
+        mut enqueue: impl FnMut(sys::CUstream) -> Result<(), E>,
+    ) -> Result<Duration, E> {
         self.device.bind()?;
         let mut runs = Vec::with_capacity(repeats + 1);
         for _ in 0..=repeats {

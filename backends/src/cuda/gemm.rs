@@ -12,12 +12,12 @@
 //! Never: assert a speed (it reports; BENCHMARKS.md records), or run without a GPU and
 //! cuBLAS (it returns [`GemmError`]).
 
+use super::bench::EventTimer;
 use super::{driver, CudaDevice, CudaError};
 use cudarc::cublas::{result as blas, sys as blas_sys};
-use cudarc::driver::result::{self, stream::StreamKind};
+use cudarc::driver::result;
 use cudarc::driver::sys;
 use std::ffi::{c_int, c_void};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The benchmark could not run.
@@ -198,12 +198,12 @@ pub fn run(config: &GemmConfig) -> Result<GemmReport, GemmError> {
     let input = Buffer::new(2 * max_tokens * widest)?;
     let output = Buffer::new(2 * max_tokens * widest)?;
 
-    let stream = Stream::new(&device)?;
-    let handle = Handle::new(stream.0)?;
+    let timer = EventTimer::new(&device)?;
+    let handle = Handle::new(timer.stream())?;
     let mut points = Vec::new();
     for &tokens in &config.tokens {
         let tokens = tokens.max(1);
-        let time = stream.median(config.repeats.max(1), || {
+        let time = timer.median::<GemmError>(config.repeats.max(1), |_| {
             for _ in 0..shapes.layers {
                 for (projection, weights) in shapes.layer.iter().zip(&layer_weights) {
                     handle.gemm(tokens, projection, weights, &input, &output)?;
@@ -224,11 +224,11 @@ pub fn run(config: &GemmConfig) -> Result<GemmReport, GemmError> {
 
     let source = Buffer::new(config.copy_bytes)?;
     let target = Buffer::new(config.copy_bytes)?;
-    let copy = stream.median(config.repeats.max(1), || {
+    let copy = timer.median::<GemmError>(config.repeats.max(1), |stream| {
         // SAFETY: both buffers are `copy_bytes` long and used by nothing else; the
         // stream is waited for before they are freed.
         unsafe {
-            sys::cuMemcpyDtoDAsync_v2(target.0, source.0, config.copy_bytes, stream.0)
+            sys::cuMemcpyDtoDAsync_v2(target.0, source.0, config.copy_bytes, stream)
                 .result()
                 .map_err(driver("cuMemcpyDtoDAsync"))?;
         }
@@ -262,57 +262,6 @@ impl Drop for Buffer {
     fn drop(&mut self) {
         // SAFETY: allocated in `new`, freed once; every use was waited for.
         let _ = unsafe { result::free_sync(self.0) };
-    }
-}
-
-/// A stream and two events timing what is enqueued on it.
-struct Stream(sys::CUstream, sys::CUevent, sys::CUevent);
-
-impl Stream {
-    fn new(device: &Arc<CudaDevice>) -> Result<Self, CudaError> {
-        device.bind()?;
-        let stream =
-            result::stream::create(StreamKind::NonBlocking).map_err(driver("cuStreamCreate"))?;
-        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
-        let start = result::event::create(flags).map_err(driver("cuEventCreate"))?;
-        let end = result::event::create(flags).map_err(driver("cuEventCreate"))?;
-        Ok(Self(stream, start, end))
-    }
-
-    /// The median GPU time of `repeats` runs of `enqueue`, after one warm-up run.
-    fn median(
-        &self,
-        repeats: usize,
-        mut enqueue: impl FnMut() -> Result<(), GemmError>,
-    ) -> Result<Duration, GemmError> {
-        let mut runs = Vec::with_capacity(repeats + 1);
-        for _ in 0..=repeats {
-            // SAFETY: the handles live as long as `self`; the end event is waited for.
-            unsafe {
-                result::event::record(self.1, self.0).map_err(driver("cuEventRecord"))?;
-                let enqueued = enqueue();
-                result::event::record(self.2, self.0).map_err(driver("cuEventRecord"))?;
-                result::event::synchronize(self.2).map_err(driver("cuEventSynchronize"))?;
-                enqueued?;
-                let ms =
-                    result::event::elapsed(self.1, self.2).map_err(driver("cuEventElapsedTime"))?;
-                runs.push(Duration::from_secs_f64(f64::from(ms) / 1e3));
-            }
-        }
-        let timed = &mut runs[1..];
-        timed.sort();
-        Ok(timed[timed.len() / 2])
-    }
-}
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        // SAFETY: created in `new`, idle (every run was waited for), destroyed once.
-        unsafe {
-            let _ = result::event::destroy(self.1);
-            let _ = result::event::destroy(self.2);
-            let _ = result::stream::destroy(self.0);
-        }
     }
 }
 
