@@ -117,19 +117,13 @@ fn load_profile(compute: &str) -> Result<(String, ComputeModel)> {
              folder of Dynamo planner profiles"
         );
     }
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("--compute: reading {compute}"))?;
     let model: ComputeModel = if path.extension().is_some_and(|e| e == "json") {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--compute: reading {compute}"))?;
         serde_json::from_str(&text).with_context(|| format!("--compute: {compute}"))?
     } else {
-        ron::from_str(&text).map_err(|error| {
-            anyhow::anyhow!(
-                "--compute: {compute}:{}:{}: {}",
-                error.position.line,
-                error.position.col,
-                error.code
-            )
-        })?
+        // As every RON input is read: errors name the file, line and column.
+        kvtwin_sim::ron_file::load(path).context("--compute")?
     };
     if let ComputeModel::Table(table) = &model {
         table
