@@ -150,6 +150,9 @@ pub enum SoakError {
     /// An engine's publisher could not bind or send.
     #[error(transparent)]
     Zmq(#[from] ZmqError),
+    /// The token file the soak wrote for its router could not be read back.
+    #[error("the router's token: {0}")]
+    Token(#[from] crate::service::auth::TokenError),
     /// A child process, thread, runtime or temporary directory could not be set up.
     #[error("could not {what}: {source}")]
     Io {

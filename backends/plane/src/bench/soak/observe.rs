@@ -1,19 +1,78 @@
-//! The soak's view of the router: `GET /v1/workers` and `GET /metrics` over plain
-//! blocking HTTP/1.1 on loopback, parsed into what the soak compares.
+//! The soak's view of the router: `GET /v1/workers` and `GET /metrics` through the
+//! repository's own HTTP client (`service::client`), with the soak's bearer token, on
+//! loopback, parsed into what the soak compares.
 //!
-//! Owns: `RouterView` (per worker: blocks listed and indexed, digest, events), `get`,
-//! `view` and `metric`.
-//! Never: wait without a bound (every request has a timeout), or change the router.
+//! Owns: [`RouterApi`] (the router's address and the token the soak gave it; `get`
+//! and `view`), `RouterView` (per worker: blocks listed and indexed, digest, events),
+//! [`new_token`] and `metric`.
+//! Never: wait without a bound (every request, connection included, has a timeout),
+//! or change the router.
 
+use crate::service::auth::AuthToken;
+use crate::service::client::{self, ClientAccess, RouterUrl};
 use crate::service::state::RouterState;
+use bytes::Bytes;
+use hyper::{Method, StatusCode};
 use serde_json::Value;
+use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::hash::BuildHasher;
+use std::net::SocketAddr;
 use std::time::Duration;
 
-/// How long one request may take.
+/// How long one request may take, connecting and reading the body included.
 const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A fresh secret for one soak's router: 128 bits from the standard library's
+/// per-process random hash keys (the OS's randomness), as hex. It never reaches the
+/// report or a log; only the token file in the soak's private directory holds it.
+pub(super) fn new_token() -> String {
+    let keys = RandomState::new();
+    format!("{:016x}{:016x}", keys.hash_one(1u8), keys.hash_one(2u8))
+}
+
+/// The soak's router: where it listens and the token it was started with.
+#[derive(Clone, Debug)]
+pub(super) struct RouterApi {
+    address: SocketAddr,
+    access: ClientAccess,
+}
+
+impl RouterApi {
+    pub(super) fn new(address: SocketAddr, token: AuthToken) -> Self {
+        Self {
+            address,
+            access: ClientAccess {
+                token: Some(token),
+                tls: None,
+            },
+        }
+    }
+
+    /// One GET on a fresh connection; the body of a 200, `None` on any failure or
+    /// after [`TIMEOUT`] (the router may be down or killed: callers poll).
+    pub(super) fn get(&self, runtime: &tokio::runtime::Runtime, path: &str) -> Option<String> {
+        let url = RouterUrl {
+            tls: false,
+            authority: self.address.to_string(),
+            path: path.to_string(),
+        };
+        let exchange = client::request(&url, &self.access, Method::GET, Bytes::new());
+        let response = runtime
+            .block_on(async { tokio::time::timeout(TIMEOUT, exchange).await })
+            .ok()?
+            .ok()?;
+        if response.status() != StatusCode::OK {
+            return None;
+        }
+        String::from_utf8(response.into_body().to_vec()).ok()
+    }
+
+    /// The router's workers, or `None` if it does not answer.
+    pub(super) fn view(&self, runtime: &tokio::runtime::Runtime) -> Option<RouterView> {
+        parse_workers(&self.get(runtime, "/v1/workers")?)
+    }
+}
 
 /// What the router reports of one worker (rank 0).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -30,29 +89,6 @@ pub(super) struct WorkerView {
 
 /// The router's workers by worker id.
 pub(super) type RouterView = BTreeMap<u64, WorkerView>;
-
-/// One GET; the body of a 200, `None` on any failure (the router may be down: callers
-/// poll).
-pub(super) fn get(address: SocketAddr, path: &str) -> Option<String> {
-    let mut stream = TcpStream::connect_timeout(&address, TIMEOUT).ok()?;
-    stream.set_read_timeout(Some(TIMEOUT)).ok()?;
-    stream.set_write_timeout(Some(TIMEOUT)).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).ok()?;
-    let text = String::from_utf8(response).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
-}
-
-/// The router's workers, or `None` if it does not answer.
-pub(super) fn view(address: SocketAddr) -> Option<RouterView> {
-    parse_workers(&get(address, "/v1/workers")?)
-}
 
 /// `GET /v1/workers`' body as the soak compares it (rank 0 of each worker: the soak's
 /// engines publish no other).

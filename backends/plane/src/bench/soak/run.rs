@@ -7,7 +7,7 @@
 //! verdict before the engines have stopped and the router has drained.
 
 use super::engines::{Engines, Stopped};
-use super::observe::{self, RouterView};
+use super::observe::{self, RouterApi, RouterView};
 use super::procs::{log_tail, rss_kib, Child};
 use super::report::{judge_rss, KillRecord, Life, RssBound, Verdict};
 use super::schedule::{kill_schedule, Kill, Target, Windows};
@@ -15,6 +15,7 @@ use super::{Chaos, SoakConfig, SoakError, SoakReport, STREAM, SUBJECT};
 use crate::nats::{
     ensure_stream, jetstream_context, ConsumeMode, NatsError, NatsServer, SubscriberConfig,
 };
+use crate::service::auth::AuthToken;
 use crate::service::http::{lock, SharedState};
 use crate::service::nats_source::{NatsSource, NatsSourceConfig};
 use crate::service::state::RouterState;
@@ -110,6 +111,7 @@ pub fn run_soak(
             what: "start a tokio runtime".to_string(),
             source,
         })?;
+    let (token, token_file) = write_token(dir.path())?;
     let server = NatsServer::start()?;
     let mut soak = Soak {
         config: config.clone(),
@@ -118,7 +120,9 @@ pub fn run_soak(
         runtime,
         server,
         router: None,
-        router_address: None,
+        router_api: None,
+        token,
+        token_file,
         relays: Vec::new(),
         lives: BTreeMap::new(),
         start: Instant::now(),
@@ -278,7 +282,11 @@ struct Soak {
     runtime: tokio::runtime::Runtime,
     server: NatsServer,
     router: Option<Child>,
-    router_address: Option<SocketAddr>,
+    /// Where the live router listens, once it has said so; `None` while it starts.
+    router_api: Option<RouterApi>,
+    /// The router's token (every API call and `/metrics` need it) and its file.
+    token: AuthToken,
+    token_file: PathBuf,
     relays: Vec<Option<Child>>,
     /// Per process name, each life's pid and RSS samples.
     lives: BTreeMap<String, Vec<(Option<u32>, Life)>>,
@@ -300,6 +308,11 @@ impl Soak {
                 samples: Vec::new(),
             },
         ));
+    }
+
+    /// What the live router answers for `GET /v1/workers`; `None` while none answers.
+    fn router_view(&self) -> Option<RouterView> {
+        self.router_api.as_ref()?.view(&self.runtime)
     }
 
     fn life_count(&self, process: &str) -> usize {
@@ -327,8 +340,8 @@ impl Soak {
                 }
             }
         }
-        if let Some(address) = self.router_address {
-            if let Some(text) = observe::get(address, "/metrics") {
+        if let Some(api) = &self.router_api {
+            if let Some(text) = api.get(&self.runtime, "/metrics") {
                 if let Some(reconnects) =
                     observe::metric(&text, "kvtwin_router_source_reconnects_total")
                 {
@@ -354,6 +367,9 @@ impl Soak {
             "127.0.0.1:0",
             "--block-size",
             "16",
+            "--auth-token-file",
+            &self.token_file.to_string_lossy(),
+            "--metrics-auth",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -376,7 +392,7 @@ impl Soak {
         };
         let pid = router.pid();
         self.router = Some(router);
-        self.router_address = Some(address);
+        self.router_api = Some(RouterApi::new(address, self.token.clone()));
         self.begin_life("router", Some(pid));
         Ok(())
     }
@@ -469,7 +485,7 @@ impl Soak {
                 self.server.restart()?;
                 let pid = self.server.pid();
                 self.begin_life("nats-server", pid);
-                self.router_address.and_then(observe::view)
+                self.router_view()
             }
             Target::Relay(engine) => {
                 if let Some(relay) = self.relays[engine].take() {
@@ -477,14 +493,14 @@ impl Soak {
                 }
                 let relay = self.spawn_relay(engine, &engines.endpoints[engine])?;
                 self.relays[engine] = Some(relay);
-                self.router_address.and_then(observe::view)
+                self.router_view()
             }
             Target::Router => {
                 if let Some(router) = self.router.take() {
                     router.kill();
                 }
                 self.router_reconnects = (self.router_reconnects.0 + self.router_reconnects.1, 0);
-                self.router_address = None;
+                self.router_api = None;
                 self.jetstream_replayed_messages += self.stream_messages()?;
                 self.start_router()?;
                 None
@@ -496,10 +512,7 @@ impl Soak {
                 return Err(SoakError::Interrupted);
             }
             self.tick()?;
-            let now = self
-                .router_address
-                .and_then(observe::view)
-                .unwrap_or_default();
+            let now = self.router_view().unwrap_or_default();
             let behind: Vec<u64> = (1..=self.config.engines as u64)
                 .filter(|worker| {
                     let was = before.get(worker).map_or(0, |view| view.received);
@@ -540,7 +553,7 @@ impl Soak {
             if let Some(router) = &mut self.router {
                 router.check_alive()?;
             }
-            if let Some(view) = self.router_address.and_then(observe::view) {
+            if let Some(view) = self.router_view() {
                 let received: u64 = view.values().map(|worker| worker.received).sum();
                 let matches = matches_engines(&view, stopped).is_empty();
                 match quiet_since {
@@ -573,8 +586,9 @@ impl Soak {
         let mut router_metrics = (0, 0);
         let deadline = Instant::now() + Duration::from_secs(10);
         while let Some(text) = self
-            .router_address
-            .and_then(|address| observe::get(address, "/metrics"))
+            .router_api
+            .as_ref()
+            .and_then(|api| api.get(&self.runtime, "/metrics"))
         {
             let received =
                 observe::metric(&text, "kvtwin_router_events_received_total").unwrap_or(0);
@@ -591,7 +605,7 @@ impl Soak {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        let final_view = self.router_address.and_then(observe::view);
+        let final_view = self.router_view();
         if let Some(router) = self.router.take() {
             router.stop(STOP_GRACE);
         }
@@ -764,6 +778,27 @@ fn matches_engines(view: &RouterView, stopped: &[Stopped]) -> Vec<String> {
 }
 
 /// The router's address from its log's "listening on http://ADDR" line.
+/// A fresh token for the soak's router, in a file only this user may read (the soak's
+/// private temporary directory); the token and the file's path.
+fn write_token(dir: &Path) -> Result<(AuthToken, PathBuf), SoakError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let text = observe::new_token();
+    let path = dir.join("router.token");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut file| writeln!(file, "{text}"))
+        .map_err(|source| SoakError::Io {
+            what: "write the router's token file".to_string(),
+            source,
+        })?;
+    // Read back as the router reads it, so both sides hold the same secret.
+    Ok((AuthToken::from_file(&path)?, path))
+}
+
 fn listening_address(log: &Path) -> Option<SocketAddr> {
     let text = std::fs::read_to_string(log).ok()?;
     let line = text
