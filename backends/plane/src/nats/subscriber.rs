@@ -168,7 +168,9 @@ pub struct NatsSubscriber {
 
 impl NatsSubscriber {
     /// Connects and subscribes. JetStream modes create the stream when missing (so a
-    /// subscriber may start before its publisher); it must store the subject.
+    /// subscriber may start before its publisher); it must store the subject. A core
+    /// subscription is in place at the server when this returns (it waits for the
+    /// server to answer a flush), so whatever is published from then on reaches it.
     pub async fn connect(config: SubscriberConfig) -> Result<Self, NatsError> {
         let (client, connection) = connect(&config.connect).await?;
         let mut initial_pending = None;
@@ -196,7 +198,7 @@ impl NatsSubscriber {
                 Source::Replay(messages)
             }
         };
-        Ok(Self {
+        let subscriber = Self {
             client,
             source,
             config,
@@ -204,7 +206,14 @@ impl NatsSubscriber {
             last_sequence: 0,
             stats: SubscriberStats::default(),
             initial_pending,
-        })
+        };
+        if matches!(subscriber.source, Source::Core(_)) {
+            // `subscribe` returns once SUB is queued, not processed: a message another
+            // connection publishes meanwhile would miss it (a TLS test lost its only
+            // message that way in CI).
+            subscriber.flush().await?;
+        }
+        Ok(subscriber)
     }
 
     /// In [`ConsumeMode::Replay`], the messages the stream held for the subject when the
