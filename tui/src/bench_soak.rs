@@ -54,7 +54,10 @@ pub(crate) fn run(args: &SoakArgs) -> Result<()> {
     if !(seconds.is_finite() && seconds >= 4.0) {
         bail!("the run must last at least 4 seconds");
     }
-    crate::logging::init(args.log_format)?;
+    // The soak's own NATS clients (the stream's setup, counts and rebuild) are short-lived
+    // helpers: async-nats's "connected successfully" and "event: closed" at each would
+    // interleave with the soak's progress. The children keep theirs, in their logs.
+    crate::logging::init(args.log_format, "info,async_nats=warn")?;
     let config = SoakConfig {
         duration: Duration::from_secs_f64(seconds),
         engines: args.engines,

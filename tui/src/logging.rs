@@ -1,5 +1,6 @@
 //! Logs of the long-running commands (`kvtwin router`, `kvtwin relay`): `tracing` events on
-//! stderr, filtered by `RUST_LOG` (default `info`), as text or as one JSON object a line
+//! stderr, filtered by `RUST_LOG` (default `info`; the soak's own process keeps
+//! async-nats's per-connection lines out), as text or as one JSON object a line
 //! for a log pipeline (`--log-format json`).
 //!
 //! Owns: [`LogFormat`] and [`init`].
@@ -20,13 +21,16 @@ pub(crate) enum LogFormat {
     Json,
 }
 
+/// The filter of the router and the relay when `RUST_LOG` is not set.
+pub(crate) const SERVICE_DEFAULT: &str = "info";
+
 /// Installs the process's subscriber: `RUST_LOG` when set and valid (an invalid one is an
-/// error naming it), `info` otherwise.
-pub(crate) fn init(format: LogFormat) -> Result<()> {
+/// error naming it), `default_directives` otherwise.
+pub(crate) fn init(format: LogFormat, default_directives: &str) -> Result<()> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(directives) if !directives.trim().is_empty() => EnvFilter::try_new(&directives)
             .map_err(|error| anyhow!("RUST_LOG={directives}: {error}"))?,
-        _ => EnvFilter::new("info"),
+        _ => EnvFilter::new(default_directives),
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

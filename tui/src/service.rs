@@ -464,7 +464,7 @@ pub(crate) async fn connect_nats(
 }
 
 pub(crate) fn router(args: &RouterArgs) -> Result<()> {
-    crate::logging::init(args.log_format)?;
+    crate::logging::init(args.log_format, crate::logging::SERVICE_DEFAULT)?;
     args.validate()?;
     // Before the runtime and the socket: a bad token or certificate stops the start.
     let access = args.access()?;
@@ -558,7 +558,7 @@ fn describe_cap(cap: Option<usize>) -> String {
 }
 
 pub(crate) fn relay(args: &RelayArgs) -> Result<()> {
-    crate::logging::init(args.log_format)?;
+    crate::logging::init(args.log_format, crate::logging::SERVICE_DEFAULT)?;
     let mode = match &args.jetstream {
         Some(stream) => NatsMode::JetStream {
             stream: stream.clone(),
