@@ -3,8 +3,8 @@
 //! loopback, parsed into what the soak compares.
 //!
 //! Owns: [`RouterApi`] (the router's address and the token the soak gave it; `get`
-//! and `view`), `RouterView` (per worker: blocks listed and indexed, digest, events),
-//! [`new_token`] and `metric`.
+//! and `view`), `RouterView` (per worker: blocks listed and indexed, digest, events)
+//! and `metric`.
 //! Never: wait without a bound (every request, connection included, has a timeout),
 //! or change the router.
 
@@ -14,22 +14,12 @@ use crate::service::state::RouterState;
 use bytes::Bytes;
 use hyper::{Method, StatusCode};
 use serde_json::Value;
-use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
-use std::hash::BuildHasher;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 /// How long one request may take, connecting and reading the body included.
 const TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A fresh secret for one soak's router: 128 bits from the standard library's
-/// per-process random hash keys (the OS's randomness), as hex. It never reaches the
-/// report or a log; only the token file in the soak's private directory holds it.
-pub(super) fn new_token() -> String {
-    let keys = RandomState::new();
-    format!("{:016x}{:016x}", keys.hash_one(1u8), keys.hash_one(2u8))
-}
 
 /// The soak's router: where it listens and the token it was started with.
 #[derive(Clone, Debug)]

@@ -777,13 +777,16 @@ fn matches_engines(view: &RouterView, stopped: &[Stopped]) -> Vec<String> {
     differences
 }
 
-/// The router's address from its log's "listening on http://ADDR" line.
 /// A fresh token for the soak's router, in a file only this user may read (the soak's
-/// private temporary directory); the token and the file's path.
+/// private temporary directory); the token and the file's path. The secret is 128 bits
+/// from the standard library's per-process random hash keys (the OS's randomness), as
+/// hex; it never reaches the report or a log.
 fn write_token(dir: &Path) -> Result<(AuthToken, PathBuf), SoakError> {
+    use std::hash::BuildHasher;
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let text = observe::new_token();
+    let keys = std::collections::hash_map::RandomState::new();
+    let text = format!("{:016x}{:016x}", keys.hash_one(1u8), keys.hash_one(2u8));
     let path = dir.join("router.token");
     std::fs::OpenOptions::new()
         .write(true)
@@ -799,6 +802,7 @@ fn write_token(dir: &Path) -> Result<(AuthToken, PathBuf), SoakError> {
     Ok((AuthToken::from_file(&path)?, path))
 }
 
+/// The router's address from its log's "listening on http://ADDR" line.
 fn listening_address(log: &Path) -> Option<SocketAddr> {
     let text = std::fs::read_to_string(log).ok()?;
     let line = text
