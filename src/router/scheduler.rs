@@ -218,9 +218,10 @@ impl Scheduler {
         self.choose(&candidates)
     }
 
-    /// Chooses among `candidates` (from [`Self::candidates`], unchanged): the one draw
-    /// of the RNG per decision that makes a seed give one sequence of choices.
-    pub(crate) fn choose(&mut self, candidates: &[Candidate]) -> Option<Decision> {
+    /// Chooses among `candidates` (from [`Self::candidates`], or a subset of them: a
+    /// front door leaves out engines that do not serve the model asked for): the one
+    /// draw of the RNG per decision that makes a seed give one sequence of choices.
+    pub fn choose(&mut self, candidates: &[Candidate]) -> Option<Decision> {
         let min = candidates
             .iter()
             .map(|d| d.cost)

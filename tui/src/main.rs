@@ -16,6 +16,7 @@ mod bench_soak;
 mod calibrate;
 mod dash;
 mod estimate;
+mod frontend_args;
 mod logging;
 mod nats_args;
 mod plan;

@@ -22,15 +22,15 @@ use kvtwin_plane::nats::{
 use kvtwin_plane::service::auth::{
     check_exposure, load_token, Access, Exposure, MetricsAccess, TokenSource, TOKEN_ENV,
 };
-use kvtwin_plane::service::http::{serve_with, SharedState, Transport};
+use kvtwin_plane::service::http::{app_full, serve_app, SharedState, Transport};
 use kvtwin_plane::service::nats_source::{NatsSource, NatsSourceConfig};
 use kvtwin_plane::service::relay::{
     run_relay_reporting, serve_metrics, NatsFormat, RelayConfig, RelayStats,
 };
-use kvtwin_plane::service::source::{VllmDecoder, ZmqSource};
+use kvtwin_plane::service::source::{start_vllm_source, ZmqSource};
 use kvtwin_plane::service::state::{RouterLimits, RouterState};
 use kvtwin_plane::service::tls::server_config;
-use kvtwin_plane::wire::{DecodeLimits, EngineDecoder, UnknownEvents};
+use kvtwin_plane::wire::DecodeLimits;
 use kvtwin_plane::zmq::SubscriberConfig;
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -124,7 +124,7 @@ pub(crate) struct RouterArgs {
         long = "zmq",
         value_name = "WORKER_ID=ENDPOINT[,replay=ENDPOINT]",
         value_parser = parse_zmq_source,
-        required_unless_present = "nats",
+        required_unless_present_any = ["nats", "engines"],
         conflicts_with = "nats"
     )]
     zmq: Vec<ZmqSourceArg>,
@@ -170,6 +170,9 @@ pub(crate) struct RouterArgs {
     /// Log lines as text or as one JSON object each (filter with RUST_LOG, default info).
     #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
     log_format: crate::logging::LogFormat,
+    /// The OpenAI front door (`--engine`).
+    #[command(flatten)]
+    frontend: crate::frontend_args::FrontendArgs,
 }
 
 /// `--max-blocks` by default: 2^24 blocks.
@@ -223,6 +226,7 @@ impl RouterArgs {
     /// enforced against an argument that conflicts with a present one), distinct worker
     /// ids, a block size.
     fn validate(&self) -> Result<()> {
+        self.frontend.validate()?;
         if self.nats.is_none() {
             if self.subject.is_some() {
                 bail!("--subject needs --nats");
@@ -402,26 +406,19 @@ pub(crate) fn start_zmq_sources(
     block_size: u32,
     state: &SharedState,
 ) -> Result<Vec<ZmqSource>> {
-    let mut started = Vec::with_capacity(sources.len());
-    for source in sources {
-        // A router's receive queue is bounded in bytes too: 4,096 batches of at most
-        // 4 MiB (vLLM batches are KiBs); past it libzmq drops the newest, which the
-        // router counts as gaps and lost batches.
-        let config = SubscriberConfig {
-            receive_hwm_batches: 4096,
-            max_message_bytes: Some(4 << 20),
-            ..SubscriberConfig::new(&source.endpoint, source.replay.as_deref())
-        };
-        let decoder = VllmDecoder {
-            engine: EngineDecoder::new(DecodeLimits::default(), UnknownEvents::Skip),
-            block_size: Some(block_size),
-        };
-        started.push(
-            ZmqSource::start(WorkerId::new(source.worker), config, decoder, state.clone())
-                .with_context(|| format!("subscribing to {}", source.endpoint))?,
-        );
-    }
-    Ok(started)
+    sources
+        .iter()
+        .map(|source| {
+            start_vllm_source(
+                WorkerId::new(source.worker),
+                &source.endpoint,
+                source.replay.as_deref(),
+                block_size,
+                state,
+            )
+            .with_context(|| format!("subscribing to {}", source.endpoint))
+        })
+        .collect()
 }
 
 /// "worker W from ENDPOINT (replay ENDPOINT)".
@@ -487,11 +484,24 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
             .with_context(|| format!("listening on {}", args.listen))?;
         let address = listener.local_addr().context("the listening address")?;
 
-        // Dropped (stopped) when the server returns.
+        // Dropped (stopped) when the server returns; an engine's is the front door's.
         let zmq_sources = start_zmq_sources(&args.zmq, args.block_size, &state)?;
         for source in &args.zmq {
             tracing::info!("kvtwin router: {}", describe_zmq_source(source));
         }
+        let (frontend, zmq_sources) = crate::frontend_args::start_frontend(
+            &args.frontend,
+            args.block_size,
+            &state,
+            &args.zmq,
+            zmq_sources,
+        )?;
+        for engine in &args.frontend.engines {
+            tracing::info!("kvtwin router: engine {} at {}", engine.worker, engine.url);
+        }
+        let health_task = frontend
+            .clone()
+            .map(|frontend| tokio::spawn(frontend.run_health_checks(stopped(&stop))));
         let mut nats_task = None;
         if let Some(url) = &args.nats {
             let source = connect_nats(
@@ -510,17 +520,23 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
             );
             nats_task = Some(tokio::spawn(source.run(state.clone(), stopped(&stop))));
         }
+        let front_door = if frontend.is_some() {
+            "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /v1/engines, "
+        } else {
+            ""
+        };
         tracing::info!(
-            "kvtwin router: listening on {scheme}://{address} (POST /v1/route, GET /v1/workers, \
-             GET /v1/stream, /healthz, /readyz, /metrics), block size {}, max blocks {}, per \
-             worker {}{access_line}",
+            "kvtwin router: listening on {scheme}://{address} ({front_door}POST /v1/route, GET \
+             /v1/workers, GET /v1/stream, /healthz, /readyz, /metrics), block size {}, max \
+             blocks {}, per worker {}{access_line}",
             args.block_size,
             describe_cap(limits.budget.max_blocks),
             describe_cap(limits.budget.max_blocks_per_worker),
         );
         // Stop accepting at the signal and let requests in flight finish, for at most
         // STOP_GRACE: a `/v1/stream` client never finishes by itself.
-        let serving = serve_with(listener, state.clone(), access, transport, stopped(&stop));
+        let app = app_full(state.clone(), access, frontend.clone());
+        let serving = serve_app(listener, app, transport, stopped(&stop));
         let grace = {
             let stopping = stopped(&stop);
             async move {
@@ -547,6 +563,15 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
                 stats.events,
                 stats.refused
             );
+        }
+        if let Some(task) = health_task {
+            let _ = task.await;
+        }
+        if let Some(frontend) = frontend {
+            // Stops the engines' event sources (joined off the runtime's workers).
+            tokio::task::spawn_blocking(move || drop(frontend))
+                .await
+                .context("stopping the engines' sources")?;
         }
         drop(zmq_sources);
         Ok(())

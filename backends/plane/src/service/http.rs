@@ -64,7 +64,8 @@
 //! Never: hold the state's lock across an await, or apply events (sources do).
 
 use super::auth::{require_token, Access};
-use super::state::{RouteAnswer, RouterState};
+use super::frontend::Frontend;
+use super::state::{EngineHealth, EngineSummary, RouteAnswer, RouterState, WorkerSummary};
 use super::stream::StreamCursor;
 use super::tls::TlsListener;
 use axum::body::Bytes;
@@ -107,7 +108,13 @@ pub fn app(state: SharedState) -> Router {
 
 /// The routes over `state`, with `access` deciding who may call them.
 pub fn app_with(state: SharedState, access: Access) -> Router {
-    let routes = Router::new()
+    app_full(state, access, None)
+}
+
+/// The routes over `state`, the front door's too when given (`--engine`), with
+/// `access` deciding who may call any of them.
+pub fn app_full(state: SharedState, access: Access, frontend: Option<Arc<Frontend>>) -> Router {
+    let mut routes = Router::new()
         .route("/v1/route", post(route))
         .route("/v1/workers", get(workers))
         .route("/v1/stream", get(stream))
@@ -115,6 +122,9 @@ pub fn app_with(state: SharedState, access: Access) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state);
+    if let Some(frontend) = frontend {
+        routes = routes.merge(frontend.routes());
+    }
     if access.token.is_none() {
         // No layer at all: without a token the service answers exactly as before.
         return routes;
@@ -162,7 +172,17 @@ pub async fn serve_with(
     transport: Transport,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = app_with(state, access);
+    serve_app(listener, app_with(state, access), transport, shutdown).await
+}
+
+/// Serves `app` (from [`app_full`]) on `listener` over `transport` until `shutdown`
+/// resolves.
+pub async fn serve_app(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    transport: Transport,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     match transport {
         Transport::Plain => {
             axum::serve(listener, app)
@@ -246,7 +266,14 @@ async fn route(State(state): State<SharedState>, body: Bytes) -> Response {
                 );
             }
         };
-        let answer = router.route(&query);
+        let mut answer = router.route(&query);
+        if router.serving().has_engines() {
+            // A front door answers as it would dispatch: engines up only, load weighed.
+            answer.worker = router
+                .choose_engine(&query, None, &[])
+                .ok()
+                .map(|(chosen, _)| chosen.worker);
+        }
         router.touch_query(&query);
         router.record_route(&answer);
         answer
@@ -254,11 +281,53 @@ async fn route(State(state): State<SharedState>, body: Bytes) -> Response {
     Json(answer_json(&answer)).into_response()
 }
 
+/// The `engine` object of a worker's row in `/v1/workers`.
+fn engine_json(engine: &EngineSummary) -> Value {
+    let stats = &engine.stats;
+    json!({
+        "url": engine.url,
+        "health": engine.health.name(),
+        "down_reason": match &engine.health {
+            EngineHealth::Down { reason } => Some(reason.as_str()),
+            _ => None,
+        },
+        "models": engine.models,
+        "adapters": engine.adapters,
+        "active_requests": engine.active_requests,
+        "active_blocks": engine.active_blocks,
+        "dispatched": stats.dispatched,
+        "succeeded": stats.succeeded,
+        "retried": stats.retried,
+        "failed": stats.failed_total(),
+        "prompt_tokens": stats.prompt_tokens,
+        "cached_tokens": stats.cached_tokens,
+        "predicted_cached_tokens": stats.predicted_cached_tokens,
+        "generation_tokens": stats.generation_tokens,
+        "ttft_p50_s": stats.ttft.quantile_seconds(0.5).filter(|s| s.is_finite()),
+        "ttft_p99_s": stats.ttft.quantile_seconds(0.99).filter(|s| s.is_finite()),
+        "itl_p50_s": stats.itl.quantile_seconds(0.5).filter(|s| s.is_finite()),
+        "itl_p99_s": stats.itl.quantile_seconds(0.99).filter(|s| s.is_finite()),
+    })
+}
+
 async fn workers(State(state): State<SharedState>) -> Json<Value> {
-    let workers = lock(&state).workers();
+    let (workers, engines): (Vec<WorkerSummary>, Vec<Option<EngineSummary>>) = {
+        let router = lock(&state);
+        let workers = router.workers();
+        let engines = workers
+            .iter()
+            .map(|summary| {
+                (summary.key.dp_rank == 0)
+                    .then(|| router.serving().engine(summary.key.worker))
+                    .flatten()
+            })
+            .collect();
+        (workers, engines)
+    };
     let list: Vec<Value> = workers
         .iter()
-        .map(|summary| {
+        .zip(&engines)
+        .map(|(summary, engine)| {
             json!({
                 "worker": summary.key.worker.get(),
                 "dp_rank": summary.key.dp_rank,
@@ -278,6 +347,7 @@ async fn workers(State(state): State<SharedState>) -> Json<Value> {
                 "stored_under_evicted": summary.evictions.stored_under_evicted,
                 "over_declared": summary.over_declared,
                 "block_digest": format!("{:016x}", summary.block_digest),
+                "engine": engine.as_ref().map(engine_json),
             })
         })
         .collect();

@@ -30,26 +30,67 @@ use std::time::Duration;
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Upper bounds of the apply-latency buckets, in seconds.
-const LATENCY_BUCKETS_S: [f64; 12] = [
+pub const APPLY_LATENCY_BUCKETS_S: &[f64] = &[
     1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 2.5e-2,
 ];
 
-/// A Prometheus-style histogram of durations.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// vLLM's time-to-first-token buckets, in seconds (`vllm:time_to_first_token_seconds`,
+/// vllm/v1/metrics/loggers.py), so a dashboard built for vLLM reads the router's alike.
+pub const TTFT_BUCKETS_S: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+
+/// vLLM's inter-token-latency buckets, in seconds (`vllm:inter_token_latency_seconds`).
+pub const ITL_BUCKETS_S: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+
+/// vLLM's end-to-end request latency buckets, in seconds
+/// (`vllm:e2e_request_latency_seconds`).
+pub const E2E_BUCKETS_S: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// A Prometheus-style histogram of durations over fixed bucket bounds.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Histogram {
-    /// Observations at or under each bound of `LATENCY_BUCKETS_S` (not cumulative).
-    buckets: [u64; 12],
+    /// Upper bounds of the buckets, seconds, ascending.
+    bounds: &'static [f64],
+    /// Observations at or under each bound (not cumulative), one per bound.
+    buckets: Vec<u64>,
     /// Observations above the last bound.
     over: u64,
     count: u64,
     sum_s: f64,
 }
 
+impl Default for Histogram {
+    /// Over [`APPLY_LATENCY_BUCKETS_S`].
+    fn default() -> Self {
+        Self::new(APPLY_LATENCY_BUCKETS_S)
+    }
+}
+
 impl Histogram {
+    /// No observations yet, over `bounds` (seconds, ascending).
+    pub fn new(bounds: &'static [f64]) -> Self {
+        debug_assert!(bounds.windows(2).all(|pair| pair[0] < pair[1]));
+        Self {
+            bounds,
+            buckets: vec![0; bounds.len()],
+            over: 0,
+            count: 0,
+            sum_s: 0.0,
+        }
+    }
+
     /// Records one observation.
     pub fn observe(&mut self, value: Duration) {
         let seconds = value.as_secs_f64();
-        match LATENCY_BUCKETS_S.iter().position(|bound| seconds <= *bound) {
+        match self.bounds.iter().position(|bound| seconds <= *bound) {
             Some(index) => self.buckets[index] += 1,
             None => self.over += 1,
         }
@@ -69,14 +110,14 @@ impl Histogram {
 
     /// An upper estimate of the `q` quantile (0 to 1), seconds: the bound of the first
     /// bucket where the cumulative count reaches `q` of all observations; infinity when
-    /// that is above the last bound (25 ms), `None` with no observations.
+    /// that is above the last bound, `None` with no observations.
     pub fn quantile_seconds(&self, q: f64) -> Option<f64> {
         if self.count == 0 {
             return None;
         }
         let wanted = (q.clamp(0.0, 1.0) * self.count as f64).ceil() as u64;
         let mut cumulative = 0;
-        for (bound, count) in LATENCY_BUCKETS_S.iter().zip(self.buckets) {
+        for (bound, count) in self.bounds.iter().zip(&self.buckets) {
             cumulative += count;
             if cumulative >= wanted.max(1) {
                 return Some(*bound);
@@ -88,10 +129,10 @@ impl Histogram {
     /// (upper bound, observations in that bucket alone), the last bound `f64::MAX`
     /// (written `+Inf`): what `prometheus-client` makes cumulative.
     fn buckets(&self) -> Vec<(f64, u64)> {
-        LATENCY_BUCKETS_S
+        self.bounds
             .iter()
             .copied()
-            .zip(self.buckets)
+            .zip(self.buckets.iter().copied())
             .chain([(f64::MAX, self.over)])
             .collect()
     }
@@ -267,7 +308,12 @@ enum Samples<L> {
     /// Labelled values, in the order given.
     Counters(Vec<(L, u64)>),
     Gauges(Vec<(L, u64)>),
+    /// Labelled histograms, in the order given.
+    Histograms(Vec<LabelledHistogram<L>>),
 }
+
+/// One labelled histogram's samples: (labels, sum, count, buckets).
+type LabelledHistogram<L> = (L, f64, u64, Vec<(f64, u64)>);
 
 #[derive(Debug)]
 struct Family<L> {
@@ -283,7 +329,7 @@ impl<L: Labels> Collector for Family<L> {
         let kind = match &self.samples {
             Samples::Counter(_) | Samples::Counters(_) => MetricType::Counter,
             Samples::Gauge(_) | Samples::Gauges(_) => MetricType::Gauge,
-            Samples::Histogram { .. } => MetricType::Histogram,
+            Samples::Histogram { .. } | Samples::Histograms(_) => MetricType::Histogram,
         };
         let mut metric = encoder.encode_descriptor(self.name, self.help, None, kind)?;
         match &self.samples {
@@ -305,6 +351,16 @@ impl<L: Labels> Collector for Family<L> {
             Samples::Gauges(values) => {
                 for (labels, value) in values {
                     ConstGauge::new(*value).encode(metric.encode_family(labels)?)?;
+                }
+                Ok(())
+            }
+            Samples::Histograms(values) => {
+                for (labels, sum, count, buckets) in values {
+                    metric
+                        .encode_family(labels)?
+                        .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                            *sum, *count, buckets, None,
+                        )?;
                 }
                 Ok(())
             }
@@ -384,6 +440,27 @@ impl Exposition {
                 buckets: histogram.buckets(),
             },
         );
+    }
+
+    /// A labelled family of histograms of seconds; `name` ends in `_seconds`.
+    pub fn histograms<L: Labels>(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        values: Vec<(L, &Histogram)>,
+    ) {
+        let samples = values
+            .into_iter()
+            .map(|(labels, histogram)| {
+                (
+                    labels,
+                    histogram.sum_s,
+                    histogram.count,
+                    histogram.buckets(),
+                )
+            })
+            .collect();
+        self.add(name, help, Samples::Histograms(samples));
     }
 
     /// The text, ending in `# EOF`.

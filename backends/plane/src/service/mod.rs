@@ -17,6 +17,7 @@
 
 pub mod auth;
 pub mod client;
+pub mod frontend;
 pub mod http;
 pub mod metrics;
 pub mod nats_source;

@@ -18,7 +18,7 @@
 use super::http::{lock, SharedState};
 use super::metrics::SourceLabels;
 use super::state::ConnectionEvent;
-use crate::wire::{EngineDecoder, EngineEvent, RawBatch, WorkerEvent};
+use crate::wire::{DecodeLimits, EngineDecoder, EngineEvent, RawBatch, UnknownEvents, WorkerEvent};
 use crate::zmq::{SubscriberConfig, SubscriberItem, SubscriberStats, ZmqError, ZmqSubscriber};
 use kvtwin::ids::WorkerId;
 use std::collections::BTreeMap;
@@ -110,6 +110,36 @@ impl BatchDecoder for EngineDecoder {
         }
         .decode(worker, batch, skipped)
     }
+}
+
+/// A router's receive queue per engine, in batches: past it libzmq drops the newest,
+/// which the router counts as gaps and lost batches.
+pub const ENGINE_RECEIVE_HWM_BATCHES: i32 = 4096;
+
+/// The largest engine batch a router takes (vLLM batches are KiBs).
+pub const ENGINE_MAX_MESSAGE_BYTES: u64 = 4 << 20;
+
+/// Subscribes a router to one vLLM / SGLang engine's events at `endpoint` (and its
+/// `replay` socket), as `worker`, refusing batches of another block size than
+/// `block_size`: the one way `kvtwin router --zmq`, its admin API and a dashboard's
+/// replica start an engine's source. Stopped when dropped.
+pub fn start_vllm_source(
+    worker: WorkerId,
+    endpoint: &str,
+    replay: Option<&str>,
+    block_size: u32,
+    state: &SharedState,
+) -> Result<ZmqSource, ZmqError> {
+    let config = SubscriberConfig {
+        receive_hwm_batches: ENGINE_RECEIVE_HWM_BATCHES,
+        max_message_bytes: Some(ENGINE_MAX_MESSAGE_BYTES),
+        ..SubscriberConfig::new(endpoint, replay)
+    };
+    let decoder = VllmDecoder {
+        engine: EngineDecoder::new(DecodeLimits::default(), UnknownEvents::Skip),
+        block_size: Some(block_size),
+    };
+    ZmqSource::start(worker, config, decoder, state.clone())
 }
 
 /// Event ids per data-parallel rank, for streams (vLLM's) whose events are not numbered:

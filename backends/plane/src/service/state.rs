@@ -208,6 +208,8 @@ pub struct RouterState {
     warnings: WarnLimiter,
     /// The sources' connections and readiness.
     sources: SourceTable,
+    /// The front door's engines, requests in flight and what was served.
+    serving: Serving,
 }
 
 impl std::fmt::Debug for RouterState {
@@ -223,6 +225,7 @@ impl std::fmt::Debug for RouterState {
             .field("removed", &self.removed.len())
             .field("routes", &self.routes.len())
             .field("route_seq", &self.route_seq)
+            .field("serving", &self.serving)
             .finish()
     }
 }
@@ -251,6 +254,7 @@ impl RouterState {
             route_seq: 0,
             warnings: WarnLimiter::default(),
             sources: SourceTable::default(),
+            serving: Serving::default(),
         }
     }
 
@@ -421,6 +425,14 @@ impl RouterState {
         self.sources.register(source, caught_up);
     }
 
+    /// Forgets an event source (its engine was removed): `/readyz` no longer waits for
+    /// it and `/metrics` no longer lists it.
+    pub fn unregister_source(&mut self, source: &SourceLabels) {
+        if self.sources.unregister(source) {
+            self.bump();
+        }
+    }
+
     /// `source` finished its initial replay or catch-up.
     pub fn note_caught_up(&mut self, source: &SourceLabels) {
         if self.sources.caught_up(source) {
@@ -461,9 +473,11 @@ impl RouterState {
         &self.sources
     }
 
-    /// `Ok` once every source registered has caught up; otherwise why not.
+    /// `Ok` once every source registered has caught up and, when the router fronts
+    /// engines, one of them is up; otherwise why not.
     pub fn readiness(&self) -> Result<(), String> {
-        self.sources.readiness()
+        self.sources.readiness()?;
+        self.serving.readiness()
     }
 
     /// Applies a batch of events in order, timing it. An event that cannot be translated
@@ -827,8 +841,13 @@ impl RouterState {
 }
 
 mod expose;
+pub mod serving;
 pub mod sources;
 
+pub use serving::{
+    Dispatch, DispatchError, EngineHealth, EngineSummary, Outcome, Served, ServedStats, Serving,
+    ServingConfig, DEFAULT_MAX_INFLIGHT,
+};
 pub use sources::{ConnectionEvent, SourceStatus, SourceTable};
 
 #[cfg(test)]

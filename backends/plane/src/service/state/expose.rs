@@ -18,6 +18,7 @@ impl RouterState {
         self.metrics.expose(&mut out);
         self.expose_sources(&mut out);
         self.expose_sizes(&mut out);
+        self.expose_serving(&mut out);
         out.finish()
     }
 

@@ -50,6 +50,12 @@ pub struct SourceTable {
 }
 
 impl SourceTable {
+    /// Forgets `source` (an engine removed while the router runs): no longer counted or
+    /// waited for. Whether it was known.
+    pub fn unregister(&mut self, source: &SourceLabels) -> bool {
+        self.sources.remove(source).is_some()
+    }
+
     /// Adds `source` (already caught up or not); a known one keeps its counts but takes
     /// the new readiness. Past [`SOURCES_MAX`], ignored.
     pub fn register(&mut self, source: SourceLabels, caught_up: bool) {
