@@ -1,7 +1,8 @@
 //! Token blocks and both of their hashes, computed exactly as NVIDIA Dynamo computes them,
 //! so that kvtwin's router and Dynamo's index the same blocks under the same keys.
 //!
-//! Owns: [`Token`], [`HashSeed`] (1337, or mixed with a LoRA name and a cache salt),
+//! Owns: [`Token`], [`HashSeed`] (1337, or mixed with a LoRA name and a cache salt as
+//! Dynamo's router mixes them: [`HashSeed::for_request`]),
 //! [`compute_local_hash`] (xxh3-64 over the tokens as u32 little-endian),
 //! [`chain_sequence_hash`] (xxh3-64 of `le(parent) ++ le(local)`, always seed 1337),
 //! [`TokenBlock`] (one full block) and [`TokenBlockSequence`] (a token stream cut into full
@@ -46,13 +47,41 @@ impl HashSeed {
     /// The seed of blocks computed with LoRA adapter `name`:
     /// `1337 wrapping_add xxh3_64(name, seed 0)`, as Dynamo derives it.
     pub fn for_lora(name: &str) -> Self {
-        Self(DEFAULT_HASH_SEED.wrapping_add(xxh3_64_with_seed(name.as_bytes(), 0)))
+        Self::default().with_lora(name)
     }
 
-    /// This seed mixed with a cache salt: differently salted requests never share blocks.
-    /// Mixed in the same way as a LoRA name, so a salt and an adapter compose.
+    /// The seed of a request's blocks: Dynamo's `compute_salt_hash(salt, lora_name)`,
+    /// which its router's `block_hash_seed` uses for every block of a request (read in
+    /// ai-dynamo/dynamo `lib/kv-hashing/src/salt.rs`, the version the router's
+    /// `lib/kv-router/src/protocols.rs` at commit cfa22544 calls with two arguments;
+    /// earlier versions hashed a JSON payload, and one mixed in the block size):
+    /// 1337, wrapping_add `xxh3_64(lora_name, seed 0)` when there is an adapter,
+    /// wrapping_add `xxh3_64(salt, seed 1)` when there is a salt. An empty string counts
+    /// as absent, so `Some("")` and `None` share blocks. The sequence-hash chain is not
+    /// salted ([`chain_sequence_hash`]).
+    pub fn for_request(lora_name: Option<&str>, salt: Option<&str>) -> Self {
+        let mut seed = Self::default();
+        if let Some(name) = lora_name.filter(|name| !name.is_empty()) {
+            seed = seed.with_lora(name);
+        }
+        if let Some(salt) = salt.filter(|salt| !salt.is_empty()) {
+            seed = seed.with_salt(salt.as_bytes());
+        }
+        seed
+    }
+
+    /// This seed mixed with a LoRA adapter's name (inner seed 0, as Dynamo).
+    fn with_lora(self, name: &str) -> Self {
+        Self(self.0.wrapping_add(xxh3_64_with_seed(name.as_bytes(), 0)))
+    }
+
+    /// This seed mixed with a cache salt: `wrapping_add xxh3_64(salt, seed 1)`, as
+    /// Dynamo mixes it. The inner seed differs from a LoRA name's (0), so a salt equal to
+    /// an adapter's name never stands for that adapter; both are wrapping additions, so
+    /// the order in which they are applied is irrelevant. An empty salt still mixes
+    /// (use [`HashSeed::for_request`] for Dynamo's "empty is absent").
     pub fn with_salt(self, salt: &[u8]) -> Self {
-        Self(self.0.wrapping_add(xxh3_64_with_seed(salt, 0)))
+        Self(self.0.wrapping_add(xxh3_64_with_seed(salt, 1)))
     }
 
     /// The raw seed.
@@ -385,12 +414,64 @@ mod tests {
         assert_eq!(local.get(), 4658809429412599326);
     }
 
+    /// Vectors computed apart from this code, with Python's `xxhash` 4.1.0 from the
+    /// definition in [`HashSeed::for_request`]: (lora, salt) -> seed, then the local hash
+    /// of tokens `0..16`.
+    #[test]
+    fn request_seeds_hash_as_dynamo_salts() {
+        let tokens: Vec<Token> = (0..16).collect();
+        let cases: [(Option<&str>, Option<&str>, u64, u64); 7] = [
+            (None, None, 1337, 15_310_707_395_893_867_146),
+            (Some(""), Some(""), 1337, 15_310_707_395_893_867_146),
+            (
+                Some("myLora"),
+                None,
+                11_054_752_308_025_210_119,
+                4_658_809_429_412_599_326,
+            ),
+            (
+                None,
+                Some("tenant-a"),
+                1_948_188_790_972_764_086,
+                2_130_915_519_417_463_704,
+            ),
+            (
+                Some("myLora"),
+                Some("tenant-a"),
+                13_002_941_098_997_972_868,
+                3_007_860_925_445_029_130,
+            ),
+            // A salt equal to an adapter's name is not that adapter.
+            (
+                None,
+                Some("myLora"),
+                3_745_725_848_295_587_597,
+                6_909_666_980_021_581_281,
+            ),
+            (
+                Some("myLora"),
+                Some(""),
+                11_054_752_308_025_210_119,
+                4_658_809_429_412_599_326,
+            ),
+        ];
+        for (lora, salt, seed, local) in cases {
+            let request = HashSeed::for_request(lora, salt);
+            assert_eq!(request.get(), seed, "{lora:?} {salt:?}");
+            assert_eq!(compute_local_hash(&tokens, request).get(), local);
+        }
+        assert_eq!(
+            HashSeed::for_request(Some("myLora"), None),
+            HashSeed::for_lora("myLora")
+        );
+    }
+
     #[test]
     fn salt_changes_hashes_and_composes_with_lora() {
         let tokens: Vec<Token> = (0..32).collect();
         let plain = HashSeed::default();
-        let tenant_a = plain.with_salt(b"tenant-a");
-        let tenant_b = plain.with_salt(b"tenant-b");
+        let tenant_a = HashSeed::for_request(None, Some("tenant-a"));
+        let tenant_b = HashSeed::for_request(None, Some("tenant-b"));
         let lora = HashSeed::for_lora("myLora");
         let lora_a = lora.with_salt(b"tenant-a");
 
@@ -408,13 +489,11 @@ mod tests {
                 assert_ne!(compute_sequence_hashes(a), compute_sequence_hashes(b));
             }
         }
-        // Both are wrapping additions, so the order in which they are applied is irrelevant.
-        let salt = xxh3_64_with_seed(b"tenant-a", 0);
-        let lora_name = xxh3_64_with_seed(b"myLora", 0);
         assert_eq!(
-            lora_a.get(),
-            DEFAULT_HASH_SEED.wrapping_add(salt).wrapping_add(lora_name)
+            lora_a,
+            HashSeed::for_request(Some("myLora"), Some("tenant-a"))
         );
+        assert_eq!(plain.with_salt(b"tenant-a"), tenant_a);
     }
 
     #[test]

@@ -20,6 +20,7 @@ use kvtwin_plane::service::stream::{StreamCursor, StreamMessage};
 use kvtwin_plane::wire::engine::{
     BlockRemoved, BlockStored, EngineBatch, EngineDecoder, EngineEvent, EngineFormat,
 };
+use kvtwin_plane::wire::extra_keys::ExtraKey;
 use kvtwin_plane::wire::frames::{LiveMessage, ReplayReply, ReplayRequest};
 use kvtwin_plane::wire::{DecodeLimits, Envelope, RouterEvent};
 use kvtwin_sim::mooncake::{MooncakeTraceReader, TraceCheck, TraceMismatch};
@@ -228,17 +229,42 @@ pub fn seeds(repo: &Path) -> Vec<(&'static str, Vec<u8>)> {
         lora_id: None,
         medium: Some(Tier::Host),
         lora_name: Some("adapter".into()),
+        extra_keys: Some(vec![
+            Some(vec![
+                ExtraKey::Str("adapter".into()),
+                ExtraKey::Item {
+                    id: "image-0".into(),
+                    offset: -4,
+                },
+            ]),
+            None,
+            Some(vec![ExtraKey::Raw(vec![0xc4, 2, 0xab, 0xcd])]),
+        ]),
+        cache_salt: None,
         group_idx: Some(0),
+        kv_cache_spec_kind: Some("full_attention".into()),
+    });
+    // A request's first block, salted (vLLM sends the salt in its extra keys).
+    let salted = EngineEvent::BlockStored(BlockStored {
+        block_hashes: vec![21],
+        token_ids: (0..16).collect(),
+        block_size: 16,
+        extra_keys: Some(vec![Some(vec![ExtraKey::Str(
+            "dynamo-cache-salt:tenant-a".into(),
+        )])]),
+        cache_salt: Some("tenant-a".into()),
+        ..BlockStored::default()
     });
     let removed = EngineEvent::BlockRemoved(BlockRemoved {
         block_hashes: vec![12, 13],
         medium: None,
-        group_idx: None,
+        group_idx: Some(1),
+        kv_cache_spec_kind: Some("sliding_window".into()),
     });
     let batch = EngineBatch::new(
         7,
         1.5,
-        vec![stored, removed, EngineEvent::AllBlocksCleared],
+        vec![stored, salted, removed, EngineEvent::AllBlocksCleared],
         Some(1),
     );
     for format in EngineFormat::ALL {
@@ -320,6 +346,11 @@ pub fn seeds(repo: &Path) -> Vec<(&'static str, Vec<u8>)> {
         br#"{"tokens":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}"#.to_vec(),
     ));
     out.push(("http_route", br#"{"local_hashes":[1,2,3]}"#.to_vec()));
+    out.push((
+        "http_route",
+        br#"{"tokens":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16],"lora_name":"a","cache_salt":"t"}"#
+            .to_vec(),
+    ));
     // The first message a stream client gets from an empty router: its snapshot.
     let message = StreamCursor::new().next(&RouterState::new(16));
     if let Some(Ok(json)) = message.map(|m| serde_json::to_string(&m)) {

@@ -64,7 +64,8 @@ pub(crate) struct FrontendArgs {
     /// tokens, TTFT, ITL, end to end), for `kvtwin run SCENARIO --trace FILE`.
     #[arg(long, value_name = "FILE", requires = "engines")]
     record_trace: Option<PathBuf>,
-    /// Tokens per hash id in the recorded trace [default: the router's block size].
+    /// Tokens per hash id in the recorded trace [default: --block-size; needed without
+    /// it].
     #[arg(long, value_name = "TOKENS", requires = "record_trace")]
     trace_block_size: Option<u32>,
     /// The recorded trace's file grows to this many bytes at most; later rows are
@@ -159,7 +160,7 @@ impl FrontendArgs {
 /// are not engines are returned to the caller to keep.
 pub(crate) fn start_frontend(
     args: &FrontendArgs,
-    block_size: u32,
+    block_size: Option<u32>,
     state: &SharedState,
     zmq: &[ZmqSourceArg],
     sources: Vec<ZmqSource>,
@@ -178,12 +179,11 @@ pub(crate) fn start_frontend(
         .record_trace
         .as_deref()
         .map(|path| {
-            TraceRecorder::open(
-                path,
-                args.trace_block_size.unwrap_or(block_size) as usize,
-                args.record_trace_max_bytes,
-            )
-            .context("--record-trace")
+            let Some(trace_block_size) = args.trace_block_size.or(block_size) else {
+                bail!("--record-trace needs --trace-block-size (or --block-size)");
+            };
+            TraceRecorder::open(path, trace_block_size as usize, args.record_trace_max_bytes)
+                .context("--record-trace")
         })
         .transpose()?;
     lock(state).configure_serving(ServingConfig {
@@ -195,13 +195,7 @@ pub(crate) fn start_frontend(
         },
         max_inflight: args.max_inflight,
     });
-    let frontend = Frontend::new(
-        state.clone(),
-        args.config(),
-        block_size,
-        tokenizer,
-        recorder,
-    );
+    let frontend = Frontend::new(state.clone(), args.config(), tokenizer, recorder);
     let mut kept = Vec::new();
     for (spec, source) in zmq.iter().zip(sources) {
         if args

@@ -22,6 +22,7 @@ use kvtwin_plane::nats::{
 use kvtwin_plane::service::auth::{
     check_exposure, load_token, Access, Exposure, MetricsAccess, TokenSource, TOKEN_ENV,
 };
+use kvtwin_plane::service::block_size::RouterBlockSize;
 use kvtwin_plane::service::http::{app_full, serve_app, SharedState, Transport};
 use kvtwin_plane::service::nats_source::{NatsSource, NatsSourceConfig};
 use kvtwin_plane::service::relay::{
@@ -116,9 +117,12 @@ pub(crate) struct RouterArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
     /// Tokens per block (the engines' block size): how queries' tokens are hashed. A ZMQ
-    /// batch storing blocks of another size is refused (`block_size_mismatch`).
-    #[arg(long, default_value_t = 16)]
-    block_size: u32,
+    /// batch storing blocks of another size is refused (`block_size_mismatch`, shown in
+    /// /v1/workers and /readyz). Without it the router takes the block size of the first
+    /// BlockStored it sees, then holds every engine to it (/readyz waits until then).
+    /// Needed with --nats: Dynamo's RouterEvents do not carry it.
+    #[arg(long)]
+    block_size: Option<u32>,
     /// An engine's KV event stream, vLLM / SGLang over ZMQ (repeat per engine).
     #[arg(
         long = "zmq",
@@ -241,8 +245,13 @@ impl RouterArgs {
                 bail!("--zmq: worker id {} given twice", source.worker);
             }
         }
-        if self.block_size == 0 {
-            bail!("--block-size must be at least 1");
+        match self.block_size {
+            Some(0) => bail!("--block-size must be at least 1"),
+            None if self.nats.is_some() => bail!(
+                "--nats needs --block-size: Dynamo's RouterEvents do not carry the engines' \
+                 block size, so the router cannot learn it from them"
+            ),
+            _ => {}
         }
         Ok(())
     }
@@ -403,7 +412,6 @@ fn stopped(stop: &watch::Sender<bool>) -> impl std::future::Future<Output = ()> 
 /// cannot print under its screen.
 pub(crate) fn start_zmq_sources(
     sources: &[ZmqSourceArg],
-    block_size: u32,
     state: &SharedState,
 ) -> Result<Vec<ZmqSource>> {
     sources
@@ -413,7 +421,6 @@ pub(crate) fn start_zmq_sources(
                 WorkerId::new(source.worker),
                 &source.endpoint,
                 source.replay.as_deref(),
-                block_size,
                 state,
             )
             .with_context(|| format!("subscribing to {}", source.endpoint))
@@ -475,17 +482,18 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
     runtime()?.block_on(async {
         let stop = stop_on_signal();
         let limits = args.limits();
-        let state: SharedState = Arc::new(Mutex::new(RouterState::with_limits(
-            args.block_size as usize,
-            limits,
-        )));
+        let block_size = args
+            .block_size
+            .map_or_else(RouterBlockSize::learned, RouterBlockSize::fixed);
+        let state: SharedState =
+            Arc::new(Mutex::new(RouterState::with_block_size(block_size, limits)));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
         let address = listener.local_addr().context("the listening address")?;
 
         // Dropped (stopped) when the server returns; an engine's is the front door's.
-        let zmq_sources = start_zmq_sources(&args.zmq, args.block_size, &state)?;
+        let zmq_sources = start_zmq_sources(&args.zmq, &state)?;
         for source in &args.zmq {
             tracing::info!("kvtwin router: {}", describe_zmq_source(source));
         }
@@ -529,7 +537,10 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
             "kvtwin router: listening on {scheme}://{address} ({front_door}POST /v1/route, GET \
              /v1/workers, GET /v1/stream, /healthz, /readyz, /metrics), block size {}, max \
              blocks {}, per worker {}{access_line}",
-            args.block_size,
+            args.block_size.map_or_else(
+                || "learned from the first BlockStored".to_string(),
+                |size| size.to_string()
+            ),
             describe_cap(limits.budget.max_blocks),
             describe_cap(limits.budget.max_blocks_per_worker),
         );
@@ -690,6 +701,7 @@ fn stats_json(stats: &RelayStats) -> serde_json::Value {
         "zmq_reconnects": stats.zmq_reconnects,
         "zmq_disconnects": stats.zmq_disconnects,
         "nats_reconnects": stats.nats_reconnects,
+        "salt_evictions": stats.salt_evictions,
     })
 }
 
@@ -762,7 +774,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(parsed.router.zmq.len(), 2);
-        assert_eq!(parsed.router.block_size, 32);
+        assert_eq!(parsed.router.block_size, Some(32));
         assert_eq!(parsed.router.listen.to_string(), "127.0.0.1:8080");
         let limits = parsed.router.limits();
         assert_eq!(limits.budget.max_blocks, Some(1 << 24));
@@ -784,16 +796,24 @@ mod tests {
         .limits();
         assert!(!unbounded.budget.is_bounded());
         assert_eq!(unbounded.worker_capacity_blocks, Some(5000));
-        let parsed = Cli::try_parse_from([
+        let nats = [
             "router",
             "--nats",
             "nats://127.0.0.1:4222",
             "--jetstream",
             "kv",
-        ])
-        .unwrap();
+        ];
+        let parsed = Cli::try_parse_from(nats).unwrap();
         assert_eq!(parsed.router.jetstream.as_deref(), Some("kv"));
+        // RouterEvents carry no block size: a NATS router must be told it.
+        let error = parsed.router.validate().unwrap_err().to_string();
+        assert!(error.contains("--nats needs --block-size"), "{error}");
+        let parsed = Cli::try_parse_from(nats.into_iter().chain(["--block-size", "16"])).unwrap();
         assert!(parsed.router.validate().is_ok());
+        // A ZMQ router without one learns it.
+        let learning = Cli::try_parse_from(["router", "--zmq", "1=tcp://h:1"]).unwrap();
+        assert_eq!(learning.router.block_size, None);
+        assert!(learning.router.validate().is_ok());
         assert!(Cli::try_parse_from(["router"]).is_err());
         assert!(
             Cli::try_parse_from(["router", "--zmq", "1=tcp://h:1", "--nats", "nats://h:4222"])

@@ -27,6 +27,8 @@ fn the_router_and_relay_connect_with_the_token_and_stop_on_a_wrong_one() {
         "127.0.0.1:0",
         "--nats",
         &url,
+        "--block-size",
+        "16",
         "--nats-token-file",
         right,
     ]);
@@ -36,7 +38,15 @@ fn the_router_and_relay_connect_with_the_token_and_stop_on_a_wrong_one() {
     router.interrupt();
 
     for command in [
-        vec!["router", "--listen", "127.0.0.1:0", "--nats", &url],
+        vec![
+            "router",
+            "--listen",
+            "127.0.0.1:0",
+            "--nats",
+            &url,
+            "--block-size",
+            "16",
+        ],
         vec![
             "relay",
             "--zmq",

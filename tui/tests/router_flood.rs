@@ -1,6 +1,8 @@
 //! A flood: one engine publishing fresh `BlockStored` events as fast as it can into a
 //! `kvtwin router` with a small index budget (issue 19). The router's resident memory
 //! stays under a stated bound and `POST /v1/route` keeps answering, during and after.
+//! And the same tokens republished under fresh engine hashes (issue 29): the
+//! engine-hash map is held to the same caps, its evictions counted.
 //!
 //! Linux only (resident memory from `/proc/PID/status`). No timing is asserted: a slow
 //! machine publishes less, and the test then checks that the budget was reached at all.
@@ -125,9 +127,22 @@ impl Flood {
     }
 }
 
-/// Floods a router started with `budget_flags` for `duration`, polling its RSS and
-/// `/v1/route` every 200 ms.
-fn flood(duration: Duration, budget_flags: &[&str]) -> Flood {
+/// Batch `n` of the repeated-content flood: the same tokens every time (the first
+/// chain's), under fresh engine block hashes. The index holds one chain; every batch
+/// adds engine hashes the router must map (issue 29: its map grew past the caps).
+fn repeated_batch(n: u64) -> EngineBatch {
+    let mut batch = batch(n);
+    for event in &mut batch.events {
+        if let EngineEvent::BlockStored(stored) = event {
+            stored.token_ids = (0..(BLOCKS_PER_EVENT * u64::from(BLOCK_SIZE)) as u32).collect();
+        }
+    }
+    batch
+}
+
+/// Floods a router started with `budget_flags` for `duration` with `batch(n)`, polling
+/// its RSS and `/v1/route` every 200 ms.
+fn flood(duration: Duration, budget_flags: &[&str], batch: fn(u64) -> EngineBatch) -> Flood {
     let publisher = ZmqPublisher::bind(&PublisherConfig {
         // The test's own memory: keep no replay ring to speak of.
         buffer_batches: 16,
@@ -217,6 +232,7 @@ fn a_flooded_router_keeps_its_budget_and_answers() {
             "--worker-capacity-blocks",
             &max,
         ],
+        batch,
     );
     flood.print(FLOOD);
     let worker = &flood.worker;
@@ -256,7 +272,7 @@ fn a_long_flood_keeps_the_default_budget() {
         None => Vec::new(),
     };
     let duration = Duration::from_secs(seconds);
-    let flood = flood(duration, &flags);
+    let flood = flood(duration, &flags, batch);
     flood.print(duration);
     if cap.is_none() {
         // The default per-worker cap, 2^22.
@@ -268,4 +284,49 @@ fn a_long_flood_keeps_the_default_budget() {
             flood.rss_max_kb
         );
     }
+}
+
+/// The same tokens republished under fresh engine hashes: the index holds one chain,
+/// and the engine-hash map is held to the caps by evictions, counted.
+#[test]
+fn republished_content_under_fresh_hashes_keeps_the_engine_hash_map_within_the_caps() {
+    let max = MAX_BLOCKS.to_string();
+    let flood = flood(
+        FLOOD,
+        &["--max-blocks", &max, "--max-blocks-per-worker", &max],
+        repeated_batch,
+    );
+    flood.print(FLOOD);
+    let worker = &flood.worker;
+    // Far more engine hashes were published than the caps allow...
+    assert!(flood.blocks > 2 * MAX_BLOCKS, "{} blocks", flood.blocks);
+    // ...the index holds the one chain, and the map stays within the caps.
+    assert!(
+        flood.index_blocks <= BLOCKS_PER_EVENT,
+        "{}",
+        flood.index_blocks
+    );
+    let entries: u64 = flood
+        .metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("kvtwin_router_engine_hash_entries "))
+        .and_then(|value| value.parse().ok())
+        .expect("the engine-hash entries gauge");
+    assert!(entries <= MAX_BLOCKS, "{entries} entries");
+    assert!(
+        worker["engine_hash_evictions"].as_u64().unwrap() > 0,
+        "{worker}"
+    );
+    assert!(
+        flood
+            .metrics
+            .contains("kvtwin_router_engine_hash_evictions_total{worker_id=\"1\",dp_rank=\"0\"}"),
+        "{}",
+        flood.metrics
+    );
+    assert!(
+        flood.rss_max_kb < RSS_BOUND_KB,
+        "router RSS reached {} kB (bound {RSS_BOUND_KB} kB)",
+        flood.rss_max_kb
+    );
 }

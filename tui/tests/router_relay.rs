@@ -131,6 +131,8 @@ fn a_relay_and_a_router_meet_over_jetstream_and_the_relay_reports_on_ctrl_c() {
         &url,
         "--jetstream",
         "kv",
+        "--block-size",
+        "16",
         "--listen",
         "127.0.0.1:0",
     ]);

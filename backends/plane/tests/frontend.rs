@@ -49,7 +49,7 @@ fn config() -> FrontendConfig {
 
 fn router(engines: &[(u64, &MockEngine)], recorder: Option<TraceRecorder>) -> Router {
     let state: SharedState = Arc::new(Mutex::new(RouterState::new(BLOCK)));
-    let frontend = Frontend::new(state.clone(), config(), BLOCK as u32, None, recorder);
+    let frontend = Frontend::new(state.clone(), config(), None, recorder);
     for (id, engine) in engines {
         let events = engine.events();
         frontend

@@ -196,6 +196,67 @@ fn a_publisher_restart_is_reported_and_the_new_run_is_followed_from_its_start() 
     assert_eq!(subscriber.stats().restarts, 1);
 }
 
+/// vLLM's case: the engine restarts, then sits idle (it publishes nothing until a
+/// request comes), so the subscriber's idle probe finds the restart before any live
+/// batch of the new run does; that batch, when it comes, must not count it again.
+#[test]
+fn a_restart_found_by_the_idle_probe_counts_once_when_the_new_run_publishes() {
+    let mut first_run = publisher(true);
+    let (endpoint, replay) = (
+        first_run.endpoint().to_string(),
+        first_run.replay_endpoint().map(str::to_string),
+    );
+    let mut subscriber = ZmqSubscriber::new(SubscriberConfig {
+        idle_probe: Some(Duration::from_millis(100)),
+        replay_timeout: Duration::from_millis(300),
+        ..SubscriberConfig::new(&endpoint, replay.as_deref())
+    })
+    .unwrap();
+    let mut items = join(&mut first_run, &mut subscriber);
+    for _ in 0..5 {
+        let seq = first_run.next_seq();
+        first_run.publish(&payload(seq)).unwrap();
+    }
+    items.extend(drain(&mut subscriber, Duration::from_millis(100)));
+    assert_eq!(seqs(&items), (0..first_run.next_seq()).collect::<Vec<_>>());
+    drop(first_run);
+
+    let config = PublisherConfig {
+        topic: "kv@test".into(),
+        ..PublisherConfig::new(&endpoint, replay.as_deref())
+    };
+    let mut second_run = ZmqPublisher::bind(&config).unwrap();
+    // Idle: only the probe can see the new run.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut after = Vec::new();
+    while !after
+        .iter()
+        .any(|item| matches!(item, SubscriberItem::Restarted { .. }))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the probe never found the restart"
+        );
+        if let Some(item) = subscriber.next(Duration::from_millis(50)).unwrap() {
+            after.push(item);
+        }
+    }
+    assert_eq!(subscriber.stats().restarts, 1);
+    after.extend(join(&mut second_run, &mut subscriber));
+    for _ in 0..5 {
+        let seq = second_run.next_seq();
+        second_run.publish(&payload(seq)).unwrap();
+    }
+    after.extend(drain(&mut subscriber, Duration::from_millis(300)));
+    let restarts = after
+        .iter()
+        .filter(|item| matches!(item, SubscriberItem::Restarted { .. }))
+        .count();
+    assert_eq!(restarts, 1, "{after:?}");
+    assert_eq!(subscriber.stats().restarts, 1);
+    assert_eq!(seqs(&after), (0..second_run.next_seq()).collect::<Vec<_>>());
+}
+
 #[test]
 fn malformed_messages_are_skipped_with_a_reason_and_the_stream_goes_on() {
     let context = zmq::Context::new();

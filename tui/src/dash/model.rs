@@ -96,6 +96,10 @@ pub(crate) struct WorkerRow {
     /// Batches refused for a block size other than the router's.
     #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) block_size_mismatches: u64,
+    /// The block size its events announce while the router refuses it for that (another
+    /// size than the router's).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub(crate) refused_block_size: Option<u32>,
     /// Batches neither its stream nor replay supplied.
     #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) lost_batches: u64,

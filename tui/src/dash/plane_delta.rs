@@ -32,6 +32,7 @@ pub(crate) fn delta_of_message(message: &StreamMessage) -> Delta {
                 out_of_order: row.out_of_order,
                 reconnects: row.reconnects,
                 block_size_mismatches: row.block_size_mismatches,
+                refused_block_size: row.refused_block_size,
                 lost_batches: row.lost_batches,
                 restarts: row.restarts,
                 ..WorkerRow::default()

@@ -96,7 +96,7 @@ impl ReplicaSource {
         let mut tasks = Vec::new();
         let (label, zmq) = match &input {
             ReplicaInput::Zmq { sources, .. } => {
-                let started = start_zmq_sources(sources, block_size, &state)?;
+                let started = start_zmq_sources(sources, &state)?;
                 let described: Vec<String> = sources.iter().map(describe_zmq_source).collect();
                 let _ = sender
                     .send(clock.status(true, format!("replica of {}", described.join(", "))))

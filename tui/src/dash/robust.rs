@@ -60,6 +60,7 @@ fn any_row() -> impl Strategy<Value = WorkerRow> {
                 out_of_order: integrity[1],
                 reconnects: integrity[2],
                 block_size_mismatches: integrity[3],
+                refused_block_size: queued.map(|q| q as u32),
                 lost_batches: integrity[0],
                 restarts: integrity[1],
                 queued,

@@ -56,6 +56,7 @@ fn worker_row(w: u64, t: u64, capacity: bool) -> WorkerRow {
         out_of_order: if w == 6 { 1 } else { 0 },
         reconnects: if w == 3 { 1 } else { 0 },
         block_size_mismatches: 0,
+        refused_block_size: None,
         lost_batches: if w == 3 && t > 10 { 1 } else { 0 },
         restarts: if w == 7 { 1 } else { 0 },
         queued: capacity.then_some(w % 4),

@@ -380,6 +380,13 @@ pub(super) fn detail(app: &App, key: WorkerKey, frame: &mut Frame, area: Rect) {
     for (name, value) in figures {
         lines.push(Line::from(pair(name, value)));
     }
+    if let Some(size) = row.refused_block_size {
+        // Why the router leaves this worker out: its blocks can never match a query.
+        lines.push(Line::from(pair(
+            "refused",
+            format!("its events announce {size}-token blocks, not the router's"),
+        )));
+    }
     let known = |v: Option<u64>| v.map_or("-".to_owned(), count);
     lines.push(Line::from(pair(
         "requests",

@@ -3,8 +3,11 @@
 //! Owns: [`app`] and [`app_with`] (the routes, behind `auth::require_token` when a token
 //! is set), [`serve`] and [`serve_with`] (plain HTTP or HTTPS, [`Transport`]), the
 //! request and response bodies.
-//! - `POST /v1/route` with `{"tokens": [u32, ...]}` (hashed with the router's block size)
-//!   or `{"local_hashes": [u64, ...]}` answers `{"worker": W, "dp_rank": d, "overlaps":
+//! - `POST /v1/route` with `{"tokens": [u32, ...]}` (hashed with the router's block size;
+//!   with `"lora_name"` and/or `"cache_salt"` beside them, under that adapter's and salt's
+//!   seed as Dynamo hashes them, so only blocks of the same adapter and salt match; 503
+//!   `{"error": ...}`, counted `block_size_unknown`, while a router without
+//!   `--block-size` has not learned it) or `{"local_hashes": [u64, ...]}` answers `{"worker": W, "dp_rank": d, "overlaps":
 //!   {"W": n, ...}, "tier_overlaps": {"W": {"device": n, "host": n, "disk": n, "remote":
 //!   n}}, "query_blocks": n}`. Keys are worker ids as strings (JSON object keys), with
 //!   `:d` appended for data-parallel ranks above 0. `worker` is `null` while no worker is
@@ -13,16 +16,20 @@
 //! - `GET /v1/workers`: `{"workers": [{"worker": W, "dp_rank": d, "blocks": {"device": n,
 //!   "host": n, "disk": n, "remote": n}, "last_event_id": n|null, "events": n, "gaps": n,
 //!   "out_of_order": n, "reconnects": n, "block_size_mismatches": n, "lost_batches": n,
-//!   "restarts": n, "dropped": n, "indexed_blocks": n, "evicted_blocks": n,
-//!   "evicted_removals": n, "stored_under_evicted": n, "over_declared": bool|null,
-//!   "block_digest": "16 hex digits"}]}`: each
+//!   "restarts": n, "dropped": n, "group_filtered": n, "salt_evictions": n,
+//!   "indexed_blocks": n, "evicted_blocks": n, "evicted_removals": n,
+//!   "stored_under_evicted": n, "engine_hash_evictions": n, "over_declared": bool|null,
+//!   "block_digest": "16 hex digits", "status": "ok"|"block_size_mismatch",
+//!   "block_size": null|{"events": n, "router": n}}]}`: each
 //!   worker rank's cached blocks (as it reports them), last event id, stream integrity
 //!   counters (see `WorkerIntegrity`; gaps count occurrences), the blocks the index holds
 //!   for it and what the index budget evicted (see `WorkerEvictions`); `over_declared` is
 //!   null unless the router was told the workers' capacity. `block_digest` is
 //!   `translate::block_digest` of the engine block hashes (and tiers) it holds, in hex: a
 //!   worker (or a test) that computes the same over its own cache knows the router's view
-//!   of it is exact.
+//!   of it is exact. `status` is `block_size_mismatch` while the rank's batches are
+//!   refused for announcing `block_size.events`-token blocks against the router's
+//!   `block_size.router` (until one of its events is applied).
 //! - `GET /v1/stream`: server-sent events. Every 100 ms the handler looks at the state
 //!   (locked briefly) through a `StreamCursor` and, when something changed, sends
 //!   `event: delta` with one JSON `StreamMessage` as `data:`; a `:` keep-alive comment
@@ -51,7 +58,10 @@
 //!   reconnects starts again from a full snapshot.
 //! - `GET /healthz`: `ok` while the process serves. `GET /readyz`: 503 with
 //!   `catching up: zmq tcp://...` until every source registered in the state has done its
-//!   initial replay or catch-up, then 200 `ready`. `GET /metrics`: OpenMetrics text
+//!   initial replay or catch-up, with `waiting to learn the block size ...` while a
+//!   router without `--block-size` has seen no `BlockStored`, with `no usable worker:
+//!   block size mismatch ...` (naming each worker and the size it sends) while every
+//!   known worker is refused for its block size; otherwise 200 `ready`. `GET /metrics`: OpenMetrics text
 //!   (`metrics::CONTENT_TYPE`).
 //!
 //! With a token (`Access::token`), every request but `/healthz`, `/readyz` and (unless
@@ -65,7 +75,7 @@
 
 use super::auth::{require_token, Access};
 use super::frontend::Frontend;
-use super::state::{EngineHealth, EngineSummary, RouteAnswer, RouterState, WorkerSummary};
+use super::state::{EngineHealth, EngineSummary, RouteAnswer, RouterState};
 use super::stream::StreamCursor;
 use super::tls::TlsListener;
 use axum::body::Bytes;
@@ -202,6 +212,10 @@ pub async fn serve_app(
 struct RouteRequest {
     tokens: Option<Vec<u32>>,
     local_hashes: Option<Vec<u64>>,
+    /// The request's LoRA adapter: its blocks are hashed under the adapter's seed.
+    lora_name: Option<String>,
+    /// The request's cache salt (vLLM's `cache_salt`): likewise.
+    cache_salt: Option<String>,
 }
 
 fn bad_request(state: &SharedState, reason: &'static str, message: String) -> Response {
@@ -254,9 +268,34 @@ async fn route(State(state): State<SharedState>, body: Bytes) -> Response {
     };
     let answer = {
         let mut router = lock(&state);
+        let keyed = request.lora_name.is_some() || request.cache_salt.is_some();
         let query: Vec<LocalBlockHash> = match (request.tokens, request.local_hashes) {
-            (Some(tokens), None) => router.hash_tokens(&tokens),
-            (None, Some(hashes)) => hashes.into_iter().map(LocalBlockHash::new).collect(),
+            (Some(tokens), None) => {
+                match router.hash_request(
+                    &tokens,
+                    request.lora_name.as_deref(),
+                    request.cache_salt.as_deref(),
+                ) {
+                    Ok(query) => query,
+                    Err(error) => {
+                        router.drop_one(error.reason());
+                        drop(router);
+                        let body = Json(json!({ "error": error.to_string() }));
+                        return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+                    }
+                }
+            }
+            (None, Some(hashes)) if !keyed => hashes.into_iter().map(LocalBlockHash::new).collect(),
+            (None, Some(_)) => {
+                drop(router);
+                return bad_request(
+                    &state,
+                    "bad_request",
+                    "\"lora_name\" and \"cache_salt\" go with \"tokens\" (\"local_hashes\" \
+                     are hashed already)"
+                        .to_string(),
+                );
+            }
             _ => {
                 drop(router);
                 return bad_request(
@@ -311,10 +350,10 @@ fn engine_json(engine: &EngineSummary) -> Value {
 }
 
 async fn workers(State(state): State<SharedState>) -> Json<Value> {
-    let (workers, engines): (Vec<WorkerSummary>, Vec<Option<EngineSummary>>) = {
+    let (workers, engines, router_block_size) = {
         let router = lock(&state);
         let workers = router.workers();
-        let engines = workers
+        let engines: Vec<Option<EngineSummary>> = workers
             .iter()
             .map(|summary| {
                 (summary.key.dp_rank == 0)
@@ -322,7 +361,7 @@ async fn workers(State(state): State<SharedState>) -> Json<Value> {
                     .flatten()
             })
             .collect();
-        (workers, engines)
+        (workers, engines, router.block_size())
     };
     let list: Vec<Value> = workers
         .iter()
@@ -341,12 +380,24 @@ async fn workers(State(state): State<SharedState>) -> Json<Value> {
                 "lost_batches": summary.integrity.lost_batches,
                 "restarts": summary.integrity.restarts,
                 "dropped": summary.integrity.dropped,
+                "group_filtered": summary.integrity.group_filtered,
+                "salt_evictions": summary.integrity.salt_evictions,
                 "indexed_blocks": summary.indexed_blocks,
                 "evicted_blocks": summary.evictions.evicted_blocks,
                 "evicted_removals": summary.evictions.evicted_removals,
                 "stored_under_evicted": summary.evictions.stored_under_evicted,
+                "engine_hash_evictions": summary.evictions.engine_hash_evictions,
                 "over_declared": summary.over_declared,
                 "block_digest": format!("{:016x}", summary.block_digest),
+                "status": if summary.refused_block_size.is_some() {
+                    "block_size_mismatch"
+                } else {
+                    "ok"
+                },
+                "block_size": summary.refused_block_size.map(|events| json!({
+                    "events": events,
+                    "router": router_block_size,
+                })),
                 "engine": engine.as_ref().map(engine_json),
             })
         })

@@ -159,6 +159,8 @@ pub struct Metrics {
     /// Reconnects of the sources' connections, all sources (per source: the state's
     /// source table).
     pub reconnects: u64,
+    /// Salted blocks the sources' trackers evicted past their bound.
+    pub salt_evictions: u64,
     /// Route decisions recorded.
     pub routes: u64,
     /// Full blocks in the queries of those.
@@ -233,6 +235,11 @@ impl Metrics {
             "kvtwin_router_engine_restarts_total",
             "Engine restarts (sequence went back); the worker was cleared.",
             self.restarts,
+        );
+        out.counter(
+            "kvtwin_router_salt_evictions_total",
+            "Salted blocks forgotten past a source's tracker bound (later misses on their chains).",
+            self.salt_evictions,
         );
         out.counter(
             "kvtwin_router_requests_total",

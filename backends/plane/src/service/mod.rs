@@ -1,6 +1,7 @@
 //! The routing service and the relay: kvtwin's router fed by engine events off the wire.
 //!
-//! Owns: [`translate`] (engine block hashes to kvtwin's chained hashes, per worker),
+//! Owns: [`block_size`] (the router's block size, fixed or learned from the events),
+//! [`translate`] (engine block hashes to kvtwin's chained hashes, per worker),
 //! [`state::RouterState`] (the indexer, per-worker views, route answers), [`metrics`]
 //! (counters and the Prometheus text), [`http`] (the HTTP/JSON API), [`auth`] (its
 //! bearer token and who needs it), [`tls`] (HTTPS with rustls), [`client`] (the
@@ -16,6 +17,7 @@
 //! needs; the index itself is `kvtwin::router`'s.
 
 pub mod auth;
+pub mod block_size;
 pub mod client;
 pub mod frontend;
 pub mod http;

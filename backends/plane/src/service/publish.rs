@@ -115,6 +115,7 @@ impl WorkerPublisher {
                     block_hashes: block_hashes.iter().map(|h| h.get()).collect(),
                     medium: Some(*tier),
                     group_idx: None,
+                    kv_cache_spec_kind: None,
                 })
             }
             KvCacheEventData::Cleared => EngineEvent::AllBlocksCleared,

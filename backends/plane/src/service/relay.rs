@@ -4,7 +4,9 @@
 //! Owns: [`RelayConfig`], [`NatsFormat`], [`RelayStats`], [`run_relay`] and
 //! [`run_relay_reporting`] (the same, its stats published after every step). A thread
 //! runs the ZMQ subscriber (gaps filled by replay, restarts detected) and decodes each
-//! batch into `RouterEvent`s with the engine's block hashes and computed token hashes,
+//! batch into `RouterEvent`s with the engine's block hashes and computed token hashes
+//! (through one `EngineNormalizer`: LoRA and cache salt seeds, the salt carried along a
+//! chain, KV cache groups left out and counted, as Dynamo's router does),
 //! numbered per data-parallel rank; it hands them over a bounded channel to the async
 //! side, which publishes them (one JSON event per message, or Dynamo 1.6 envelopes of up
 //! to 128). An engine restart becomes a `Cleared` event for each rank the relay has
@@ -24,6 +26,7 @@
 use super::metrics::Exposition;
 use super::warn::WarnLimiter;
 use crate::nats::{NatsError, NatsPublisher, PublisherConfig as NatsPublisherConfig};
+use crate::wire::normalize::EngineNormalizer;
 use crate::wire::{
     DecodeLimits, DropCounters, EngineDecoder, Envelope, RouterEvent, UnknownEvents,
 };
@@ -105,6 +108,9 @@ pub struct RelayStats {
     pub zmq_disconnects: u64,
     /// Times the NATS connection came back after being lost.
     pub nats_reconnects: u64,
+    /// Salted blocks forgotten past the tracker's bound (later blocks of those chains are
+    /// published unsalted: misses downstream, never merges).
+    pub salt_evictions: u64,
 }
 
 impl RelayStats {
@@ -122,7 +128,7 @@ impl RelayStats {
             worker_id: worker.get(),
         };
         let mut out = Exposition::new();
-        let counters: [(&'static str, &'static str, u64); 11] = [
+        let counters: [(&'static str, &'static str, u64); 12] = [
             (
                 "kvtwin_relay_batches_total",
                 "Engine batches decoded.",
@@ -177,6 +183,11 @@ impl RelayStats {
                 "kvtwin_relay_nats_reconnects_total",
                 "NATS connections made again after one was lost.",
                 self.nats_reconnects,
+            ),
+            (
+                "kvtwin_relay_salt_evictions_total",
+                "Salted blocks forgotten past the tracker's bound.",
+                self.salt_evictions,
             ),
         ];
         for (name, help, value) in counters {
@@ -260,6 +271,8 @@ enum Hop {
     Restarted(Vec<RouterEvent>),
     Lost(u64),
     Dropped(&'static str, u64),
+    /// Salted blocks the normaliser's tracker evicted past its bound.
+    SaltEvictions(u64),
     /// The ZMQ socket's connection counts moved: (reconnects, disconnects) more.
     Connection(u64, u64),
 }
@@ -354,6 +367,10 @@ async fn relay(
         .spawn(move || {
             let _entered = span.enter();
             let decoder = EngineDecoder::new(limits, UnknownEvents::Skip);
+            // Salts carried along chains and KV cache groups, per engine, so the tokens
+            // hashes published are the ones Dynamo's router computes.
+            let mut normalizer = EngineNormalizer::default();
+            let mut salt_evictions_seen = 0;
             let mut next_ids: BTreeMap<u32, u64> = BTreeMap::new();
             let mut seen = SubscriberStats::default();
             let mut warnings = WarnLimiter::default();
@@ -378,7 +395,24 @@ async fn relay(
                                 let next =
                                     next_ids.entry(decoded.dp_rank.unwrap_or(0)).or_default();
                                 let mut events = Vec::with_capacity(decoded.events.len());
-                                match decoded.router_events(worker, next, &mut events) {
+                                let mut filtered = Vec::new();
+                                let result = normalizer.router_events(
+                                    &decoded,
+                                    worker,
+                                    next,
+                                    &mut events,
+                                    &mut filtered,
+                                );
+                                for reason in filtered {
+                                    let _ = sender.blocking_send(Hop::Dropped(reason, 1));
+                                }
+                                let evictions = normalizer.stats().salt_evictions;
+                                if evictions > salt_evictions_seen {
+                                    let more = evictions - salt_evictions_seen;
+                                    salt_evictions_seen = evictions;
+                                    let _ = sender.blocking_send(Hop::SaltEvictions(more));
+                                }
+                                match result {
                                     Ok(()) => Hop::Events(events),
                                     Err(error) => Hop::Dropped(error.reason(), 1),
                                 }
@@ -387,6 +421,8 @@ async fn relay(
                         }
                     }
                     Ok(Some(SubscriberItem::Restarted { .. })) => {
+                        normalizer.restarted();
+                        salt_evictions_seen = normalizer.stats().salt_evictions;
                         // Every rank seen starts over: tell the routers to forget it,
                         // numbered after that rank's last event.
                         let cleared = next_ids
@@ -455,6 +491,10 @@ async fn relay(
             }
             Hop::Dropped(reason, count) => {
                 *stats.dropped.entry(reason).or_default() += count;
+                None
+            }
+            Hop::SaltEvictions(count) => {
+                stats.salt_evictions += count;
                 None
             }
             Hop::Connection(reconnects, disconnects) => {

@@ -15,9 +15,11 @@
 //! Never: decode msgpack itself, or block the state's lock on the network: a batch is
 //! received and decoded first, then applied under the lock in one go.
 
+use super::block_size::{BlockSizeMismatch, RouterBlockSize};
 use super::http::{lock, SharedState};
 use super::metrics::SourceLabels;
 use super::state::ConnectionEvent;
+use crate::wire::normalize::{EngineNormalizer, NormalizerStats};
 use crate::wire::{DecodeLimits, EngineDecoder, EngineEvent, RawBatch, UnknownEvents, WorkerEvent};
 use crate::zmq::{SubscriberConfig, SubscriberItem, SubscriberStats, ZmqError, ZmqSubscriber};
 use kvtwin::ids::WorkerId;
@@ -27,17 +29,57 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// Why a batch was refused: its stable reason, and for `block_size_mismatch` the two
+/// sizes (so `/v1/workers` and `/readyz` can say them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The stable reason (a `WireError::reason`, `block_size_mismatch`, ...).
+    pub reason: &'static str,
+    /// The sizes, when the batch announced another block size than the router's.
+    pub block_size: Option<BlockSizeMismatch>,
+}
+
+impl From<&'static str> for Refusal {
+    fn from(reason: &'static str) -> Self {
+        Self {
+            reason,
+            block_size: None,
+        }
+    }
+}
+
+impl From<BlockSizeMismatch> for Refusal {
+    fn from(mismatch: BlockSizeMismatch) -> Self {
+        Self {
+            reason: BLOCK_SIZE_MISMATCH,
+            block_size: Some(mismatch),
+        }
+    }
+}
+
+/// The reason of a batch refused for its block size.
+pub const BLOCK_SIZE_MISMATCH: &str = "block_size_mismatch";
+
 /// Turns one batch's payload into worker events of `worker`.
 pub trait BatchDecoder: Send + 'static {
-    /// The events of `batch`, in order, or the stable reason the batch is refused. Events
-    /// left out of an accepted batch (an unknown type or medium) are reported by pushing
-    /// their reasons onto `skipped`.
+    /// The events of `batch`, in order, or why the batch is refused. Events left out of
+    /// an accepted batch (an unknown type or medium) are reported by pushing their
+    /// reasons onto `skipped`.
     fn decode(
         &mut self,
         worker: WorkerId,
         batch: &RawBatch,
         skipped: &mut Vec<&'static str>,
-    ) -> Result<Vec<WorkerEvent>, &'static str>;
+    ) -> Result<Vec<WorkerEvent>, Refusal>;
+
+    /// The engine restarted: forget what its earlier run announced (salted chains,
+    /// KV cache groups).
+    fn restarted(&mut self) {}
+
+    /// What the decoder tracks per engine (salted blocks), if anything.
+    fn stats(&self) -> NormalizerStats {
+        NormalizerStats::default()
+    }
 }
 
 impl<F> BatchDecoder for F
@@ -49,22 +91,39 @@ where
         worker: WorkerId,
         batch: &RawBatch,
         _skipped: &mut Vec<&'static str>,
-    ) -> Result<Vec<WorkerEvent>, &'static str> {
-        self(worker, batch)
+    ) -> Result<Vec<WorkerEvent>, Refusal> {
+        self(worker, batch).map_err(Refusal::from)
     }
 }
 
 /// vLLM / SGLang batches into worker events: the one decoding path of every ZMQ source
 /// (`EngineDecoder` as a `BatchDecoder` is this with no block size). With a
-/// `block_size` (a router hashing queries in blocks of that many tokens), a batch storing
-/// blocks of another size is refused (`block_size_mismatch`), since its token hashes
-/// could never match a query.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `block_size` (a router hashing queries in blocks of that many tokens, fixed or still
+/// to be learned from the first `BlockStored`), a batch storing blocks of another size is
+/// refused (`block_size_mismatch`, with both sizes), since its token hashes could never
+/// match a query. Its [`EngineNormalizer`] hashes blocks as Dynamo does (LoRA, cache
+/// salt carried along chains, multimodal keys) and leaves out events of KV cache groups
+/// the index does not keep (pushed onto `skipped` with their reason).
+#[derive(Clone, Debug)]
 pub struct VllmDecoder {
     /// The payload decoder (limits, unknown-event policy).
     pub engine: EngineDecoder,
-    /// The router's block size, if batches must match it.
-    pub block_size: Option<u32>,
+    /// The router's block size (shared with its state), if batches must match it.
+    pub block_size: Option<RouterBlockSize>,
+    /// This engine's stream state.
+    pub normalizer: EngineNormalizer,
+}
+
+impl VllmDecoder {
+    /// A decoder with `engine`'s limits, checking `block_size` if given, with a
+    /// normaliser of the default bounds.
+    pub fn new(engine: EngineDecoder, block_size: Option<RouterBlockSize>) -> Self {
+        Self {
+            engine,
+            block_size,
+            normalizer: EngineNormalizer::default(),
+        }
+    }
 }
 
 impl BatchDecoder for VllmDecoder {
@@ -73,25 +132,32 @@ impl BatchDecoder for VllmDecoder {
         worker: WorkerId,
         batch: &RawBatch,
         skipped: &mut Vec<&'static str>,
-    ) -> Result<Vec<WorkerEvent>, &'static str> {
+    ) -> Result<Vec<WorkerEvent>, Refusal> {
         let decoded = self
             .engine
             .decode_payload(batch.seq, &batch.payload)
             .map_err(|error| error.reason())?;
-        let mismatch = self.block_size.is_some_and(|block_size| {
-            decoded.events.iter().any(|event| {
-                matches!(event, EngineEvent::BlockStored(stored) if stored.block_size != block_size)
-            })
-        });
-        if mismatch {
-            return Err("block_size_mismatch");
+        if let Some(router) = &self.block_size {
+            for event in &decoded.events {
+                if let EngineEvent::BlockStored(stored) = event {
+                    router.admit(stored.block_size)?;
+                }
+            }
         }
         skipped.extend(decoded.skipped.iter().map(|event| event.error.reason()));
         let mut events = Vec::with_capacity(decoded.events.len());
-        decoded
-            .worker_events(worker, &mut events)
+        self.normalizer
+            .worker_events(&decoded, worker, &mut events, skipped)
             .map_err(|error| error.reason())?;
         Ok(events)
+    }
+
+    fn restarted(&mut self) {
+        self.normalizer.restarted();
+    }
+
+    fn stats(&self) -> NormalizerStats {
+        self.normalizer.stats()
     }
 }
 
@@ -103,12 +169,9 @@ impl BatchDecoder for EngineDecoder {
         worker: WorkerId,
         batch: &RawBatch,
         skipped: &mut Vec<&'static str>,
-    ) -> Result<Vec<WorkerEvent>, &'static str> {
-        VllmDecoder {
-            engine: *self,
-            block_size: None,
-        }
-        .decode(worker, batch, skipped)
+    ) -> Result<Vec<WorkerEvent>, Refusal> {
+        // Stateless: no salt is carried from one batch to the next (use a VllmDecoder).
+        VllmDecoder::new(*self, None).decode(worker, batch, skipped)
     }
 }
 
@@ -120,14 +183,13 @@ pub const ENGINE_RECEIVE_HWM_BATCHES: i32 = 4096;
 pub const ENGINE_MAX_MESSAGE_BYTES: u64 = 4 << 20;
 
 /// Subscribes a router to one vLLM / SGLang engine's events at `endpoint` (and its
-/// `replay` socket), as `worker`, refusing batches of another block size than
-/// `block_size`: the one way `kvtwin router --zmq`, its admin API and a dashboard's
-/// replica start an engine's source. Stopped when dropped.
+/// `replay` socket), as `worker`, checking (or, without a configured size, learning)
+/// the state's block size on every batch: the one way `kvtwin router --zmq`, its admin
+/// API and a dashboard's replica start an engine's source. Stopped when dropped.
 pub fn start_vllm_source(
     worker: WorkerId,
     endpoint: &str,
     replay: Option<&str>,
-    block_size: u32,
     state: &SharedState,
 ) -> Result<ZmqSource, ZmqError> {
     let config = SubscriberConfig {
@@ -135,10 +197,11 @@ pub fn start_vllm_source(
         max_message_bytes: Some(ENGINE_MAX_MESSAGE_BYTES),
         ..SubscriberConfig::new(endpoint, replay)
     };
-    let decoder = VllmDecoder {
-        engine: EngineDecoder::new(DecodeLimits::default(), UnknownEvents::Skip),
-        block_size: Some(block_size),
-    };
+    let block_size = lock(state).block_size_setting();
+    let decoder = VllmDecoder::new(
+        EngineDecoder::new(DecodeLimits::default(), UnknownEvents::Skip),
+        Some(block_size),
+    );
     ZmqSource::start(worker, config, decoder, state.clone())
 }
 
@@ -212,6 +275,7 @@ impl ZmqSource {
                 let mut numbering = EventNumbering::default();
                 let mut seen = SubscriberStats::default();
                 let mut caught_up = subscriber.caught_up();
+                let mut salt_evictions_seen = 0;
                 while !stopping.load(Ordering::Relaxed) {
                     let next = subscriber.next(Self::POLL);
                     let stats = subscriber.stats();
@@ -252,18 +316,27 @@ impl ZmqSource {
                     for reason in skipped {
                         router.drop_for(worker, reason);
                     }
+                    let tracked = decoder.stats();
+                    router
+                        .note_salt_evictions(worker, tracked.salt_evictions - salt_evictions_seen);
+                    salt_evictions_seen = tracked.salt_evictions;
                     match (item, decoded) {
                         (SubscriberItem::Batch(_), Some(Ok(mut events))) => {
                             numbering.number(&mut events);
                             router.apply_batch(&events);
                         }
-                        (SubscriberItem::Batch(_), Some(Err(reason))) => {
-                            router.drop_for(worker, reason);
+                        (SubscriberItem::Batch(_), Some(Err(refusal))) => {
+                            match refusal.block_size {
+                                Some(mismatch) => router.refuse_block_size(worker, mismatch),
+                                None => router.drop_for(worker, refusal.reason),
+                            }
                         }
                         (SubscriberItem::Restarted { .. }, _) => {
                             // Only the ranks this engine's stream carried.
                             router.restart_ranks(worker, &numbering.ranks());
                             numbering.reset();
+                            decoder.restarted();
+                            salt_evictions_seen = decoder.stats().salt_evictions;
                         }
                         (SubscriberItem::Lost { first, last }, _) => {
                             router.note_lost(worker, last - first + 1);
@@ -351,10 +424,8 @@ mod tests {
 
     #[test]
     fn a_router_refuses_blocks_of_another_size() {
-        let mut decoder = VllmDecoder {
-            engine: EngineDecoder::default(),
-            block_size: Some(16),
-        };
+        let mut decoder =
+            VllmDecoder::new(EngineDecoder::default(), Some(RouterBlockSize::fixed(16)));
         let mut skipped = Vec::new();
         let worker = WorkerId::new(1);
         assert_eq!(
@@ -366,9 +437,33 @@ mod tests {
         );
         assert_eq!(
             decoder.decode(worker, &batch(32), &mut skipped),
-            Err("block_size_mismatch")
+            Err(Refusal::from(BlockSizeMismatch {
+                events: 32,
+                router: 16
+            }))
         );
         assert!(skipped.is_empty());
+    }
+
+    #[test]
+    fn a_router_without_a_block_size_learns_the_first_one_and_holds_to_it() {
+        let shared = RouterBlockSize::learned();
+        let mut decoder = VllmDecoder::new(EngineDecoder::default(), Some(shared.clone()));
+        let worker = WorkerId::new(1);
+        let mut skipped = Vec::new();
+        assert!(decoder.decode(worker, &batch(32), &mut skipped).is_ok());
+        assert_eq!(shared.get(), Some(32));
+        let refusal = decoder
+            .decode(worker, &batch(16), &mut skipped)
+            .unwrap_err();
+        assert_eq!(refusal.reason, BLOCK_SIZE_MISMATCH);
+        assert_eq!(
+            refusal.block_size,
+            Some(BlockSizeMismatch {
+                events: 16,
+                router: 32
+            })
+        );
     }
 
     #[test]
@@ -385,7 +480,7 @@ mod tests {
         };
         assert_eq!(
             decoder.decode(WorkerId::new(3), &broken, &mut Vec::new()),
-            Err("malformed_msgpack")
+            Err(Refusal::from("malformed_msgpack"))
         );
     }
 

@@ -19,23 +19,28 @@
 //!   counters (`restarts` + 1), so readers can show that it restarted;
 //! - bounded ([`RouterLimits`]): the index keeps its [`IndexBudget`], each rank's engine
 //!   hash map is swept of evicted blocks once it passes twice the rank's indexed blocks
-//!   (plus [`SWEEP_SLACK`]), and at most `max_worker_ranks` rows exist (events of further
+//!   (plus [`SWEEP_SLACK`]) and its entries count against the same caps (past
+//!   `max_blocks_per_worker` for a rank or `max_blocks` for all, a sixteenth of the cap
+//!   is evicted, counted in `engine_hash_evictions`), at most `max_worker_ranks` rows
+//!   exist (events of further
 //!   ranks are dropped as `too_many_worker_ranks`): nothing here grows with the input
 //!   beyond those bounds and the fixed-size rings.
 //!
 //! Never: touch a socket, or decide what a malformed message is (sources decode and call
 //! [`RouterState::drop_one`] or [`RouterState::drop_for`] with the decoder's reason).
 
+use super::block_size::RouterBlockSize;
 use super::metrics::{Metrics, SourceLabels};
 use super::stream::{RouteCandidate, RouteRecord, TierCounts, WorkerKey};
 use super::translate::EngineHashes;
 use super::warn::WarnLimiter;
+use crate::wire::normalize::GroupReason;
 use crate::wire::WorkerEvent;
 use kvtwin::ids::WorkerWithDpRank;
 use kvtwin::ids::{LocalBlockHash, WorkerId};
 use kvtwin::router::indexer::{ApplyEventError, IndexBudget, KvIndexer, WorkerOverlap};
 use kvtwin::tier::Tier;
-use kvtwin::tokens::{compute_local_hashes, HashSeed, DEFAULT_HASH_SEED};
+use kvtwin::tokens::{HashSeed, DEFAULT_HASH_SEED};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
@@ -88,6 +93,9 @@ pub struct WorkerEvictions {
     pub evicted_removals: u64,
     /// Stores skipped because the router had evicted their parent (no error).
     pub stored_under_evicted: u64,
+    /// Engine-hash entries evicted to hold the rank's map within the caps (a block
+    /// republished under fresh engine hashes is one indexed block but many entries).
+    pub engine_hash_evictions: u64,
 }
 
 /// Called with each event the state applied whole, right after it is applied (under the
@@ -119,8 +127,14 @@ pub struct WorkerIntegrity {
     /// Publisher restarts that cleared this rank.
     pub restarts: u64,
     /// Messages, batches or events of this rank refused, every reason
-    /// (`block_size_mismatches` included).
+    /// (`block_size_mismatches` and `group_filtered` included).
     pub dropped: u64,
+    /// Events of a KV cache group the index does not keep (hybrid models: not full
+    /// attention), left out as Dynamo leaves them out (`GroupReason`).
+    pub group_filtered: u64,
+    /// Salted blocks its source's tracker evicted past its bound (a later miss on that
+    /// chain, never a wrong merge: `wire::salts`).
+    pub salt_evictions: u64,
 }
 
 /// One worker rank as the router sees it.
@@ -134,6 +148,9 @@ struct WorkerEntry {
     /// Eviction counts of the rank's earlier runs (the index's reset at a restart), and
     /// what the state itself saw (stores under swept parents).
     evictions_before: WorkerEvictions,
+    /// The block size of its last batch refused for it, until one of its events is
+    /// applied: while set, the worker is not usable (`/readyz`, `/v1/workers`).
+    refused_block_size: Option<u32>,
 }
 
 /// What `/v1/workers` reports for one worker rank.
@@ -160,6 +177,9 @@ pub struct WorkerSummary {
     /// The [`block_digest`](super::translate::block_digest) of the blocks it holds, as
     /// engine hashes and tiers (of those tracked: a budget sweep drops evicted ones).
     pub block_digest: u64,
+    /// The block size its events announce when the router refuses it (another size than
+    /// the router's), until one of its events is applied; `None` while it is usable.
+    pub refused_block_size: Option<u32>,
 }
 
 /// What `/v1/route` answers.
@@ -190,7 +210,7 @@ pub struct RouterState {
     indexer: KvIndexer,
     limits: RouterLimits,
     workers: BTreeMap<WorkerWithDpRank, WorkerEntry>,
-    block_size: usize,
+    block_size: RouterBlockSize,
     seed: HashSeed,
     metrics: Metrics,
     observer: Option<ApplyObserver>,
@@ -210,6 +230,9 @@ pub struct RouterState {
     sources: SourceTable,
     /// The front door's engines, requests in flight and what was served.
     serving: Serving,
+    /// Engine-hash entries of every rank together (what `max_blocks` caps along with
+    /// the index).
+    engine_entries: usize,
 }
 
 impl std::fmt::Debug for RouterState {
@@ -239,6 +262,14 @@ impl RouterState {
 
     /// [`RouterState::new`] held to `limits`.
     pub fn with_limits(block_size: usize, limits: RouterLimits) -> Self {
+        let size = u32::try_from(block_size).unwrap_or(u32::MAX);
+        Self::with_block_size(RouterBlockSize::fixed(size), limits)
+    }
+
+    /// An empty router held to `limits` whose block size is `block_size`: fixed, or
+    /// learned from the first `BlockStored` its sources see ([`RouterBlockSize::learned`],
+    /// shared with their decoders through [`RouterState::block_size_setting`]).
+    pub fn with_block_size(block_size: RouterBlockSize, limits: RouterLimits) -> Self {
         Self {
             indexer: KvIndexer::with_budget(limits.budget),
             limits,
@@ -255,6 +286,7 @@ impl RouterState {
             warnings: WarnLimiter::default(),
             sources: SourceTable::default(),
             serving: Serving::default(),
+            engine_entries: 0,
         }
     }
 
@@ -273,9 +305,15 @@ impl RouterState {
         std::mem::replace(&mut self.observer, observer)
     }
 
-    /// Tokens per block.
-    pub fn block_size(&self) -> usize {
-        self.block_size
+    /// Tokens per block; `None` while it is still to be learned from the events.
+    pub fn block_size(&self) -> Option<usize> {
+        self.block_size.get().map(|size| size as usize)
+    }
+
+    /// The block size cell, shared: what a source's decoder checks batches against (and
+    /// learns from).
+    pub fn block_size_setting(&self) -> RouterBlockSize {
+        self.block_size.clone()
     }
 
     /// The index.
@@ -354,16 +392,35 @@ impl RouterState {
     /// and on the worker's (lowest known) rank; `block_size_mismatch` is also counted
     /// in the rank's `block_size_mismatches`.
     pub fn drop_for(&mut self, worker: WorkerId, reason: &'static str) {
-        self.warn(reason, || {
-            format!("worker {worker}: an event refused ({reason})")
-        });
+        let group = GroupReason::is_group_reason(reason);
+        if !group {
+            // A hybrid model's other groups are left out by design: no warning.
+            self.warn(reason, || {
+                format!("worker {worker}: an event refused ({reason})")
+            });
+        }
         self.metrics.drop_one(reason);
         let key = self.primary(worker);
         let integrity = &mut self.touch(key).integrity;
         integrity.dropped += 1;
+        integrity.group_filtered += u64::from(group);
         if reason == "block_size_mismatch" {
             integrity.block_size_mismatches += 1;
         }
+    }
+
+    /// Counts `evicted` salted blocks `worker`'s source tracker evicted (globally and on
+    /// its rank).
+    pub fn note_salt_evictions(&mut self, worker: WorkerId, evicted: u64) {
+        if evicted == 0 {
+            return;
+        }
+        self.warn("salt_eviction", || {
+            format!("worker {worker}: {evicted} salted block(s) forgotten past the tracker's bound; later blocks of those chains will miss")
+        });
+        self.metrics.salt_evictions += evicted;
+        let key = self.primary(worker);
+        self.touch(key).integrity.salt_evictions += evicted;
     }
 
     /// Counts `gaps` gaps in `worker`'s source sequence (globally and on its rank).
@@ -473,10 +530,13 @@ impl RouterState {
         &self.sources
     }
 
-    /// `Ok` once every source registered has caught up and, when the router fronts
-    /// engines, one of them is up; otherwise why not.
+    /// `Ok` once every source registered has caught up, the block size is known and,
+    /// when workers are known, one of them is usable, and, when the router fronts
+    /// engines, one of them is up; otherwise why not (see `state/usable.rs` and
+    /// `state/serving.rs`).
     pub fn readiness(&self) -> Result<(), String> {
         self.sources.readiness()?;
+        self.usable()?;
         self.serving.readiness()
     }
 
@@ -535,6 +595,7 @@ impl RouterState {
             _ => {}
         }
         entry.last_event_id = Some(entry.last_event_id.map_or(id, |last| last.max(id)));
+        let entries_before = entry.hashes.len();
         let translated = match entry.hashes.translate(event) {
             Ok(translated) => translated,
             Err(error @ super::translate::TranslateError::EvictedParent(_)) => {
@@ -548,6 +609,7 @@ impl RouterState {
                 return Err(error.reason());
             }
         };
+        entry.refused_block_size = None;
         let result = self.indexer.apply(event.worker, &translated);
         if self.limits.budget.is_bounded() {
             let indexed = self.indexer.worker_stats(key).blocks as usize;
@@ -555,7 +617,22 @@ impl RouterState {
                 let indexer = &self.indexer;
                 entry.hashes.sweep_step(|hash| indexer.holds(key, hash));
             }
+            // Entries count against the per-rank cap as blocks do: past it, a sixteenth
+            // of the cap goes at once (so the cost of a pass is paid rarely).
+            if let Some(cap) = self.limits.budget.max_blocks_per_worker {
+                if entry.hashes.len() > cap {
+                    entry.hashes.evict(entry.hashes.len() - cap + cap / 16);
+                }
+            }
         }
+        self.engine_entries =
+            (self.engine_entries + entry.hashes.len()).saturating_sub(entries_before);
+        if let Some(cap) = self.limits.budget.max_blocks {
+            if self.engine_entries > cap {
+                self.evict_engine_entries(self.engine_entries - cap + cap / 16);
+            }
+        }
+        let entry = self.workers.get_mut(&key).expect("the rank applied to");
         match result {
             Ok(()) => {
                 entry.integrity.events += 1;
@@ -607,14 +684,18 @@ impl RouterState {
         for key in keys {
             let index = self.indexer.worker_stats(key);
             let entry = self.touch(key);
+            let (entries, evicted_entries) = (entry.hashes.len(), entry.hashes.evicted_entries());
+            entry.evictions_before.engine_hash_evictions += evicted_entries;
             entry.hashes = EngineHashes::default();
             entry.last_event_id = None;
+            entry.refused_block_size = None;
             entry.integrity.restarts += 1;
             let before = &mut entry.evictions_before;
             before.evicted_blocks += index.evicted_blocks;
             before.evicted_removals += index.evicted_removals;
             before.stored_under_evicted += index.stored_under_evicted;
             self.indexer.remove_rank(key);
+            self.engine_entries = self.engine_entries.saturating_sub(entries);
         }
         self.warn("engine_restart", || {
             format!("worker {worker}: its engine restarted (sequence went back); its blocks were cleared")
@@ -625,9 +706,10 @@ impl RouterState {
     /// Forgets the row of `key` and what it held (a worker that left for good); readers
     /// learn of it through [`RouterState::removed_since`]. Whether it was known.
     pub fn forget_rank(&mut self, key: WorkerWithDpRank) -> bool {
-        if self.workers.remove(&key).is_none() {
+        let Some(entry) = self.workers.remove(&key) else {
             return false;
-        }
+        };
+        self.engine_entries = self.engine_entries.saturating_sub(entry.hashes.len());
         self.indexer.remove_rank(key);
         let seq = self.bump();
         self.removed.insert(key, seq);
@@ -645,9 +727,29 @@ impl RouterState {
         true
     }
 
-    /// The token hashes of `tokens`' full blocks, as the engines' events carry them.
-    pub fn hash_tokens(&self, tokens: &[u32]) -> Vec<LocalBlockHash> {
-        compute_local_hashes(tokens, self.block_size, self.seed)
+    /// Evicts `n` engine-hash entries from the ranks holding the most, largest first:
+    /// what holds all ranks' maps together within `max_blocks` (a scan of the rows, paid
+    /// once per sixteenth of the cap evicted).
+    fn evict_engine_entries(&mut self, mut n: usize) {
+        let mut sizes: Vec<(usize, WorkerWithDpRank)> = self
+            .workers
+            .iter()
+            .map(|(key, entry)| (entry.hashes.len(), *key))
+            .collect();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        for (_, key) in sizes {
+            if n == 0 {
+                break;
+            }
+            let seq = self.bump();
+            let Some(entry) = self.workers.get_mut(&key) else {
+                continue;
+            };
+            entry.changed_seq = seq;
+            let gone = entry.hashes.evict(n);
+            n -= gone.min(n);
+            self.engine_entries = self.engine_entries.saturating_sub(gone);
+        }
     }
 
     /// Blocks `key` holds, all tiers: the load the route tie-break uses.
@@ -680,6 +782,8 @@ impl RouterState {
                     + index.evicted_removals
                     + entry.hashes.evicted_removals(),
                 stored_under_evicted: before.stored_under_evicted + index.stored_under_evicted,
+                engine_hash_evictions: before.engine_hash_evictions
+                    + entry.hashes.evicted_entries(),
             },
         )
     }
@@ -802,6 +906,7 @@ impl RouterState {
                 .limits
                 .worker_capacity_blocks
                 .map(|capacity| blocks.iter().sum::<u64>() > capacity),
+            refused_block_size: entry.refused_block_size,
         }
     }
 
@@ -841,9 +946,12 @@ impl RouterState {
 }
 
 mod expose;
+mod hashing;
 pub mod serving;
 pub mod sources;
+mod usable;
 
+pub use hashing::HashRequestError;
 pub use serving::{
     Dispatch, DispatchError, EngineHealth, EngineSummary, Outcome, Served, ServedStats, Serving,
     ServingConfig, DEFAULT_MAX_INFLIGHT,

@@ -106,6 +106,10 @@ pub struct WorkerRow {
     pub restarts: u64,
     /// Its messages, batches or events refused, every reason.
     pub dropped: u64,
+    /// The block size its events announce while the router refuses them for it (another
+    /// size than the router's); absent while it is usable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_block_size: Option<u32>,
 }
 
 impl WorkerRow {
@@ -125,6 +129,7 @@ impl WorkerRow {
             lost_batches: integrity.lost_batches,
             restarts: integrity.restarts,
             dropped: integrity.dropped,
+            refused_block_size: summary.refused_block_size,
         }
     }
 
@@ -237,7 +242,7 @@ pub struct StreamMessage {
     pub seq: u64,
     /// Whether `workers` is every row (replace the table) rather than those changed.
     pub full: bool,
-    /// The router's block size, tokens.
+    /// The router's block size, tokens (0 while it is still to be learned).
     pub block_size: u64,
     /// Rows, in key order: all (`full`) or those changed since the last message.
     pub workers: Vec<WorkerRow>,
@@ -286,7 +291,8 @@ impl StreamCursor {
         let message = StreamMessage {
             seq: now,
             full,
-            block_size: state.block_size() as u64,
+            // 0 while a router without --block-size has not learned it yet.
+            block_size: state.block_size().map_or(0, |size| size as u64),
             workers: workers.iter().map(WorkerRow::from_summary).collect(),
             removed: removed.into_iter().map(WorkerKey::from).collect(),
             counters: StreamCounters::of(state),

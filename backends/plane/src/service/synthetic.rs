@@ -207,6 +207,7 @@ impl SyntheticEngine {
                     block_hashes: removed,
                     medium: Some(self.config.tier),
                     group_idx: None,
+                    kv_cache_spec_kind: None,
                 }));
             }
         }

@@ -19,6 +19,13 @@
 //! down), and a store under such a hash is refused as `EvictedParent`, not
 //! `UnknownParent`. That guess can take a truly unknown removal for an evicted one; it
 //! never changes what the index answers.
+//! The map also counts against the caps itself ([`EngineHashes::evict`], called by the
+//! router state past `max_blocks_per_worker` entries for a rank, or `max_blocks` for
+//! all): an engine republishing the same tokens under fresh hashes adds entries, not
+//! indexed blocks, so no sweep frees them. Evicted entries become untracked the same
+//! way; the index's blocks are left to its own budget, since a block whose entry went may
+//! still be named by another engine hash of the same tokens (removing it would
+//! under-report that one). Either way a later miss, never a wrong answer.
 //!
 //! Memory: an entry is the engine hash, the kvtwin hash and the tier bits packed in 17
 //! bytes (a `HashMap<u64, (SequenceHash, u8)>` pads them to 24), in 64 hashbrown
@@ -200,6 +207,28 @@ impl EngineTable {
         // Erased in place: those are tombstones too, shed at the next insert.
     }
 
+    /// Removes up to `n` entries, `forget` told of each, shard by shard from the next in
+    /// turn (at most one pass over every shard). How many went.
+    fn evict(&mut self, n: usize, mut forget: impl FnMut(&Entry)) -> usize {
+        let mut gone = 0;
+        for _ in 0..self.shards.len() {
+            if gone >= n {
+                break;
+            }
+            let at = self.cursor % SHARDS;
+            self.cursor = (at + 1) % SHARDS;
+            self.shards[at].table.retain(|entry| {
+                if gone >= n {
+                    return true;
+                }
+                forget(entry);
+                gone += 1;
+                false
+            });
+        }
+        gone
+    }
+
     /// Keeps the entries `keep` accepts in the next shard only (round robin).
     fn retain_step(&mut self, keep: impl FnMut(&mut Entry) -> bool) {
         if self.shards.is_empty() {
@@ -254,6 +283,8 @@ pub struct EngineHashes {
     untracked: [u64; 4],
     unknown_removals: u64,
     evicted_removals: u64,
+    /// Entries evicted to keep the map within its cap ([`EngineHashes::evict`]).
+    evicted_entries: u64,
     /// [`block_digest`] of `blocks`, kept as they change.
     digest: u64,
 }
@@ -298,6 +329,34 @@ impl EngineHashes {
     /// Heap bytes of the map, as allocated.
     pub fn heap_bytes(&self) -> usize {
         self.blocks.heap_bytes()
+    }
+
+    /// Entries evicted to keep the map within its cap, over the map's life.
+    pub fn evicted_entries(&self) -> u64 {
+        self.evicted_entries
+    }
+
+    /// Forgets `n` engine hashes (or all), whatever the index holds: what keeps the map
+    /// within the router's caps when an engine names more blocks than it may (the same
+    /// tokens republished under fresh hashes make one indexed block per many entries,
+    /// which no sweep of evicted blocks frees). They stay counted as reported but
+    /// untracked, exactly as swept ones: a later removal of one is an evicted removal, a
+    /// store under one `EvictedParent`. Shard by shard from the next in turn, so the
+    /// cost is a pass over the shards it needs. How many went.
+    pub fn evict(&mut self, n: usize) -> usize {
+        let untracked = &mut self.untracked;
+        let digest = &mut self.digest;
+        let gone = self.blocks.evict(n, |entry| {
+            let tiers = entry.tiers;
+            retier(digest, entry.engine, tiers, 0);
+            for (index, count) in untracked.iter_mut().enumerate() {
+                if tiers & (1 << index) != 0 {
+                    *count += 1;
+                }
+            }
+        });
+        self.evicted_entries += gone as u64;
+        gone
     }
 
     /// Forgets every block whose kvtwin hash `keep` refuses (the index evicted it); they

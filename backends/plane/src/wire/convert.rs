@@ -8,25 +8,28 @@
 //! [`EngineDecoder::decode_raw`] (a transported batch straight to worker events).
 //!
 //! The tokens hash of each stored block is computed here from the event's token ids
-//! (xxh3, seed 1337, or the LoRA seed when the event names an adapter: DESIGN.md), one
-//! block's slice at a time, without allocating.
+//! (xxh3 under `HashSeed::for_request`: 1337, mixed with the event's LoRA adapter and the
+//! request's cache salt as Dynamo mixes them, DESIGN.md), one block's slice at a time,
+//! without allocating unless the block has extra keys (multimodal hashes appended as
+//! Dynamo appends them; keys nobody interprets mixed in: `super::extra_keys`). Per engine
+//! state (the salt along a chain, learned KV cache groups) is `super::normalize`'s.
 //! Never: translate engine hashes into kvtwin's (`service::translate` does, per worker),
 //! number events on its own (callers hand in the next event id), or apply anything.
 
 use super::dynamo::RouterEvent;
-use super::engine::{BlockStored, EngineBatch, EngineDecoder, EngineEvent};
+use super::engine::{BlockStored, EngineBatch, EngineDecoder};
+use super::extra_keys::BlockExtras;
 use super::frames::RawBatch;
+use super::normalize::{EngineNormalizer, Normalized};
 use super::worker::{WorkerEvent, WorkerEventData};
 use super::{DropCounters, WireError};
 use kvtwin::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
 use kvtwin::ids::{LocalBlockHash, SequenceHash, WorkerId};
 use kvtwin::tokens::{compute_local_hash, HashSeed};
+use xxhash_rust::xxh3::Xxh3;
 
-/// Each stored block's engine hash with the hash of its tokens, in order; refused when
-/// the token ids are not `block_size` per block.
-fn stored_blocks(
-    stored: &BlockStored,
-) -> Result<impl Iterator<Item = (u64, LocalBlockHash)> + '_, WireError> {
+/// Refused when the token ids are not `block_size` per block.
+pub(crate) fn check_fits(stored: &BlockStored) -> Result<(), WireError> {
     let blocks = stored.block_hashes.len();
     let block_size = stored.block_size as usize;
     let fits = (block_size > 0 || blocks == 0)
@@ -38,112 +41,181 @@ fn stored_blocks(
             tokens: stored.token_ids.len(),
         });
     }
-    let seed = stored
-        .lora_name
-        .as_deref()
-        .map_or_else(HashSeed::default, HashSeed::for_lora);
+    Ok(())
+}
+
+/// Each stored block's engine hash with the hash of its tokens, in order: seeded with
+/// the event's LoRA adapter and `salt` as Dynamo seeds them
+/// (`HashSeed::for_request`), extended with the block's multimodal and uninterpreted
+/// `extra_keys` (`BlockExtras`; the first block of a request does not count `salt`
+/// among them). Refused when the token ids are not `block_size` per block.
+pub(crate) fn stored_blocks_seeded<'a>(
+    stored: &'a BlockStored,
+    salt: Option<&'a str>,
+) -> Result<impl Iterator<Item = (u64, LocalBlockHash)> + 'a, WireError> {
+    check_fits(stored)?;
+    let lora = stored.lora_name.as_deref();
+    let seed = HashSeed::for_request(lora, salt);
+    let block_size = stored.block_size as usize;
     // max(1): `chunks_exact` needs a non-zero size; with no blocks there are no tokens.
     let chunks = stored.token_ids.chunks_exact(block_size.max(1));
+    let starts_request = stored.parent_block_hash.is_none();
     Ok(stored
         .block_hashes
         .iter()
         .zip(chunks)
-        .map(move |(hash, tokens)| (*hash, compute_local_hash(tokens, seed))))
+        .enumerate()
+        .map(move |(index, (hash, tokens))| {
+            let keys = stored
+                .extra_keys
+                .as_ref()
+                .and_then(|blocks| blocks.get(index))
+                .and_then(Option::as_ref);
+            let local = match keys {
+                None => compute_local_hash(tokens, seed),
+                Some(keys) => {
+                    let salt_here = salt.filter(|_| index == 0 && starts_request);
+                    let extras = BlockExtras::of(keys, lora, salt_here);
+                    hash_with_extras(tokens, seed, &extras)
+                }
+            };
+            (*hash, local)
+        }))
+}
+
+/// A block's tokens hash with its extra keys: xxh3-64 under `seed` of the tokens as u32
+/// little-endian, then `extras`' suffix (Dynamo's multimodal layout: the sorted hashes as
+/// u64 little-endian). Without extras, the plain tokens hash.
+fn hash_with_extras(tokens: &[u32], seed: HashSeed, extras: &BlockExtras) -> LocalBlockHash {
+    if extras.is_empty() {
+        return compute_local_hash(tokens, seed);
+    }
+    let mut hasher = Xxh3::with_seed(seed.get());
+    for token in tokens {
+        hasher.update(&token.to_le_bytes());
+    }
+    hasher.update(&extras.suffix());
+    LocalBlockHash::new(hasher.digest())
+}
+
+/// One normalised event as the router service applies it (`worker_events`' element).
+fn worker_data(event: Normalized<'_>) -> WorkerEventData {
+    match event {
+        Normalized::Stored { stored, blocks } => WorkerEventData::Stored {
+            parent: stored.parent_block_hash,
+            blocks,
+            tier: stored.tier(),
+        },
+        Normalized::Removed(removed) => WorkerEventData::Removed {
+            hashes: removed.block_hashes.clone(),
+            tier: removed.tier(),
+        },
+        Normalized::Cleared => WorkerEventData::Cleared,
+    }
+}
+
+/// One normalised event as Dynamo's `RouterEvent` data carries it.
+fn router_data(event: Normalized<'_>) -> KvCacheEventData {
+    match event {
+        Normalized::Stored { stored, blocks } => KvCacheEventData::Stored {
+            parent_hash: stored.parent_block_hash.map(SequenceHash::new),
+            blocks: blocks
+                .into_iter()
+                .map(|(hash, tokens_hash)| StoredBlock {
+                    block_hash: SequenceHash::new(hash),
+                    tokens_hash,
+                })
+                .collect(),
+            tier: stored.tier(),
+        },
+        Normalized::Removed(removed) => KvCacheEventData::Removed {
+            block_hashes: removed
+                .block_hashes
+                .iter()
+                .map(|hash| SequenceHash::new(*hash))
+                .collect(),
+            tier: removed.tier(),
+        },
+        Normalized::Cleared => KvCacheEventData::Cleared,
+    }
+}
+
+impl EngineNormalizer {
+    /// Appends `batch`'s events of `worker`, as the router service applies them, to
+    /// `out`: event ids 0 (the source numbers them per rank), rank 0 when the batch has
+    /// none; events of a group the index does not keep are left out, their reasons
+    /// pushed onto `filtered`. All or nothing: on an error `out` is left as it was.
+    pub fn worker_events(
+        &mut self,
+        batch: &EngineBatch,
+        worker: WorkerId,
+        out: &mut Vec<WorkerEvent>,
+        filtered: &mut Vec<&'static str>,
+    ) -> Result<(), WireError> {
+        let normalized = self.normalize(batch, filtered)?;
+        let dp_rank = batch.dp_rank.unwrap_or(0);
+        out.extend(normalized.into_iter().map(|event| WorkerEvent {
+            worker,
+            dp_rank,
+            event_id: 0,
+            data: worker_data(event),
+        }));
+        Ok(())
+    }
+
+    /// Appends `batch`'s events as Dynamo `RouterEvent`s of `worker` to `out`, what a
+    /// relay publishes: event ids from `*next_event_id` on (advanced past them; the
+    /// caller keeps one counter per rank), the engine's hashes as the block ids, tokens
+    /// hashes computed as Dynamo's router computes them; filtered as
+    /// [`EngineNormalizer::worker_events`]. All or nothing: on an error neither `out`
+    /// nor the counter moves.
+    pub fn router_events(
+        &mut self,
+        batch: &EngineBatch,
+        worker: WorkerId,
+        next_event_id: &mut u64,
+        out: &mut Vec<RouterEvent>,
+        filtered: &mut Vec<&'static str>,
+    ) -> Result<(), WireError> {
+        let normalized = self.normalize(batch, filtered)?;
+        let dp_rank = batch.dp_rank.unwrap_or(0);
+        out.reserve(normalized.len());
+        for event in normalized {
+            out.push(RouterEvent {
+                worker_id: worker,
+                event: KvCacheEvent {
+                    event_id: *next_event_id,
+                    dp_rank,
+                    data: router_data(event),
+                },
+            });
+            *next_event_id = next_event_id.wrapping_add(1);
+        }
+        Ok(())
+    }
 }
 
 impl EngineBatch {
-    /// Appends this batch's events of `worker`, as the router service applies them, to
-    /// `out`: event ids 0 (the source numbers them per rank), rank 0 when the batch has
-    /// none. All or nothing: on an error `out` is left as it was.
+    /// [`EngineNormalizer::worker_events`] with a normaliser of its own: right for a
+    /// batch alone (a salt carried by an earlier batch is not known, and events of a
+    /// group left out are not counted). Sources keep one normaliser per engine.
     pub fn worker_events(
         &self,
         worker: WorkerId,
         out: &mut Vec<WorkerEvent>,
     ) -> Result<(), WireError> {
-        let start = out.len();
-        out.reserve(self.events.len());
-        for event in &self.events {
-            let data = match event {
-                EngineEvent::BlockStored(stored) => match stored_blocks(stored) {
-                    Ok(blocks) => WorkerEventData::Stored {
-                        parent: stored.parent_block_hash,
-                        blocks: blocks.collect(),
-                        tier: stored.tier(),
-                    },
-                    Err(error) => {
-                        out.truncate(start);
-                        return Err(error);
-                    }
-                },
-                EngineEvent::BlockRemoved(removed) => WorkerEventData::Removed {
-                    hashes: removed.block_hashes.clone(),
-                    tier: removed.tier(),
-                },
-                EngineEvent::AllBlocksCleared => WorkerEventData::Cleared,
-            };
-            out.push(WorkerEvent {
-                worker,
-                dp_rank: self.dp_rank.unwrap_or(0),
-                event_id: 0,
-                data,
-            });
-        }
-        Ok(())
+        EngineNormalizer::default().worker_events(self, worker, out, &mut Vec::new())
     }
 
-    /// Appends this batch's events as Dynamo `RouterEvent`s of `worker` to `out`, what a
-    /// relay publishes: event ids from `*next_event_id` on (advanced past them; the
-    /// caller keeps one counter per rank), the engine's hashes as the block ids, tokens
-    /// hashes computed. All or nothing: on an error neither `out` nor the counter moves.
+    /// [`EngineNormalizer::router_events`] with a normaliser of its own, as
+    /// [`EngineBatch::worker_events`].
     pub fn router_events(
         &self,
         worker: WorkerId,
         next_event_id: &mut u64,
         out: &mut Vec<RouterEvent>,
     ) -> Result<(), WireError> {
-        let start = out.len();
-        let mut event_id = *next_event_id;
-        out.reserve(self.events.len());
-        for event in &self.events {
-            let data = match event {
-                EngineEvent::BlockStored(stored) => match stored_blocks(stored) {
-                    Ok(blocks) => KvCacheEventData::Stored {
-                        parent_hash: stored.parent_block_hash.map(SequenceHash::new),
-                        blocks: blocks
-                            .map(|(hash, tokens_hash)| StoredBlock {
-                                block_hash: SequenceHash::new(hash),
-                                tokens_hash,
-                            })
-                            .collect(),
-                        tier: stored.tier(),
-                    },
-                    Err(error) => {
-                        out.truncate(start);
-                        return Err(error);
-                    }
-                },
-                EngineEvent::BlockRemoved(removed) => KvCacheEventData::Removed {
-                    block_hashes: removed
-                        .block_hashes
-                        .iter()
-                        .map(|hash| SequenceHash::new(*hash))
-                        .collect(),
-                    tier: removed.tier(),
-                },
-                EngineEvent::AllBlocksCleared => KvCacheEventData::Cleared,
-            };
-            out.push(RouterEvent {
-                worker_id: worker,
-                event: KvCacheEvent {
-                    event_id,
-                    dp_rank: self.dp_rank.unwrap_or(0),
-                    data,
-                },
-            });
-            event_id = event_id.wrapping_add(1);
-        }
-        *next_event_id = event_id;
-        Ok(())
+        EngineNormalizer::default().router_events(self, worker, next_event_id, out, &mut Vec::new())
     }
 }
 
@@ -217,7 +289,7 @@ impl EngineDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::engine::BlockRemoved;
+    use crate::wire::engine::{BlockRemoved, EngineEvent};
     use kvtwin::tier::Tier;
     use kvtwin::tokens::compute_local_hashes;
 
@@ -288,7 +360,7 @@ mod tests {
             lora_name: Some("myLora".into()),
             ..BlockStored::default()
         };
-        let blocks: Vec<_> = stored_blocks(&stored).unwrap().collect();
+        let blocks: Vec<_> = stored_blocks_seeded(&stored, None).unwrap().collect();
         assert_eq!(blocks[0].1.get(), 4_658_809_429_412_599_326);
     }
 
@@ -315,9 +387,9 @@ mod tests {
             block_size: 0,
             ..BlockStored::default()
         };
-        assert!(stored_blocks(&zero).is_err());
+        assert!(stored_blocks_seeded(&zero, None).is_err());
         let empty = BlockStored::default();
-        assert_eq!(stored_blocks(&empty).unwrap().count(), 0);
+        assert_eq!(stored_blocks_seeded(&empty, None).unwrap().count(), 0);
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! the raw batch a transport carries), [`worker`] (`WorkerEvent`: a worker's event in its
 //! engine's hashes, what the router service takes),
 //! [`dynamo`] (Dynamo's `RouterEvent` as JSON and the Dynamo 1.6 msgpack envelope),
-//! [`convert`] (engine batches to the router's `WorkerEvent`s and to `RouterEvent`s, what
+//! [`normalize`] (an engine stream's events as Dynamo indexes them: KV cache groups left
+//! out, salts carried along chains by [`salts`]), [`convert`] (engine batches to the router's `WorkerEvent`s and to `RouterEvent`s, what
 //! a relay does, and `RouterEvent`s back to router input), [`WireError`] with a stable
 //! reason per variant, [`DropCounters`] (drops by reason) and [`DecodeLimits`].
 //!
@@ -22,8 +23,11 @@
 pub mod convert;
 pub mod dynamo;
 pub mod engine;
+pub mod extra_keys;
 pub mod frames;
 mod msgpack;
+pub mod normalize;
+pub mod salts;
 pub mod worker;
 
 #[cfg(test)]

@@ -60,6 +60,12 @@ impl<'a> Reader<'a> {
         self.pos
     }
 
+    /// The bytes from `start` (a position this reader was at) to where it is now: the
+    /// encoding of what was read in between.
+    pub(crate) fn slice_from(&self, start: usize) -> &'a [u8] {
+        &self.buf[start.min(self.pos)..self.pos]
+    }
+
     /// Moves back to `pos`, a position this reader was at before.
     pub(crate) fn rewind(&mut self, pos: usize) {
         debug_assert!(pos <= self.pos);

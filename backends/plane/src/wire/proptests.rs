@@ -7,6 +7,7 @@ use super::engine::{
     ArrayFields, BatchShape, BlockRemoved, BlockStored, EncodeOptions, EngineBatch, EngineDecoder,
     EngineEvent, EngineFormat, EventEncoding, HashEncoding, MapHeader,
 };
+use super::extra_keys::{BlockExtraKeys, ExtraKey};
 use super::frames::{LiveMessage, ReplayReply, ReplayRequest};
 use super::{DecodeLimits, DropCounters, WireError};
 use kvtwin::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
@@ -18,19 +19,68 @@ fn tier() -> impl Strategy<Value = Tier> {
     prop::sample::select(Tier::ALL.to_vec())
 }
 
+/// One extra key: a string, an `[identifier, offset]` item, or a raw value that is
+/// neither (bytes, a number, a bool, nil, an array of another shape).
+fn extra_key() -> impl Strategy<Value = ExtraKey> {
+    prop_oneof![
+        "[a-z0-9:-]{0,70}".prop_map(ExtraKey::Str),
+        ("[a-z0-9]{0,20}", any::<i64>()).prop_map(|(id, offset)| ExtraKey::Item { id, offset }),
+        prop::collection::vec(any::<u8>(), 0..20).prop_map(|bytes| {
+            let mut raw = vec![0xc4, bytes.len() as u8];
+            raw.extend(bytes);
+            ExtraKey::Raw(raw)
+        }),
+        any::<u8>().prop_map(|n| ExtraKey::Raw(vec![n & 0x7f])),
+        Just(ExtraKey::Raw(vec![0xc3])),
+        Just(ExtraKey::Raw(vec![0xc0])),
+        Just(ExtraKey::Raw(vec![0x92, 0x01, 0x02])),
+        any::<u64>().prop_map(|bits| {
+            let mut raw = vec![0xcb];
+            raw.extend(bits.to_be_bytes());
+            ExtraKey::Raw(raw)
+        }),
+    ]
+}
+
+fn extra_keys() -> impl Strategy<Value = Option<BlockExtraKeys>> {
+    prop::option::of(prop::collection::vec(
+        prop::option::of(prop::collection::vec(extra_key(), 0..4)),
+        0..4,
+    ))
+}
+
+fn kind() -> impl Strategy<Value = Option<String>> {
+    prop::option::of(prop_oneof![
+        Just("full_attention".to_string()),
+        Just("sliding_window".to_string()),
+        Just("mamba".to_string()),
+        "[a-z_]{0,12}",
+    ])
+}
+
 fn stored() -> impl Strategy<Value = BlockStored> {
     (
-        prop::collection::vec(any::<u64>(), 0..6),
-        any::<Option<u64>>(),
-        prop::collection::vec(any::<u32>(), 0..40),
-        any::<u32>(),
-        any::<Option<u64>>(),
-        prop::option::of(tier()),
-        prop::option::of("[a-zA-Z0-9_é]{0,40}"),
-        any::<Option<u32>>(),
+        (
+            prop::collection::vec(any::<u64>(), 0..6),
+            any::<Option<u64>>(),
+            prop::collection::vec(any::<u32>(), 0..40),
+            any::<u32>(),
+            any::<Option<u64>>(),
+        ),
+        (
+            prop::option::of(tier()),
+            prop::option::of("[a-zA-Z0-9_é]{0,40}"),
+            extra_keys(),
+            prop::option::of("[a-z:-]{0,30}"),
+            any::<Option<u32>>(),
+            kind(),
+        ),
     )
         .prop_map(
-            |(block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name, group)| {
+            |(
+                (block_hashes, parent, token_ids, block_size, lora_id),
+                (medium, lora_name, extra_keys, cache_salt, group, kind),
+            )| {
                 BlockStored {
                     block_hashes,
                     parent_block_hash: parent,
@@ -39,7 +89,10 @@ fn stored() -> impl Strategy<Value = BlockStored> {
                     lora_id,
                     medium,
                     lora_name,
+                    extra_keys,
+                    cache_salt,
                     group_idx: group,
+                    kv_cache_spec_kind: kind,
                 }
             },
         )
@@ -51,13 +104,15 @@ fn event() -> impl Strategy<Value = EngineEvent> {
         3 => (
             prop::collection::vec(any::<u64>(), 0..6),
             prop::option::of(tier()),
-            any::<Option<u32>>()
+            any::<Option<u32>>(),
+            kind(),
         )
-            .prop_map(|(block_hashes, medium, group_idx)| {
+            .prop_map(|(block_hashes, medium, group_idx, kv_cache_spec_kind)| {
                 EngineEvent::BlockRemoved(BlockRemoved {
                     block_hashes,
                     medium,
                     group_idx,
+                    kv_cache_spec_kind,
                 })
             }),
         1 => Just(EngineEvent::AllBlocksCleared),
@@ -309,6 +364,8 @@ proptest! {
         lora_name in prop::option::of("[a-z]{1,8}"),
         medium in prop::option::of(tier()),
         first_id in any::<u64>(),
+        keys in extra_keys(),
+        cache_salt in prop::option::of("[a-z]{0,8}"),
     ) {
         let needed = blocks.len() * block_size as usize;
         let stored = BlockStored {
@@ -317,6 +374,8 @@ proptest! {
             block_size,
             lora_name,
             medium,
+            extra_keys: keys,
+            cache_salt,
             ..BlockStored::default()
         };
         let batch = EngineBatch::new(0, 0.0, vec![EngineEvent::BlockStored(stored)], Some(1));
@@ -332,5 +391,36 @@ proptest! {
         let back = RouterEvent::from_json(&json, &DecodeLimits::default())
             .map(|event| event.to_worker_event());
         prop_assert_eq!(back, Ok::<_, WireError>(expected));
+    }
+}
+
+proptest! {
+    /// Extra keys never merge: a block with any extra key the engine sent hashes apart
+    /// from the same tokens without it, unless the key is only the adapter's name (which
+    /// seeds instead) or the salt of a request's first block (likewise).
+    #[test]
+    fn a_block_with_extra_keys_never_shares_the_plain_blocks_hash(
+        tokens in prop::collection::vec(any::<u32>(), 4),
+        keys in prop::collection::vec(extra_key(), 1..4),
+    ) {
+        let plain = BlockStored {
+            block_hashes: vec![1],
+            token_ids: tokens.clone(),
+            block_size: 4,
+            parent_block_hash: Some(9),
+            ..BlockStored::default()
+        };
+        let keyed = BlockStored {
+            extra_keys: Some(vec![Some(keys)]),
+            ..plain.clone()
+        };
+        let hash = |stored: BlockStored| {
+            let batch = EngineBatch::new(0, 0.0, vec![EngineEvent::BlockStored(stored)], None);
+            let mut out = Vec::new();
+            batch.worker_events(WorkerId::new(1), &mut out).map(|()| out)
+        };
+        let (plain, keyed) = (hash(plain), hash(keyed));
+        prop_assert!(plain.is_ok() && keyed.is_ok());
+        prop_assert_ne!(plain.unwrap()[0].data.clone(), keyed.unwrap()[0].data.clone());
     }
 }

@@ -379,6 +379,10 @@ impl ZmqSubscriber {
             self.stats.restarts += 1;
             self.ready.push_back(SubscriberItem::Restarted { seq: 0 });
             self.last_batch = None;
+            // The new run numbers from 0. Left at the old run's next number, its first
+            // live batch (an idle engine's, published after this probe) would go back
+            // again and count the same restart twice.
+            self.expected = Some(0);
             self.fill(0, None)
         };
         if let Some(last) = last {

@@ -172,8 +172,7 @@ impl Cache {
         if !removed.is_empty() {
             events.push(EngineEvent::BlockRemoved(BlockRemoved {
                 block_hashes: removed,
-                medium: None,
-                group_idx: None,
+                ..BlockRemoved::default()
             }));
         }
         if events.is_empty() {

@@ -117,8 +117,6 @@ pub struct Frontend {
     tokenizer: Option<Arc<PromptTokenizer>>,
     recorder: Option<TraceRecorder>,
     config: FrontendConfig,
-    /// The router's block size, for the engines' event sources it starts.
-    block_size: u32,
     sources: Mutex<BTreeMap<WorkerId, EngineSource>>,
     /// Rows handed to the recorder (ids for prompts it could not tokenize).
     trace_rows: AtomicU64,
@@ -135,13 +133,12 @@ impl std::fmt::Debug for Frontend {
 }
 
 impl Frontend {
-    /// A front door over `state` (whose block size is `block_size`), tokenizing with
-    /// `tokenizer` (text and chat prompts are routed on load alone without one) and
-    /// recording served requests with `recorder`.
+    /// A front door over `state`, tokenizing with `tokenizer` (text and chat prompts
+    /// are routed on load alone without one) and recording served requests with
+    /// `recorder`.
     pub fn new(
         state: SharedState,
         config: FrontendConfig,
-        block_size: u32,
         tokenizer: Option<PromptTokenizer>,
         recorder: Option<TraceRecorder>,
     ) -> Arc<Self> {
@@ -154,7 +151,6 @@ impl Frontend {
             tokenizer: tokenizer.map(Arc::new),
             recorder,
             config,
-            block_size,
             sources: Mutex::new(BTreeMap::new()),
             trace_rows: AtomicU64::new(0),
         })
@@ -182,17 +178,12 @@ impl Frontend {
             return Err(FrontendError::Duplicate(worker.get()));
         }
         if let Some((endpoint, replay)) = events {
-            let source = crate::service::source::start_vllm_source(
-                worker,
-                endpoint,
-                replay,
-                self.block_size,
-                &self.state,
-            )
-            .map_err(|source| FrontendError::Events {
-                endpoint: endpoint.to_string(),
-                source,
-            })?;
+            let source =
+                crate::service::source::start_vllm_source(worker, endpoint, replay, &self.state)
+                    .map_err(|source| FrontendError::Events {
+                        endpoint: endpoint.to_string(),
+                        source,
+                    })?;
             self.adopt_source(worker, endpoint, replay, source);
         }
         lock(&self.state).add_engine(worker, &url);

@@ -25,7 +25,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use kvtwin::ids::{LocalBlockHash, WorkerId, WorkerWithDpRank};
-use kvtwin::tokens::{compute_local_hashes, HashSeed};
+use kvtwin::tokens::HashSeed;
 use serde_json::Value;
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -56,16 +56,6 @@ fn router_error(status: StatusCode, message: &str, kind: &str) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-/// The seed a request's blocks are hashed with: its LoRA adapter's and cache salt's,
-/// as the engine keys them.
-fn request_seed(lora_name: Option<&str>, cache_salt: Option<&str>) -> HashSeed {
-    let seed = lora_name.map_or_else(HashSeed::default, HashSeed::for_lora);
-    match cache_salt {
-        Some(salt) => seed.with_salt(salt.as_bytes()),
-        None => seed,
-    }
-}
-
 /// A request ready to dispatch.
 struct Prepared {
     request: ProxyRequest,
@@ -88,7 +78,7 @@ fn prepare(front: &Frontend, request: ProxyRequest) -> Prepared {
         .model
         .as_deref()
         .filter(|model| lock(&front.state).is_adapter(model));
-    let seed = request_seed(lora_name, request.cache_salt.as_deref());
+    let seed = HashSeed::for_request(lora_name, request.cache_salt.as_deref());
     let tokenized: Result<Vec<u32>, &'static str> = match (&request.prompt, &front.tokenizer) {
         (Prompt::Tokens(ids), _) => Ok(ids.clone()),
         (_, None) => Err("no_tokenizer"),
@@ -111,10 +101,13 @@ fn prepare(front: &Frontend, request: ProxyRequest) -> Prepared {
         }
     };
     let mut state = lock(&front.state);
-    let block_size = state.block_size();
+    let block_size = state.block_size().unwrap_or(0);
     let (tokens, query, prompt_tokens) = match tokenized {
         Ok(tokens) => {
-            let query = compute_local_hashes(&tokens, block_size, seed);
+            // Before the block size is learned nothing is indexed: no overlap to find.
+            let query = state
+                .hash_request(&tokens, lora_name, request.cache_salt.as_deref())
+                .unwrap_or_default();
             let count = tokens.len() as u64;
             (Some(Arc::new(tokens)), query, count)
         }

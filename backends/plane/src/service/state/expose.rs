@@ -158,5 +158,15 @@ impl RouterState {
             "Stores skipped because the budget had evicted their parent.",
             per_worker(|r| r.evictions.stored_under_evicted),
         );
+        out.counters(
+            "kvtwin_router_engine_hash_evictions_total",
+            "Engine-hash entries evicted to hold a worker rank's map within the caps.",
+            per_worker(|r| r.evictions.engine_hash_evictions),
+        );
+        out.gauge(
+            "kvtwin_router_engine_hash_entries",
+            "Engine-hash entries of every worker rank (counted against --max-blocks).",
+            self.engine_entries as u64,
+        );
     }
 }

@@ -716,7 +716,7 @@ impl RouterState {
         }
         let (chosen, candidates) = self.choose_engine(query, model, exclude)?;
         let key = chosen.worker;
-        let block_size = self.block_size;
+        let block_size = self.block_size().unwrap_or(0);
         let prompt_blocks = blocks_of(prompt_tokens, block_size);
         let request = self.serving.next_request;
         self.serving.next_request += 1;
@@ -789,7 +789,7 @@ impl RouterState {
     /// `tokens` more output tokens of `request` arrived: its load grows by the blocks
     /// they fill.
     pub fn note_output(&mut self, request: u64, tokens: u64) {
-        let block_size = self.block_size;
+        let block_size = self.block_size().unwrap_or(0);
         let Some(inflight) = self.serving.inflight.get_mut(&request) else {
             return;
         };

@@ -1,6 +1,7 @@
 //! RouterState tests: routing, counting by reason and per rank, restarts, the budget.
 
 use super::*;
+use kvtwin::tokens::compute_local_hashes;
 
 fn stored(worker: u64, event_id: u64, parent: Option<u64>, blocks: &[(u64, u64)]) -> WorkerEvent {
     crate::wire::worker::stored_event(worker, event_id, parent, blocks, Tier::Device)
