@@ -140,13 +140,11 @@ def main():
     completion({"prompt": ids, "max_tokens": 1, "lora_name": "adapter"}, "completions, lora_name")
     completion({"prompt": ids, "max_tokens": 1, "model": "adapter"}, "completions, model=adapter")
 
-    section("/metrics: TTFT and ITL")
+    section("/metrics: histograms (TTFT, ITL, ...) and prefix-cache counters")
     _, metrics = get(url + "/metrics")
-    names = sorted({line.split("{")[0].split(" ")[0] for line in metrics.splitlines()
-                    if line.startswith("vllm:") and ("token" in line or "latency" in line
-                                                     or "seconds" in line)})
-    for name in names:
-        print(" ", name)
+    for line in metrics.splitlines():
+        if line.startswith("# TYPE vllm:") and (line.endswith(" histogram") or "prefix_cache" in line):
+            print(" ", line[len("# TYPE "):])
 
 
 if __name__ == "__main__":
