@@ -1,8 +1,11 @@
 //! What the `kvtwin` process tests share: a `kvtwin` child process with its stderr
 //! lines, one-shot HTTP/1.1 requests (with a bearer token when a router wants one), and
-//! waiting for a router to catch up. Every `kvtwin` runs without the caller's
-//! `KVTWIN_AUTH_TOKEN`, so a developer's own token never changes what a test sees.
+//! waiting for a router to catch up; real vLLM engines in [`engines`]. Every `kvtwin`
+//! runs without the caller's `KVTWIN_AUTH_TOKEN`, so a developer's own token never
+//! changes what a test sees.
 #![allow(dead_code)] // Each test file uses its own part.
+
+pub(crate) mod engines;
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
