@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import platform
+import random
 import shutil
 import signal
 import socket
@@ -450,18 +451,33 @@ def block_bytes(block_size):
         block_size * dtype_bytes
 
 
-def free_ports(count):
-    """`count` distinct ports free on every interface (the ZMQ sockets bind `*`)."""
-    sockets = []
+def ephemeral_range():
+    """The kernel's range for ports it assigns itself (connect, bind to 0)."""
     try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_ports(count):
+    """`count` distinct ports free on every interface (the ZMQ sockets bind `*`), taken
+    below the kernel's ephemeral range: a starting vLLM binds its own internal sockets to
+    ports the kernel picks, which once took an events port chosen from that range
+    between our pick and the engine's bind ("Address already in use")."""
+    low, high = ephemeral_range()
+    if low > 11000:
+        candidates = list(range(10000, low))
+    else:
+        candidates = list(range(high + 1, 65536))
+    random.SystemRandom().shuffle(candidates)
+    ports = []
+    for port in candidates:
+        if port_free(port):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise Failure(f"no {count} free ports outside the ephemeral range {low}-{high}")
 
 
 def port_free(port):

@@ -115,9 +115,16 @@ pub(crate) struct WorkerRow {
     /// Requests routed to it, cumulative (simulator).
     #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) routed: Option<u64>,
-    /// Requests it finished, cumulative (simulator).
+    /// Requests it finished, cumulative (simulator, or a router's engine).
     #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) completed: Option<u64>,
+    /// Its engine's health check answers (a router fronting it): up without events for
+    /// a while is idle, not stale.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub(crate) checked: bool,
+    /// Why it is down, when its source says.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub(crate) down_reason: Option<String>,
 }
 
 /// Cluster-wide cumulative counters. Rates are the dashboard's: differences over time.
@@ -140,18 +147,44 @@ pub(crate) struct Counters {
     /// Messages, batches or events dropped, all reasons.
     #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) dropped: u64,
-    /// Requests routed.
+    /// Requests routed (route queries, and a front door's requests sent to engines).
     #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) routes: u64,
-    /// Prompt blocks looked up (routing queries, or the simulator's served prompts).
+    /// Prompt blocks looked up (routing queries, or the simulator's served prompts), or
+    /// a front door's served prompt tokens.
     #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) lookup_blocks: u64,
-    /// Of those, blocks found cached: hit ratio = `hit_blocks / lookup_blocks`.
+    /// Of those, found cached (for a front door, as its engines reported): hit ratio =
+    /// `hit_blocks / lookup_blocks`.
     #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) hit_blocks: u64,
     /// 99th percentile time to apply a batch, seconds (router).
     #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) apply_latency_p99_s: Option<f64>,
+    /// What a router's front door served (`--engine`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub(crate) serving: Option<ServingSignals>,
+}
+
+/// A router's front door: requests and their latencies, as measured by the router.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ServingSignals {
+    /// Engines configured.
+    pub(crate) engines: u64,
+    /// Of those, up.
+    pub(crate) engines_up: u64,
+    /// Requests in flight.
+    pub(crate) in_flight: u64,
+    /// Requests answered in full.
+    pub(crate) served: u64,
+    /// Requests failed for good (engine errors, refusals before any engine).
+    pub(crate) failed: u64,
+    /// Requests retried on another engine.
+    pub(crate) retried: u64,
+    /// Time to first token (streamed requests; bucket bounds).
+    pub(crate) ttft: Option<LatencyRow>,
+    /// Inter-token latency (streamed requests; bucket bounds).
+    pub(crate) itl: Option<LatencyRow>,
 }
 
 /// One candidate of a routing decision.

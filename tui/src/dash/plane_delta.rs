@@ -5,11 +5,24 @@
 //! Owns: [`delta_of_message`].
 //! Never: decide what changed (the router's cursor did).
 
-use super::model::{saturating_sum, Candidate, Counters, Delta, RouteRow, WorkerKey, WorkerRow};
-use kvtwin_plane::service::stream::{StreamMessage, TierCounts};
+use super::model::{
+    saturating_sum, Candidate, Counters, Delta, LatencyRow, RouteRow, ServingSignals, WorkerKey,
+    WorkerRow, WorkerState,
+};
+use kvtwin_plane::service::stream::{Percentiles, StreamMessage, TierCounts};
 
 fn tiers(counts: &TierCounts) -> [u64; 4] {
     [counts.device, counts.host, counts.disk, counts.remote]
+}
+
+/// Milliseconds of a router's percentiles, when it has a median.
+fn latency(percentiles: &Percentiles) -> Option<LatencyRow> {
+    let ms = |s: Option<f64>| s.map_or(f64::NAN, |s| s * 1e3);
+    percentiles.p50_s.map(|p50| LatencyRow {
+        p50_ms: p50 * 1e3,
+        p90_ms: ms(percentiles.p90_s),
+        p99_ms: ms(percentiles.p99_s),
+    })
 }
 
 /// `message` as a delta.
@@ -35,6 +48,15 @@ pub(crate) fn delta_of_message(message: &StreamMessage) -> Delta {
                 refused_block_size: row.refused_block_size,
                 lost_batches: row.lost_batches,
                 restarts: row.restarts,
+                state: match row.engine.as_ref().map(|e| e.health.as_str()) {
+                    Some("down") => WorkerState::Down,
+                    _ => WorkerState::Up,
+                },
+                checked: row.engine.as_ref().is_some_and(|e| e.health == "up"),
+                down_reason: row.engine.as_ref().and_then(|e| e.down_reason.clone()),
+                running: row.engine.as_ref().map(|e| e.active_requests),
+                routed: row.engine.as_ref().map(|e| e.dispatched),
+                completed: row.engine.as_ref().map(|e| e.succeeded),
                 ..WorkerRow::default()
             })
             .collect(),
@@ -55,10 +77,30 @@ pub(crate) fn delta_of_message(message: &StreamMessage) -> Delta {
             lost_batches: counters.lost_batches,
             restarts: counters.restarts,
             dropped: saturating_sum(counters.dropped.values().copied()),
-            routes: counters.routes,
-            lookup_blocks: counters.route_query_blocks,
-            hit_blocks: counters.route_hit_blocks,
+            // A front door's hit ratio is its served requests' (what the engines found
+            // cached), not its route queries', which may never have been sent.
+            routes: counters
+                .routes
+                .saturating_add(counters.serving.as_ref().map_or(0, |s| s.dispatched)),
+            lookup_blocks: counters
+                .serving
+                .as_ref()
+                .map_or(counters.route_query_blocks, |s| s.prompt_tokens),
+            hit_blocks: counters
+                .serving
+                .as_ref()
+                .map_or(counters.route_hit_blocks, |s| s.cached_tokens),
             apply_latency_p99_s: counters.apply_latency_p99_s,
+            serving: counters.serving.as_ref().map(|s| ServingSignals {
+                engines: s.engines,
+                engines_up: s.engines_up,
+                in_flight: s.in_flight,
+                served: s.succeeded,
+                failed: s.failed.saturating_add(s.refused),
+                retried: s.retried,
+                ttft: latency(&s.ttft),
+                itl: latency(&s.itl),
+            }),
         }),
         routes: message
             .routes

@@ -285,6 +285,8 @@ impl World {
             WorkerState::Draining => Status::Draining,
             WorkerState::Down => Status::Down,
             WorkerState::Removed => Status::Removed,
+            // Its engine answers its health check: quiet is idle, not stale.
+            WorkerState::Up if entry.row.checked => Status::Up,
             WorkerState::Up => {
                 let since = entry.last_event_ms.unwrap_or(entry.first_seen_ms);
                 if self.now_ms.saturating_sub(since) >= stale_after_ms {

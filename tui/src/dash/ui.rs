@@ -17,7 +17,7 @@ use ratatui::{Frame, Terminal};
 
 use super::app::{App, Prompt, SourceKind, View};
 use super::keys::KEY_HELP;
-use super::model::TIER_NAMES;
+use super::model::{LatencyRow, TIER_NAMES};
 use super::{charts, views};
 
 /// Draws the whole screen.
@@ -267,6 +267,32 @@ fn header_lines(app: &App, width: u16, max_rows: usize) -> Vec<Line<'static>> {
         hit.push(label(")"));
     }
     groups.push(hit);
+    if let Some(serving) = world.counters.as_ref().and_then(|c| c.serving.as_ref()) {
+        groups.push(vec![
+            label("requests "),
+            Span::raw(format!(
+                "{} in flight · {} served · ",
+                count(serving.in_flight),
+                count(serving.served)
+            )),
+            Span::styled(
+                format!("{} failed", count(serving.failed)),
+                warn_if(serving.failed > 0),
+            ),
+        ]);
+        let ms = |row: Option<LatencyRow>| {
+            row.map_or_else(
+                || "-".to_string(),
+                |row| format!("{}/{}", millis(row.p50_ms), millis(row.p99_ms)),
+            )
+        };
+        groups.push(vec![
+            label("TTFT p50/p99 "),
+            Span::raw(format!("{} ms", ms(serving.ttft))),
+            label(" · ITL "),
+            Span::raw(format!("{} ms", ms(serving.itl))),
+        ]);
+    }
     groups.push(vec![
         label("events "),
         Span::raw(format!("{}/s", rate(world.events_rate.rate_per_s(now)))),
@@ -316,6 +342,15 @@ fn header_lines(app: &App, width: u16, max_rows: usize) -> Vec<Line<'static>> {
     let mut lines = vec![Line::from(title)];
     lines.extend(pack(groups, width, max_rows.saturating_sub(1)));
     lines
+}
+
+/// Milliseconds for the header: "-" when unknown (a percentile above the last bucket).
+fn millis(ms: f64) -> String {
+    if ms.is_finite() {
+        format!("{ms:.0}")
+    } else {
+        "-".to_string()
+    }
 }
 
 /// Lays `groups` out left to right, `│` between, starting a new line where one would

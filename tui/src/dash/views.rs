@@ -387,6 +387,9 @@ pub(super) fn detail(app: &App, key: WorkerKey, frame: &mut Frame, area: Rect) {
             format!("its events announce {size}-token blocks, not the router's"),
         )));
     }
+    if let Some(reason) = &row.down_reason {
+        lines.push(Line::from(pair("down", reason.clone())));
+    }
     let known = |v: Option<u64>| v.map_or("-".to_owned(), count);
     lines.push(Line::from(pair(
         "requests",

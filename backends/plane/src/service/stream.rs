@@ -16,7 +16,7 @@
 //! Deserialization ignores unknown fields, so a dashboard keeps working against a newer
 //! router that adds some.
 
-use super::state::{RouterState, WorkerSummary};
+use super::state::{EngineHealth, EngineSummary, RouterState, WorkerSummary};
 use kvtwin::ids::{WorkerId, WorkerWithDpRank};
 use kvtwin::tier::Tier;
 use serde::{Deserialize, Serialize};
@@ -110,6 +110,10 @@ pub struct WorkerRow {
     /// size than the router's); absent while it is usable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused_block_size: Option<u32>,
+    /// Its engine, when the router fronts it (`--engine`): health, load and what it
+    /// served. Absent for a worker known only by its events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineRow>,
 }
 
 impl WorkerRow {
@@ -130,7 +134,20 @@ impl WorkerRow {
             restarts: integrity.restarts,
             dropped: integrity.dropped,
             refused_block_size: summary.refused_block_size,
+            engine: None,
         }
+    }
+
+    /// The row of `summary` in `state`, with its engine's figures when it is one.
+    pub fn of(summary: &WorkerSummary, state: &RouterState) -> Self {
+        let mut row = Self::from_summary(summary);
+        if summary.key.dp_rank == 0 {
+            row.engine = state
+                .serving()
+                .engine(summary.key.worker)
+                .map(|engine| EngineRow::of(&engine));
+        }
+        row
     }
 
     /// Its key.
@@ -139,6 +156,137 @@ impl WorkerRow {
             worker: self.worker,
             dp_rank: self.dp_rank,
         }
+    }
+}
+
+/// A fronted engine's figures in its worker's row.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineRow {
+    /// `up`, `down` or `unknown` (not yet checked).
+    pub health: String,
+    /// Why it is down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down_reason: Option<String>,
+    /// Requests running there.
+    pub active_requests: u64,
+    /// Blocks of those.
+    pub active_blocks: u64,
+    /// Requests sent there (each try).
+    pub dispatched: u64,
+    /// Requests it answered in full.
+    pub succeeded: u64,
+    /// Requests that failed there for good.
+    pub failed: u64,
+    /// Prompt tokens it served.
+    pub prompt_tokens: u64,
+    /// Of those, tokens it found cached.
+    pub cached_tokens: u64,
+}
+
+impl EngineRow {
+    /// The row of an engine's summary.
+    pub fn of(engine: &EngineSummary) -> Self {
+        Self {
+            health: engine.health.name().to_string(),
+            down_reason: match &engine.health {
+                EngineHealth::Down { reason } => Some(reason.clone()),
+                _ => None,
+            },
+            active_requests: engine.active_requests,
+            active_blocks: engine.active_blocks,
+            dispatched: engine.stats.dispatched,
+            succeeded: engine.stats.succeeded,
+            failed: engine.stats.failed_total(),
+            prompt_tokens: engine.stats.prompt_tokens,
+            cached_tokens: engine.stats.cached_tokens,
+        }
+    }
+}
+
+/// Percentile upper bounds of a latency histogram, seconds (bucket bounds, as
+/// Prometheus' `histogram_quantile` reads them); `None` with no observation or above the
+/// last bucket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50_s: Option<f64>,
+    /// 90th percentile.
+    pub p90_s: Option<f64>,
+    /// 99th percentile.
+    pub p99_s: Option<f64>,
+}
+
+impl Percentiles {
+    fn of(histogram: &crate::service::metrics::Histogram) -> Self {
+        let at = |q| histogram.quantile_seconds(q).filter(|s| s.is_finite());
+        Self {
+            p50_s: at(0.5),
+            p90_s: at(0.9),
+            p99_s: at(0.99),
+        }
+    }
+}
+
+/// What the front door served, all engines: requests, tokens, latencies.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServingCounters {
+    /// Engines configured.
+    pub engines: u64,
+    /// Of those, up.
+    pub engines_up: u64,
+    /// Requests in flight.
+    pub in_flight: u64,
+    /// Requests sent to engines (each try).
+    pub dispatched: u64,
+    /// Requests answered in full.
+    pub succeeded: u64,
+    /// Requests that failed for good on an engine.
+    pub failed: u64,
+    /// Requests retried on another engine.
+    pub retried: u64,
+    /// Requests refused before any engine.
+    pub refused: u64,
+    /// Prompt tokens served.
+    pub prompt_tokens: u64,
+    /// Of those, cached at their engine (its own report): the served hit ratio.
+    pub cached_tokens: u64,
+    /// Of those, predicted cached by the router at dispatch.
+    pub predicted_cached_tokens: u64,
+    /// Output tokens served.
+    pub generation_tokens: u64,
+    /// Time to first token (streamed requests).
+    pub ttft: Percentiles,
+    /// Inter-token latency (streamed requests).
+    pub itl: Percentiles,
+    /// End to end.
+    pub e2e: Percentiles,
+}
+
+impl ServingCounters {
+    /// The front door's figures of `state`, if it fronts engines.
+    pub fn of(state: &RouterState) -> Option<Self> {
+        let serving = state.serving();
+        if !serving.has_engines() {
+            return None;
+        }
+        let totals = serving.totals();
+        Some(Self {
+            engines: serving.engine_urls().len() as u64,
+            engines_up: serving.engines_up() as u64,
+            in_flight: serving.inflight() as u64,
+            dispatched: totals.dispatched,
+            succeeded: totals.succeeded,
+            failed: totals.failed_total(),
+            retried: totals.retried,
+            refused: serving.refused().values().sum(),
+            prompt_tokens: totals.prompt_tokens,
+            cached_tokens: totals.cached_tokens,
+            predicted_cached_tokens: totals.predicted_cached_tokens,
+            generation_tokens: totals.generation_tokens,
+            ttft: Percentiles::of(&totals.ttft),
+            itl: Percentiles::of(&totals.itl),
+            e2e: Percentiles::of(&totals.e2e),
+        })
     }
 }
 
@@ -175,6 +323,9 @@ pub struct StreamCounters {
     pub apply_latency_p99_s: Option<f64>,
     /// (worker, block) pairs in the index.
     pub index_pairs: u64,
+    /// What the front door served, when the router fronts engines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<ServingCounters>,
 }
 
 impl StreamCounters {
@@ -203,6 +354,7 @@ impl StreamCounters {
                 .quantile_seconds(0.99)
                 .filter(|p99| p99.is_finite()),
             index_pairs: state.indexer().pairs() as u64,
+            serving: ServingCounters::of(state),
         }
     }
 }
@@ -293,7 +445,10 @@ impl StreamCursor {
             full,
             // 0 while a router without --block-size has not learned it yet.
             block_size: state.block_size().map_or(0, |size| size as u64),
-            workers: workers.iter().map(WorkerRow::from_summary).collect(),
+            workers: workers
+                .iter()
+                .map(|row| WorkerRow::of(row, state))
+                .collect(),
             removed: removed.into_iter().map(WorkerKey::from).collect(),
             counters: StreamCounters::of(state),
             routes,

@@ -102,6 +102,17 @@ pub enum FrontendError {
     },
 }
 
+/// Eight hex digits that differ between router processes (the pid and the start time,
+/// hashed): request ids two routers make never collide at a shared engine.
+fn process_mark() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos());
+    let mut bytes = nanos.to_le_bytes().to_vec();
+    bytes.extend(std::process::id().to_le_bytes());
+    format!("{:08x}", xxhash_rust::xxh3::xxh3_64(&bytes) as u32)
+}
+
 /// An engine's event source, started here or handed over by the binary.
 struct EngineSource {
     endpoint: String,
@@ -120,6 +131,8 @@ pub struct Frontend {
     sources: Mutex<BTreeMap<WorkerId, EngineSource>>,
     /// Rows handed to the recorder (ids for prompts it could not tokenize).
     trace_rows: AtomicU64,
+    /// The mark of this process in the request ids it makes.
+    id_prefix: String,
 }
 
 impl std::fmt::Debug for Frontend {
@@ -153,6 +166,7 @@ impl Frontend {
             config,
             sources: Mutex::new(BTreeMap::new()),
             trace_rows: AtomicU64::new(0),
+            id_prefix: process_mark(),
         })
     }
 

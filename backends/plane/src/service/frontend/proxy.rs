@@ -6,7 +6,10 @@
 //! Owns: the handlers of `POST /v1/completions` and `/v1/chat/completions`, [`Ticket`]
 //! (a dispatched request's hold on its engine's load, released on every path), the
 //! stream tap ([`Tap`]) and the request's record ([`Context::served`], the trace row).
-//! An answer carries `x-kvtwin-worker` (and `x-kvtwin-dp-rank`) naming who served it.
+//! An answer carries `x-kvtwin-worker` (and `x-kvtwin-dp-rank`) naming who served it and
+//! `x-kvtwin-overlap-blocks`, the prompt's blocks the router found cached there. The
+//! client's `X-Request-Id` goes to the engine (vLLM names its answer after it); without
+//! one the router makes one, unique to its process.
 //! Never: hold the state's lock across an await; send the client anything before the
 //! engine has answered (so a retry is invisible); change what the engine wrote, but for
 //! the usage chunk of a stream whose client did not ask for it.
@@ -19,10 +22,11 @@ use super::trace::{hash_ids, unique_hash_ids, TraceRow};
 use super::Frontend;
 use crate::service::http::{lock, SharedState};
 use crate::service::sse::{SseEvent, SseParser};
+use crate::service::state::serving::predicted_cached_tokens;
 use crate::service::state::{Dispatch, DispatchError, EngineHealth, Outcome, Served};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use kvtwin::ids::{LocalBlockHash, WorkerId, WorkerWithDpRank};
 use kvtwin::tokens::HashSeed;
@@ -41,13 +45,28 @@ const ITL_SAMPLES_MAX: usize = 16_384;
 const ERROR_BODY_LIMIT: usize = 64 << 10;
 
 /// `POST /v1/completions`.
-pub(super) async fn completions(State(front): State<Arc<Frontend>>, body: Bytes) -> Response {
-    handle(front, Endpoint::Completions, body).await
+pub(super) async fn completions(
+    State(front): State<Arc<Frontend>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    handle(front, Endpoint::Completions, request_id(&headers), body).await
 }
 
 /// `POST /v1/chat/completions`.
-pub(super) async fn chat(State(front): State<Arc<Frontend>>, body: Bytes) -> Response {
-    handle(front, Endpoint::ChatCompletions, body).await
+pub(super) async fn chat(
+    State(front): State<Arc<Frontend>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    handle(front, Endpoint::ChatCompletions, request_id(&headers), body).await
+}
+
+/// The client's `X-Request-Id`, passed on to the engine (which names its answer after
+/// it), when it is a sane one.
+fn request_id(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get("x-request-id")?.to_str().ok()?;
+    (!value.is_empty() && value.len() <= 256).then(|| value.to_string())
 }
 
 /// An error of the router's, in vLLM's shape.
@@ -69,6 +88,8 @@ struct Prepared {
     body: Bytes,
     /// The router's block size when it hashed the query.
     block_size: usize,
+    /// The client's request id, if it gave one.
+    request_id: Option<String>,
 }
 
 /// Tokenizes and hashes `request`. A prompt that cannot be tokenized is still served,
@@ -131,6 +152,7 @@ fn prepare(front: &Frontend, request: ProxyRequest) -> Prepared {
         prompt_tokens,
         body,
         block_size,
+        request_id: None,
     }
 }
 
@@ -218,8 +240,11 @@ impl Context {
             cached_tokens: None,
         });
         let e2e = self.arrival.elapsed();
-        let predicted = (u64::from(self.dispatch.overlap_blocks) * self.block_size as u64)
-            .min(usage.prompt_tokens);
+        let predicted = predicted_cached_tokens(
+            self.dispatch.overlap_blocks,
+            usage.prompt_tokens,
+            self.block_size,
+        );
         if let Some(recorder) = &self.front.recorder {
             let row_seq = self.front.trace_rows.fetch_add(1, Ordering::Relaxed);
             let (input_length, ids) = match &self.tokens {
@@ -261,9 +286,10 @@ impl Context {
     }
 }
 
-/// Headers naming who served a request.
-fn decorate(response: &mut Response, worker: WorkerWithDpRank) {
+/// Headers naming who served a request and the overlap the router found there.
+fn decorate(response: &mut Response, worker: WorkerWithDpRank, overlap_blocks: u32) {
     let headers = response.headers_mut();
+    headers.insert("x-kvtwin-overlap-blocks", HeaderValue::from(overlap_blocks));
     if let Ok(value) = HeaderValue::from_str(&worker.worker.get().to_string()) {
         headers.insert("x-kvtwin-worker", value);
     }
@@ -272,7 +298,12 @@ fn decorate(response: &mut Response, worker: WorkerWithDpRank) {
     }
 }
 
-async fn handle(front: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Response {
+async fn handle(
+    front: Arc<Frontend>,
+    endpoint: Endpoint,
+    client_request_id: Option<String>,
+    body: Bytes,
+) -> Response {
     let arrival = Instant::now();
     let request = match openai::parse(endpoint, &body) {
         Ok(request) => request,
@@ -281,7 +312,8 @@ async fn handle(front: Arc<Frontend>, endpoint: Endpoint, body: Bytes) -> Respon
             return router_error(StatusCode::BAD_REQUEST, &why.to_string(), "BadRequestError");
         }
     };
-    let prepared = prepare(&front, request);
+    let mut prepared = prepare(&front, request);
+    prepared.request_id = client_request_id;
     let mut tried: Vec<WorkerId> = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     for attempt in 0..=front.config.retries {
@@ -369,11 +401,17 @@ async fn try_engine(
     prepared: &Prepared,
 ) -> Result<Response, Failure> {
     let dispatch = &context.dispatch;
-    let mut headers = vec![("x-request-id", format!("kvtwin-{}", dispatch.request))];
+    let front = context.front.clone();
+    // vLLM names its answer after the request id and refuses two running under one, so
+    // the router's own ids carry its process's mark.
+    let id = prepared
+        .request_id
+        .clone()
+        .unwrap_or_else(|| format!("kvtwin-{}-{}", front.id_prefix, dispatch.request));
+    let mut headers = vec![("x-request-id", id)];
     if dispatch.ranked {
         headers.push(("x-data-parallel-rank", dispatch.worker.dp_rank.to_string()));
     }
-    let front = context.front.clone();
     let response = front
         .client
         .post_json(
@@ -426,7 +464,11 @@ async fn try_engine(
                 .headers_mut()
                 .insert(header::CONTENT_TYPE, content_type);
         }
-        decorate(&mut answer, context.dispatch.worker);
+        decorate(
+            &mut answer,
+            context.dispatch.worker,
+            context.dispatch.overlap_blocks,
+        );
         return Ok(answer);
     }
     if !prepared.request.stream {
@@ -445,7 +487,11 @@ async fn try_engine(
             header::CONTENT_TYPE,
             content_type.unwrap_or(HeaderValue::from_static("application/json")),
         );
-        decorate(&mut answer, context.dispatch.worker);
+        decorate(
+            &mut answer,
+            context.dispatch.worker,
+            context.dispatch.overlap_blocks,
+        );
         return Ok(answer);
     }
     let mut tap = Tap {
@@ -478,7 +524,10 @@ async fn try_engine(
     // The tap finishes the request from here on, whatever happens to the stream.
     ticket.done = true;
     tap.ticket = Some(Ticket::new(front.state.clone(), ticket.request));
-    let worker = tap.context.dispatch.worker;
+    let (worker, overlap) = (
+        tap.context.dispatch.worker,
+        tap.context.dispatch.overlap_blocks,
+    );
     let mut answer = Response::new(Body::from_stream(futures::stream::unfold(
         tap,
         |mut tap| async move {
@@ -492,7 +541,7 @@ async fn try_engine(
         HeaderValue::from_static("text/event-stream"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    decorate(&mut answer, worker);
+    decorate(&mut answer, worker, overlap);
     Ok(answer)
 }
 

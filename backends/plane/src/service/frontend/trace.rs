@@ -150,7 +150,8 @@ fn last_timestamp(file: &mut std::fs::File) -> std::io::Result<u64> {
 pub struct TraceRecorder {
     queue: SyncSender<TraceRow>,
     counts: Arc<TraceCounts>,
-    started: Instant,
+    /// The first row's arrival: timestamps count from it.
+    started: Arc<std::sync::OnceLock<Instant>>,
     /// Added to every row's timestamp: the file's last one when it was opened.
     offset_ms: u64,
     block_size: usize,
@@ -214,7 +215,7 @@ impl TraceRecorder {
         Ok(Self {
             queue,
             counts,
-            started: Instant::now(),
+            started: Arc::new(std::sync::OnceLock::new()),
             offset_ms,
             block_size: block_size.max(1),
             path: path.to_owned(),
@@ -236,9 +237,11 @@ impl TraceRecorder {
         self.counts.clone()
     }
 
-    /// The timestamp of a request that arrived at `arrival`.
+    /// The timestamp of a request that arrived at `arrival`: milliseconds since the
+    /// first row's arrival (after the file's last timestamp when it had rows).
     pub fn timestamp_ms(&self, arrival: Instant) -> u64 {
-        self.offset_ms + arrival.saturating_duration_since(self.started).as_millis() as u64
+        let started = *self.started.get_or_init(|| arrival);
+        self.offset_ms + arrival.saturating_duration_since(started).as_millis() as u64
     }
 
     /// Queues `row`; dropped (and counted) if the queue is full.

@@ -103,7 +103,8 @@ pub struct ServedStats {
     pub prompt_tokens: u64,
     /// Of those, tokens the engine found cached (`prompt_tokens_details.cached_tokens`).
     pub cached_tokens: u64,
-    /// Of those, tokens the router predicted cached (overlap × block size at dispatch).
+    /// Of those, tokens the router predicted cached at dispatch
+    /// ([`predicted_cached_tokens`]).
     pub predicted_cached_tokens: u64,
     /// Output tokens of the requests answered.
     pub generation_tokens: u64,
@@ -435,6 +436,20 @@ impl Serving {
     }
 }
 
+/// The prompt tokens an engine will find cached given the router's overlap: the
+/// overlapping blocks' tokens, but never the prompt's last token, which vLLM always
+/// computes (it needs one to sample from), so a prompt cached whole recomputes its last
+/// block (`vllm/v1/core/kv_cache_manager.py`, `get_computed_blocks`: at most
+/// `prompt_len - 1` tokens are taken from the cache, in whole blocks).
+pub fn predicted_cached_tokens(overlap_blocks: u32, prompt_tokens: u64, block_size: usize) -> u64 {
+    if block_size == 0 || prompt_tokens == 0 {
+        return 0;
+    }
+    let block_size = block_size as u64;
+    let most = (prompt_tokens - 1) / block_size * block_size;
+    (u64::from(overlap_blocks) * block_size).min(most)
+}
+
 /// `ceil(tokens / block_size)`, 0 for a block size of 0.
 fn blocks_of(tokens: u64, block_size: usize) -> u64 {
     if block_size == 0 {
@@ -720,7 +735,7 @@ impl RouterState {
         let prompt_blocks = blocks_of(prompt_tokens, block_size);
         let request = self.serving.next_request;
         self.serving.next_request += 1;
-        let predicted = u64::from(chosen.overlap_blocks) * block_size as u64;
+        let predicted = predicted_cached_tokens(chosen.overlap_blocks, prompt_tokens, block_size);
         self.serving.inflight.insert(
             request,
             InFlight {
@@ -728,7 +743,7 @@ impl RouterState {
                 prompt_tokens,
                 generated: 0,
                 blocks: prompt_blocks,
-                predicted_cached_tokens: predicted.min(prompt_tokens),
+                predicted_cached_tokens: predicted,
             },
         );
         self.serving.sync_load(key);
@@ -743,6 +758,10 @@ impl RouterState {
         engine.active_blocks += prompt_blocks;
         let url = engine.url.clone();
         self.serving.totals.dispatched += 1;
+        self.touch(WorkerWithDpRank {
+            worker: key.worker,
+            dp_rank: 0,
+        });
         let route_seq = self.record_candidates(query.len(), key, &candidates);
         Ok(Dispatch {
             request,
@@ -805,7 +824,10 @@ impl RouterState {
             engine.active_blocks += grown;
         }
         self.serving.sync_load(key);
-        self.bump();
+        self.touch(WorkerWithDpRank {
+            worker: key.worker,
+            dp_rank: 0,
+        });
     }
 
     /// `request` ended on its engine with `outcome`: it leaves the engine's load and

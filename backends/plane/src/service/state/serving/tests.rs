@@ -193,3 +193,15 @@ fn an_engine_has_a_row_before_its_first_event_and_none_after_removal() {
     assert_eq!(state.indexer().pairs(), 0);
     assert!(!state.remove_engine(w(1)));
 }
+
+#[test]
+fn the_prediction_leaves_the_last_token_to_compute_as_vllm_does() {
+    // 16 blocks of a 512-token prompt held: vLLM recomputes the last block.
+    assert_eq!(predicted_cached_tokens(16, 512, 32), 480);
+    // A 552-token prompt: its 17 full blocks may all hit.
+    assert_eq!(predicted_cached_tokens(17, 552, 32), 544);
+    assert_eq!(predicted_cached_tokens(3, 552, 32), 96);
+    assert_eq!(predicted_cached_tokens(1, 31, 32), 0);
+    assert_eq!(predicted_cached_tokens(4, 0, 32), 0);
+    assert_eq!(predicted_cached_tokens(4, 100, 0), 0);
+}
