@@ -67,6 +67,8 @@ fn any_row() -> impl Strategy<Value = WorkerRow> {
                 running: queued,
                 routed: queued,
                 completed: queued,
+                checked: state == 0,
+                down_reason: (state == 2).then(|| "connection refused".to_string()),
             },
         )
 }

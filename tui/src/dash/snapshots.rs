@@ -63,6 +63,7 @@ fn worker_row(w: u64, t: u64, capacity: bool) -> WorkerRow {
         running: capacity.then_some(8 + w % 5),
         routed: capacity.then_some(t * 3 + w),
         completed: capacity.then_some(t * 3),
+        ..WorkerRow::default()
     }
 }
 
@@ -127,6 +128,7 @@ fn fixture(kind: SourceKind, workers: u64) -> App {
                 // Cumulative, so it only grows: the per-second ratio wanders around 55%.
                 hit_blocks: lookup * 55 / 100 + t * t,
                 apply_latency_p99_s: (!sim).then_some(0.00042),
+                serving: None,
             }),
             routes: if kind == SourceKind::Replica {
                 Vec::new()
