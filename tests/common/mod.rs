@@ -87,6 +87,10 @@ pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
         "reasoning-priority.ron",
         "12e12234dec3450f0e3fe68baa22690a2c52af3ff71ae7b0efd52cad43ce7399",
     ),
+    (
+        "vllm-cpu-tiny.ron",
+        "23944704d3e603119bf6ac04a9ba964914880b95639d8dad68d96196373e5ebb",
+    ),
 ];
 
 /// Whether the JSON report of scenario file `file` has the digest [`REPORT_DIGESTS`]

@@ -1,8 +1,9 @@
 //! The router service's HTTP/JSON API (axum).
 //!
-//! Owns: [`app`] and [`app_with`] (the routes, behind `auth::require_token` when a token
-//! is set), [`serve`] and [`serve_with`] (plain HTTP or HTTPS, [`Transport`]), the
-//! request and response bodies.
+//! Owns: [`app`], [`app_with`] and [`app_full`] (the routes, the front door's too when
+//! the router fronts engines (`super::frontend`), behind `auth::require_token` when a
+//! token is set), [`serve`], [`serve_with`] and [`serve_app`] (plain HTTP or HTTPS,
+//! [`Transport`]), the request and response bodies.
 //! - `POST /v1/route` with `{"tokens": [u32, ...]}` (hashed with the router's block size;
 //!   with `"lora_name"` and/or `"cache_salt"` beside them, under that adapter's and salt's
 //!   seed as Dynamo hashes them, so only blocks of the same adapter and salt match; 503
@@ -12,6 +13,8 @@
 //!   n}}, "query_blocks": n}`. Keys are worker ids as strings (JSON object keys), with
 //!   `:d` appended for data-parallel ranks above 0. `worker` is `null` while no worker is
 //!   known.
+//!   When the router fronts engines, `worker` is the one it would dispatch to (engines
+//!   up only, their load weighed: `RouterState::choose_engine`), `null` when none is up.
 //!   Each answer is also recorded (see `RouterState::record_route`) for the stream.
 //! - `GET /v1/workers`: `{"workers": [{"worker": W, "dp_rank": d, "blocks": {"device": n,
 //!   "host": n, "disk": n, "remote": n}, "last_event_id": n|null, "events": n, "gaps": n,
@@ -20,14 +23,19 @@
 //!   "indexed_blocks": n, "evicted_blocks": n, "evicted_removals": n,
 //!   "stored_under_evicted": n, "engine_hash_evictions": n, "over_declared": bool|null,
 //!   "block_digest": "16 hex digits", "status": "ok"|"block_size_mismatch",
-//!   "block_size": null|{"events": n, "router": n}}]}`: each
+//!   "block_size": null|{"events": n, "router": n}, "engine": null|{...}}]}`: each
 //!   worker rank's cached blocks (as it reports them), last event id, stream integrity
 //!   counters (see `WorkerIntegrity`; gaps count occurrences), the blocks the index holds
 //!   for it and what the index budget evicted (see `WorkerEvictions`); `over_declared` is
 //!   null unless the router was told the workers' capacity. `block_digest` is
 //!   `translate::block_digest` of the engine block hashes (and tiers) it holds, in hex: a
 //!   worker (or a test) that computes the same over its own cache knows the router's view
-//!   of it is exact. `status` is `block_size_mismatch` while the rank's batches are
+//!   of it is exact. `engine` (rank 0 of a worker the router fronts, `--engine`): its
+//!   `url`, `health` (`up`, `down`, `unknown`), `down_reason`, `models`, `adapters`,
+//!   `active_requests`, `active_blocks`, `dispatched`, `succeeded`, `retried`, `failed`,
+//!   `prompt_tokens`, `cached_tokens`, `predicted_cached_tokens`, `generation_tokens`,
+//!   and `ttft_p50_s`, `ttft_p99_s`, `itl_p50_s`, `itl_p99_s` (bucket bounds, null
+//!   without observations). `status` is `block_size_mismatch` while the rank's batches are
 //!   refused for announcing `block_size.events`-token blocks against the router's
 //!   `block_size.router` (until one of its events is applied).
 //! - `GET /v1/stream`: server-sent events. Every 100 ms the handler looks at the state
@@ -53,7 +61,10 @@
 //!          "routes_missed":0}
 //!   ```
 //!
-//!   (on one line on the wire). Each client has its own cursor and is sent at most one
+//!   (on one line on the wire). A router fronting engines adds `"engine"` to their rows
+//!   (health, down reason, requests running and served, tokens) and `"serving"` to the
+//!   counters (engines up, requests in flight, served, failed, retried, refused, tokens,
+//!   TTFT / ITL / e2e percentiles). Each client has its own cursor and is sent at most one
 //!   message per tick, written before the next is built: nothing queues. A client that
 //!   reconnects starts again from a full snapshot.
 //! - `GET /healthz`: `ok` while the process serves. `GET /readyz`: 503 with
