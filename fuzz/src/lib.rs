@@ -1,7 +1,8 @@
 //! The bodies of kvtwin's fuzz targets and their seed corpus, one function per decoder
 //! that reads bytes from outside the process: vLLM / SGLang ZMQ frames, Dynamo's NATS
 //! payloads (JSON events and msgpack envelopes), MRDN frames, scenario RON, Mooncake trace
-//! lines, the router's HTTP request bodies and the `/v1/stream` SSE body a client reads.
+//! lines, the router's HTTP request bodies, the `/v1/stream` SSE body a client reads, and
+//! the OpenAI request bodies and answers the router's front door reads.
 //!
 //! Owns: [`TARGETS`] (name → body), the frame split every multi-frame target shares
 //! ([`split_frames`], [`join_frames`]) and [`seeds`] (a corpus from the project's own
@@ -32,7 +33,7 @@ use std::sync::{Arc, Mutex};
 pub type Body = fn(&[u8]);
 
 /// Every target: its name (the `fuzz/targets/fuzz_targets/NAME.rs` binary) and its body.
-pub const TARGETS: [(&str, Body); 9] = [
+pub const TARGETS: [(&str, Body); 10] = [
     ("engine_zmq", engine_zmq),
     ("zmq_frames", zmq_frames),
     ("nats_json", nats_json),
@@ -42,6 +43,7 @@ pub const TARGETS: [(&str, Body); 9] = [
     ("trace_lines", trace_lines),
     ("http_route", http_route),
     ("sse_stream", sse_stream),
+    ("openai_request", openai_request),
 ];
 
 /// Splits `data` into frames, each a length byte then that many bytes (the last frame
@@ -201,6 +203,40 @@ pub fn http_route(data: &[u8]) {
     });
 }
 
+/// What the front door reads from outside: a client's OpenAI request body (for both
+/// endpoints; one it accepts is forwarded as a JSON object with the client's fields, a
+/// stream asking for its usage), and an engine's answer or stream chunk (usage, tokens).
+pub fn openai_request(data: &[u8]) {
+    use kvtwin_plane::service::frontend::openai::{chunk_tokens, parse, usage_of, Endpoint};
+    for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
+        let Ok(request) = parse(endpoint, data) else {
+            continue;
+        };
+        let forwarded: serde_json::Value =
+            serde_json::from_slice(&request.forward_body()).expect("the forwarded body is JSON");
+        let original: serde_json::Value = serde_json::from_slice(data).expect("it parsed");
+        let (Some(forwarded), Some(original)) = (forwarded.as_object(), original.as_object())
+        else {
+            panic!("a request body is an object");
+        };
+        for (field, value) in original {
+            if field != "stream_options" {
+                assert_eq!(forwarded.get(field), Some(value), "{field} changed");
+            }
+        }
+        if request.stream {
+            assert_eq!(
+                forwarded["stream_options"]["include_usage"],
+                serde_json::Value::Bool(true)
+            );
+        }
+    }
+    if let Ok(answer) = serde_json::from_slice::<serde_json::Value>(data) {
+        let _ = usage_of(&answer);
+        let _ = chunk_tokens(&answer);
+    }
+}
+
 /// The `/v1/stream` body a client reads: the SSE parser over chunks as they might arrive
 /// (split where the frame format says), and each `delta` event's data as a stream message.
 pub fn sse_stream(data: &[u8]) {
@@ -351,6 +387,16 @@ pub fn seeds(repo: &Path) -> Vec<(&'static str, Vec<u8>)> {
         br#"{"tokens":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16],"lora_name":"a","cache_salt":"t"}"#
             .to_vec(),
     ));
+    for body in [
+        &br#"{"model":"tiny-llama","prompt":[1,2,3,4],"max_tokens":8,"stream":true}"#[..],
+        br#"{"model":"tiny-llama","prompt":"Hello","cache_salt":"tenant-a","add_special_tokens":false}"#,
+        br#"{"model":"m","prompt":[[5,6]],"stream":true,"stream_options":{"include_usage":true}}"#,
+        br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":false}"#,
+        br#"{"choices":[],"usage":{"prompt_tokens":256,"completion_tokens":8,"prompt_tokens_details":{"cached_tokens":224}}}"#,
+        br#"{"choices":[{"index":0,"text":"x","token_ids":[5,6]},{"delta":{"content":"y"}}]}"#,
+    ] {
+        out.push(("openai_request", body.to_vec()));
+    }
     // The first message a stream client gets from an empty router: its snapshot.
     let message = StreamCursor::new().next(&RouterState::new(16));
     if let Some(Ok(json)) = message.map(|m| serde_json::to_string(&m)) {
