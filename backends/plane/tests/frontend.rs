@@ -351,7 +351,7 @@ fn router_blocks_locked(state: &RouterState, worker: u64) -> u64 {
 }
 
 #[test]
-fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_and_is_marked_down() {
+fn a_stream_cut_mid_way_ends_with_an_error_and_the_health_check_decides_the_engine() {
     let one = engine();
     let router = router(&[(1, &one)], None);
     one.set_fault(Fault::DieAfterChunks(2));
@@ -377,10 +377,11 @@ fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_and_is_marked_down()
     let totals = state.serving().totals();
     assert_eq!(totals.failed_total(), 1);
     assert_eq!(state.serving().inflight(), 0);
-    assert!(matches!(
+    // A cut connection alone says nothing of the engine: it still answers its check.
+    assert_eq!(
         state.serving().engine(WorkerId::new(1)).unwrap().health,
-        EngineHealth::Down { .. }
-    ));
+        EngineHealth::Up
+    );
 }
 
 #[test]

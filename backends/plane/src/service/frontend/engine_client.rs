@@ -55,7 +55,11 @@ pub enum EngineError {
         /// What is wrong.
         reason: &'static str,
     },
-    /// No connection (refused, unreachable, or the connect timed out).
+    /// The connection was refused: nothing listens on the engine's port (its process
+    /// is gone, or not started yet).
+    #[error("connection refused: {0}")]
+    Refused(String),
+    /// No connection otherwise (unreachable, or the connect timed out).
     #[error("cannot connect: {0}")]
     Connect(String),
     /// The connection broke before or during the answer.
@@ -74,6 +78,7 @@ impl EngineError {
     pub fn reason(&self) -> &'static str {
         match self {
             EngineError::BadUrl { .. } => "bad_engine_url",
+            EngineError::Refused(_) => "engine_refused_connection",
             EngineError::Connect(_) => "engine_unreachable",
             EngineError::Broken(_) => "engine_connection_broken",
             EngineError::Timeout(_) => "engine_timeout",
@@ -81,18 +86,36 @@ impl EngineError {
         }
     }
 
-    /// Whether it means the engine process is gone (its connection refused or cut):
-    /// the engine is then marked down at once, not at the next health check.
+    /// Whether it means the engine's process is gone, so its cache is too: only a
+    /// refused connection says so. A connection cut or timed out may be an engine that
+    /// is alive but slow, or a network that failed; the health check decides those.
     pub fn engine_gone(&self) -> bool {
-        matches!(self, EngineError::Connect(_) | EngineError::Broken(_))
+        matches!(self, EngineError::Refused(_))
     }
 
     fn of(error: hyper_util::client::legacy::Error) -> Self {
         if error.is_connect() {
+            if refused(&error) {
+                return EngineError::Refused(describe(&error));
+            }
             return EngineError::Connect(describe(&error));
         }
         EngineError::Broken(describe(&error))
     }
+}
+
+/// Whether an error's chain holds a refused connection.
+fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(cause) = next {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                return true;
+            }
+        }
+        next = cause.source();
+    }
+    false
 }
 
 /// An error and its sources on one line.
@@ -145,13 +168,15 @@ pub struct EngineClient {
 }
 
 impl EngineClient {
-    /// A client with `timeouts`; idle connections are kept 30 s, at most 64 per engine.
+    /// A client with `timeouts`; idle connections are kept 4 s (below uvicorn's 5 s
+    /// keep-alive, which vLLM's server uses, so the pool never hands out a connection the
+    /// engine is closing), at most 64 per engine.
     pub fn new(timeouts: EngineTimeouts) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(timeouts.connect));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(Duration::from_secs(4))
             .pool_max_idle_per_host(64)
             .build(connector);
         Self { client, timeouts }
@@ -313,7 +338,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_closed_port_is_unreachable_and_means_the_engine_is_gone() {
+    async fn a_closed_port_refuses_and_means_the_engine_is_gone() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         drop(listener);
@@ -323,6 +348,6 @@ mod tests {
             .await
             .unwrap_err();
         assert!(error.engine_gone(), "{error}");
-        assert_eq!(error.reason(), "engine_unreachable");
+        assert_eq!(error.reason(), "engine_refused_connection");
     }
 }

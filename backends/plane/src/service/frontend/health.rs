@@ -5,10 +5,12 @@
 //! Owns: [`HealthConfig`], [`run_health_checks`] (the task) and [`models_of`] (the
 //! `/v1/models` answer read).
 //! An engine is up after one answered check, down after `failures_to_down` failed ones
-//! in a row (or at once when a request to it finds it gone: the proxy marks that), so a
-//! killed engine is out of the choice within about `period × failures_to_down + probe
-//! timeout` (3 s by default), and an idle healthy engine stays up however long it
-//! publishes no events (vLLM sends no heartbeats).
+//! in a row (or at once when a request to it finds its port refusing: the proxy marks
+//! that), so a killed engine is out of the choice within about `period ×
+//! failures_to_down + probe timeout` (3 s by default), and an idle healthy engine stays
+//! up however long it publishes no events (vLLM sends no heartbeats). An engine whose
+//! port refuses is gone, its cache with it (`RouterState::mark_engine_gone`); one
+//! that times out or answers errors is down but keeps the router's view of its cache.
 //! Never: hold the state's lock across a probe (the engines are probed together, then
 //! the results applied).
 
@@ -67,12 +69,24 @@ pub fn models_of(answer: &Value) -> Option<(Vec<String>, Vec<String>)> {
     Some((models, adapters))
 }
 
+/// A failed check: why, and whether the engine's process is gone (its port refuses).
+struct Failed {
+    reason: String,
+    gone: bool,
+}
+
 /// One engine's check: `Ok` when `/health` answered 200, else why not.
-async fn check(client: &EngineClient, url: &str) -> Result<(), String> {
+async fn check(client: &EngineClient, url: &str) -> Result<(), Failed> {
     match client.get(url, "/health", HEALTH_BODY_LIMIT).await {
         Ok((status, _)) if status.is_success() => Ok(()),
-        Ok((status, _)) => Err(format!("/health answered HTTP {}", status.as_u16())),
-        Err(error) => Err(format!("/health: {error}")),
+        Ok((status, _)) => Err(Failed {
+            reason: format!("/health answered HTTP {}", status.as_u16()),
+            gone: false,
+        }),
+        Err(error) => Err(Failed {
+            reason: format!("/health: {error}"),
+            gone: error.engine_gone(),
+        }),
     }
 }
 
@@ -135,11 +149,23 @@ pub async fn run_health_checks(
                     });
                     Some(EngineHealth::Up)
                 }
-                Err(reason) => {
+                Err(failed) => {
                     tally.failures += 1;
                     tally.checks_since_models = None;
-                    (tally.failures >= config.failures_to_down)
-                        .then_some(EngineHealth::Down { reason })
+                    if tally.failures >= config.failures_to_down {
+                        let mut state = lock(&state);
+                        if failed.gone {
+                            state.mark_engine_gone(worker, failed.reason);
+                        } else {
+                            state.set_engine_health(
+                                worker,
+                                EngineHealth::Down {
+                                    reason: failed.reason,
+                                },
+                            );
+                        }
+                    }
+                    None
                 }
             };
             if let Some(health) = health {

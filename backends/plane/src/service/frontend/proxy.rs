@@ -23,7 +23,7 @@ use super::Frontend;
 use crate::service::http::{lock, SharedState};
 use crate::service::sse::{SseEvent, SseParser};
 use crate::service::state::serving::predicted_cached_tokens;
-use crate::service::state::{Dispatch, DispatchError, EngineHealth, Outcome, Served};
+use crate::service::state::{Dispatch, DispatchError, Outcome, Served};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -194,7 +194,7 @@ impl Drop for Ticket {
 struct Failure {
     reason: &'static str,
     message: String,
-    /// The engine's process is gone: mark it down now.
+    /// The engine's port refuses: its process is gone, mark it so now.
     engine_gone: bool,
     /// Another engine may answer.
     retryable: bool,
@@ -343,12 +343,7 @@ async fn handle(
             Ok(response) => return response,
             Err(failure) => {
                 if failure.engine_gone {
-                    lock(&front.state).set_engine_health(
-                        worker,
-                        EngineHealth::Down {
-                            reason: failure.message.clone(),
-                        },
-                    );
+                    lock(&front.state).mark_engine_gone(worker, failure.message.clone());
                 }
                 let last = attempt == front.config.retries;
                 failures.push(format!("engine {worker}: {}", failure.message));
@@ -697,12 +692,8 @@ impl Tap {
         let message = match failure {
             Some(failure) => {
                 if failure.engine_gone {
-                    lock(&self.context.front.state).set_engine_health(
-                        worker,
-                        EngineHealth::Down {
-                            reason: failure.message.clone(),
-                        },
-                    );
+                    lock(&self.context.front.state)
+                        .mark_engine_gone(worker, failure.message.clone());
                 }
                 ticket.finish(&Outcome::Failed {
                     reason: failure.reason,

@@ -536,10 +536,22 @@ impl RouterState {
         ranks
     }
 
+    /// Marks `worker`'s engine down because its process is gone (its port refuses
+    /// connections), and clears the blocks the index held for it: a dead engine's cache
+    /// is gone, and a restarted one publishes anew (its source counts the restart when
+    /// the sequence starts over). Whether the health changed.
+    pub fn mark_engine_gone(&mut self, worker: WorkerId, reason: String) -> bool {
+        let changed = self.set_engine_health(worker, EngineHealth::Down { reason });
+        if self.serving.engines.contains_key(&worker) {
+            self.clear_blocks_of(worker);
+        }
+        changed
+    }
+
     /// Records what the health check (or a failed request) found of `worker`'s engine.
-    /// Up makes its ranks candidates; down takes them out and clears the blocks the
-    /// index held for them (a dead engine's cache is gone; a restarted one publishes
-    /// anew). Whether the health changed.
+    /// Up makes its ranks candidates; down takes them out, keeping the router's view of
+    /// its cache (an engine that timed out may come back with its cache whole; one whose
+    /// process is gone is [`RouterState::mark_engine_gone`]). Whether the health changed.
     pub fn set_engine_health(&mut self, worker: WorkerId, health: EngineHealth) -> bool {
         let Some(engine) = self.serving.engines.get(&worker) else {
             return false;
@@ -547,7 +559,6 @@ impl RouterState {
         if engine.health == health {
             return false;
         }
-        let was = engine.health.clone();
         match &health {
             EngineHealth::Up => {
                 tracing::info!(worker = worker.get(), "engine {worker} is up");
@@ -559,9 +570,6 @@ impl RouterState {
             EngineHealth::Down { reason } => {
                 tracing::warn!(worker = worker.get(), "engine {worker} is down: {reason}");
                 self.serving.scheduler.remove_workers_of(worker);
-                if was == EngineHealth::Up {
-                    self.clear_blocks_of(worker);
-                }
             }
             EngineHealth::Unknown => self.serving.scheduler.remove_workers_of(worker),
         }

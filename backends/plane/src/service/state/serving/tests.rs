@@ -78,22 +78,32 @@ fn overlap_wins_over_a_small_load_and_load_wins_over_a_small_overlap() {
 }
 
 #[test]
-fn a_down_engine_takes_nothing_and_loses_its_blocks_without_a_restart() {
+fn a_down_engine_takes_nothing_and_a_gone_one_loses_its_blocks_without_a_restart() {
     let mut state = state_with_engines(2);
     state.apply_batch(&[stored(1, 0, None, &[(0x11, 10), (0x12, 20)])]);
+    let blocks = |state: &RouterState| {
+        let row = state
+            .workers()
+            .into_iter()
+            .find(|r| r.key.worker == w(1))
+            .unwrap();
+        (row.blocks, row.integrity.restarts)
+    };
+    // Down (timed out): not routed to, its cache as the router saw it kept.
     assert!(state.set_engine_health(
         w(1),
         EngineHealth::Down {
-            reason: "connection refused".into()
+            reason: "timed out".into()
         }
     ));
-    let row = state
-        .workers()
-        .into_iter()
-        .find(|r| r.key.worker == w(1))
-        .unwrap();
-    assert_eq!(row.blocks, [0; 4]);
-    assert_eq!(row.integrity.restarts, 0);
+    assert_eq!(blocks(&state), ([2, 0, 0, 0], 0));
+    // Gone (its port refuses): its cache with it.
+    state.mark_engine_gone(w(1), "connection refused".into());
+    assert_eq!(
+        blocks(&state),
+        ([0; 4], 0),
+        "cleared, and no restart counted"
+    );
     for _ in 0..10 {
         let dispatch = state
             .dispatch(&[LocalBlockHash::new(10)], 8, None, &[])
