@@ -654,16 +654,21 @@ impl RouterState {
     /// Clears everything `worker` (every rank) held: its engine restarted. See
     /// [`RouterState::restart_ranks`].
     pub fn restart_worker(&mut self, worker: WorkerId) {
+        let ranks: Vec<u32> = self
+            .rows_of(worker)
+            .into_iter()
+            .map(|key| key.dp_rank)
+            .collect();
+        self.restart_ranks(worker, &ranks);
+    }
+
+    /// The rows of every rank of `worker`, in rank order.
+    fn rows_of(&self, worker: WorkerId) -> Vec<WorkerWithDpRank> {
         let range = WorkerWithDpRank { worker, dp_rank: 0 }..=WorkerWithDpRank {
             worker,
             dp_rank: u32::MAX,
         };
-        let ranks: Vec<u32> = self
-            .workers
-            .range(range)
-            .map(|(key, _)| key.dp_rank)
-            .collect();
-        self.restart_ranks(worker, &ranks);
+        self.workers.range(range).map(|(key, _)| *key).collect()
     }
 
     /// Clears what `ranks` of `worker` held: the engine process serving those

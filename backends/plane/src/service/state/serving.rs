@@ -501,17 +501,7 @@ impl RouterState {
             return false;
         }
         self.serving.scheduler.remove_workers_of(worker);
-        let ranks: Vec<WorkerWithDpRank> = self
-            .workers
-            .range(
-                WorkerWithDpRank { worker, dp_rank: 0 }..=WorkerWithDpRank {
-                    worker,
-                    dp_rank: u32::MAX,
-                },
-            )
-            .map(|(key, _)| *key)
-            .collect();
-        for key in ranks {
+        for key in self.rows_of(worker) {
             self.forget_rank(key);
         }
         tracing::info!("engine {worker} removed");
@@ -520,16 +510,7 @@ impl RouterState {
 
     /// The ranks of `worker` known from its events (rank 0 when none).
     fn ranks_of(&self, worker: WorkerId) -> Vec<WorkerWithDpRank> {
-        let mut ranks: Vec<WorkerWithDpRank> = self
-            .workers
-            .range(
-                WorkerWithDpRank { worker, dp_rank: 0 }..=WorkerWithDpRank {
-                    worker,
-                    dp_rank: u32::MAX,
-                },
-            )
-            .map(|(key, _)| *key)
-            .collect();
+        let mut ranks = self.rows_of(worker);
         if ranks.is_empty() {
             ranks.push(WorkerWithDpRank { worker, dp_rank: 0 });
         }
