@@ -151,7 +151,9 @@ fn converge(address: &str, views: &BTreeMap<u64, EngineView>, what: &str) {
 /// One request through the router: (status, headers, body).
 fn send(address: &str, path: &str, body: &Value) -> (u16, BTreeMap<String, String>, String) {
     let mut stream = TcpStream::connect(address).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
     let body = body.to_string();
     write!(
         stream,
@@ -166,7 +168,10 @@ fn send(address: &str, path: &str, body: &Value) -> (u16, BTreeMap<String, Strin
 
 fn parse_response(response: &str) -> (u16, BTreeMap<String, String>, String) {
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((response, ""));
-    let status = head.get(9..12).and_then(|code| code.parse().ok()).unwrap_or(0);
+    let status = head
+        .get(9..12)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
     let headers: BTreeMap<String, String> = head
         .lines()
         .skip(1)
@@ -306,7 +311,10 @@ fn two_real_engines_behind_the_router() {
             recomputed += 1;
             assert_eq!(cached, predicted - BLOCK as u64, "request {k} on {worker}");
         } else {
-            assert_eq!(cached, predicted, "request {k} on engine {worker}: {answer}");
+            assert_eq!(
+                cached, predicted,
+                "request {k} on engine {worker}: {answer}"
+            );
         }
         converge(&address, &views, &format!("after request {k}"));
     }
@@ -314,7 +322,9 @@ fn two_real_engines_behind_the_router() {
     let (_, metrics) = http(&address, "GET", "/metrics", "");
     for worker in [1, 2] {
         assert!(
-            metrics.contains(&format!("kvtwin_router_request_success_total{{worker_id=\"{worker}\"}}")),
+            metrics.contains(&format!(
+                "kvtwin_router_request_success_total{{worker_id=\"{worker}\"}}"
+            )),
             "{metrics}"
         );
     }
@@ -326,7 +336,10 @@ fn two_real_engines_behind_the_router() {
     let text = std::fs::read_to_string(&trace).unwrap();
     let rows: Vec<&str> = text.lines().take(50).collect();
     std::fs::write(&fifty, rows.join("\n") + "\n").unwrap();
-    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/vllm-cpu-tiny.ron");
+    let scenario = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scenarios/vllm-cpu-tiny.ron"
+    );
     let report = kvtwin(&["run", scenario, "--trace", fifty.to_str().unwrap()]);
     assert!(report.contains("50 arrived, 50 completed"), "{report}");
 
@@ -337,10 +350,18 @@ fn two_real_engines_behind_the_router() {
     assert_eq!(overlap, 0);
     converge(&address, &views, "after the first salted request");
     let (answer, _, overlap) = complete(&address, &model, &salted, salt("tenant-b"));
-    assert_eq!((overlap, cached_tokens(&answer)), (0, 0), "another salt shares nothing");
+    assert_eq!(
+        (overlap, cached_tokens(&answer)),
+        (0, 0),
+        "another salt shares nothing"
+    );
     converge(&address, &views, "after the second salt");
     let (answer, _, overlap) = complete(&address, &model, &salted, json!({}));
-    assert_eq!((overlap, cached_tokens(&answer)), (0, 0), "no salt shares nothing");
+    assert_eq!(
+        (overlap, cached_tokens(&answer)),
+        (0, 0),
+        "no salt shares nothing"
+    );
     converge(&address, &views, "after the unsalted request");
     let (answer, worker, overlap) = complete(&address, &model, &salted, salt("tenant-a"));
     assert_eq!(worker, first, "the salt's own blocks draw it back");
@@ -383,7 +404,9 @@ fn two_real_engines_behind_the_router() {
     let body = json!({"model": model, "prompt": prompt(200, 4, 0, 3), "max_tokens": 400,
                       "ignore_eos": true, "stream": true});
     let mut stream = TcpStream::connect(&address).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
     let text = body.to_string();
     write!(
         stream,
@@ -410,16 +433,20 @@ fn two_real_engines_behind_the_router() {
         "the stream ends with a clear error: {}",
         &streamed[streamed.len().saturating_sub(600)..]
     );
-    let down_after = wait_until("the killed engine marked down", Duration::from_secs(5), || {
-        router_view(&address, victim).2["engine"]["health"] == "down"
-    });
+    let down_after = wait_until(
+        "the killed engine marked down",
+        Duration::from_secs(5),
+        || router_view(&address, victim).2["engine"]["health"] == "down",
+    );
     eprintln!(
         "{test}: engine {victim} killed; down in the router after {:?}",
         killed.elapsed().max(down_after)
     );
     let (_, metrics) = http(&address, "GET", "/metrics", "");
     assert!(
-        metrics.contains(&format!("kvtwin_router_engine_up{{worker_id=\"{victim}\"}} 0")),
+        metrics.contains(&format!(
+            "kvtwin_router_engine_up{{worker_id=\"{victim}\"}} 0"
+        )),
         "{metrics}"
     );
     let frame = kvtwin(&["dash", "--router", &format!("http://{address}"), "--once"]);
@@ -449,7 +476,10 @@ fn two_real_engines_behind_the_router() {
         restarts_before + 1,
         "one restart counted once: {row}"
     );
-    assert!(blocks > 0 && blocks <= 64, "blocks from the new stream only: {row}");
+    assert!(
+        blocks > 0 && blocks <= 64,
+        "blocks from the new stream only: {row}"
+    );
 
     // 5. A router with the wrong block size says so.
     let engine = cluster.engine(survivor);
@@ -466,10 +496,14 @@ fn two_real_engines_behind_the_router() {
         "127.0.0.1:0",
     ]);
     let wrong_address = listening_on(&wrong);
-    wait_until("the wrong block size in /readyz", Duration::from_secs(15), || {
-        let (status, why) = http(&wrong_address, "GET", "/readyz", "");
-        status == 503 && why.contains("block size")
-    });
+    wait_until(
+        "the wrong block size in /readyz",
+        Duration::from_secs(15),
+        || {
+            let (status, why) = http(&wrong_address, "GET", "/readyz", "");
+            status == 503 && why.contains("block size")
+        },
+    );
     let (_, why) = http(&wrong_address, "GET", "/readyz", "");
     eprintln!("{test}: a router at block size 64: /readyz {why}");
     drop(router);
