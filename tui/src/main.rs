@@ -11,6 +11,7 @@ mod bench_cuda;
 mod bench_dash;
 mod bench_gemm;
 mod bench_relay;
+mod bench_serve;
 mod bench_sim;
 mod bench_soak;
 mod calibrate;
@@ -205,6 +206,11 @@ enum Bench {
     /// Time the dashboard: frames per view and size, update ingest, the replica path at
     /// the event rate, key press to frame and replay speed; one JSON line.
     Dash(bench_dash::DashBenchArgs),
+    /// Load an OpenAI-compatible server (`kvtwin router --engine`, or one vLLM engine)
+    /// with token-id completions: shared prefixes in a closed or open loop, or a
+    /// Mooncake trace replayed; TTFT, ITL, end to end, throughput, cached tokens and
+    /// requests per worker as one JSON line (a table on stderr).
+    Serve(bench_serve::ServeArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -296,6 +302,7 @@ fn main() -> Result<()> {
         Command::Bench(Bench::Relay(args)) => bench_relay::run(&args),
         Command::Bench(Bench::Soak(args)) => bench_soak::run(&args),
         Command::Bench(Bench::Dash(args)) => bench_dash::run(&args),
+        Command::Bench(Bench::Serve(args)) => bench_serve::run(&args),
         Command::Sweep(args) => sweep::run(&args),
         Command::Router(args) => service::router(&args),
         Command::Dash(args) => dash::cli::dash(&args),

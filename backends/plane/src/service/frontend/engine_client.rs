@@ -4,13 +4,15 @@
 //! Owns: [`EngineClient`], [`EngineTimeouts`], [`EngineError`] (each failure with a stable
 //! reason and whether it means the engine is gone) and [`BodyReader`] (an answer's body
 //! read frame by frame, each frame under the idle deadline, the whole under a size
-//! bound).
+//! bound). A client may carry a bearer credential (`kvtwin bench serve` through a
+//! router behind a token), sent on every request, marked sensitive.
 //! Never: retry (the proxy decides), or decide an engine's health (it reports what
 //! happened; the proxy and the health check mark engines down).
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper::header::HeaderValue;
 use hyper::{header, Method, Request, Response, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -165,6 +167,7 @@ pub fn check_engine_url(url: &str) -> Result<String, EngineError> {
 pub struct EngineClient {
     client: Client<HttpConnector, Full<Bytes>>,
     timeouts: EngineTimeouts,
+    authorization: Option<HeaderValue>,
 }
 
 impl EngineClient {
@@ -179,7 +182,20 @@ impl EngineClient {
             .pool_idle_timeout(Duration::from_secs(4))
             .pool_max_idle_per_host(64)
             .build(connector);
-        Self { client, timeouts }
+        Self {
+            client,
+            timeouts,
+            authorization: None,
+        }
+    }
+
+    /// The same client sending `authorization` (an `Authorization` header's value, e.g.
+    /// [`AuthToken::authorization`](crate::service::auth::AuthToken::authorization)) on
+    /// every request; it is marked sensitive so no `Debug` output shows it.
+    pub fn with_authorization(mut self, mut authorization: HeaderValue) -> Self {
+        authorization.set_sensitive(true);
+        self.authorization = Some(authorization);
+        self
     }
 
     /// The deadlines it keeps.
@@ -205,6 +221,9 @@ impl EngineClient {
         for (name, value) in headers {
             request = request.header(*name, value);
         }
+        if let Some(authorization) = &self.authorization {
+            request = request.header(header::AUTHORIZATION, authorization.clone());
+        }
         let request = request
             .body(Full::new(body))
             .map_err(|_| EngineError::BadUrl {
@@ -227,9 +246,13 @@ impl EngineClient {
         path: &str,
         limit: usize,
     ) -> Result<(StatusCode, Bytes), EngineError> {
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(Method::GET)
-            .uri(format!("{url}{path}"))
+            .uri(format!("{url}{path}"));
+        if let Some(authorization) = &self.authorization {
+            request = request.header(header::AUTHORIZATION, authorization.clone());
+        }
+        let request = request
             .body(Full::new(Bytes::new()))
             .map_err(|_| EngineError::BadUrl {
                 url: url.to_string(),
