@@ -172,10 +172,7 @@ pub(super) async fn remove(State(front): State<Arc<Frontend>>, Path(id): Path<u6
         tokio::task::spawn_blocking(move || front.remove_engine(worker)).await
     };
     match removed {
-        Ok(true) => {
-            tracing::info!("engine {worker} removed");
-            Json(json!({ "removed": id })).into_response()
-        }
+        Ok(true) => Json(json!({ "removed": id })).into_response(),
         Ok(false) => error(
             StatusCode::NOT_FOUND,
             &format!("no engine {id}"),
