@@ -77,10 +77,13 @@ impl Failure {
 
     fn of(error: &EngineError) -> Self {
         match error {
-            EngineError::Connect(_) | EngineError::BadUrl { .. } => Failure::Connect,
+            // Listed whole (no wildcard), so a new kind of failure is placed on purpose.
+            EngineError::Refused(_) | EngineError::Connect(_) | EngineError::BadUrl { .. } => {
+                Failure::Connect
+            }
             EngineError::Timeout(_) => Failure::Timeout,
             EngineError::TooLarge(_) => Failure::TooLarge,
-            _ => Failure::Broken,
+            EngineError::Broken(_) => Failure::Broken,
         }
     }
 }
