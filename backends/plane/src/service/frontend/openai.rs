@@ -385,6 +385,22 @@ mod tests {
     }
 
     #[test]
+    fn a_clients_numbers_reach_the_engine_as_written() {
+        // A float whose default (fast) parse lands one ulp off the nearest double: the
+        // openai_request fuzz target found the forwarded value differing from the parsed
+        // one until serde_json's float_roundtrip feature was on.
+        let body = br#"{"prompt":[1,2],"temperature":3142222222222222222222222222222222222222222222222222222222222222222222222222222222,"top_p":0.123456789012345678}"#;
+        let request = parse(Endpoint::Completions, body).unwrap();
+        let forwarded: Value = serde_json::from_slice(&request.forward_body()).unwrap();
+        let original: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(forwarded, original);
+        assert_eq!(
+            forwarded["temperature"].as_f64(),
+            Some(3.1422222222222222e81)
+        );
+    }
+
+    #[test]
     fn usage_and_chunk_tokens_are_read_from_vllm_answers() {
         let answer = json!({"choices":[{"text":"abc"}],"usage":{"prompt_tokens":256,
             "completion_tokens":8,"total_tokens":264,"prompt_tokens_details":{"cached_tokens":224}}});
