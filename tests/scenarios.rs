@@ -9,6 +9,9 @@ mod common;
 use kvtwin_sim::cluster::simulate;
 use kvtwin_sim::scenario::Scenario;
 use kvtwin_sim::validation::{is_validation_file, run_script, SimArm, ValidationScenario};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 #[test]
 fn every_scenario_runs_to_completion_and_its_events_rebuild_the_pools() {
@@ -29,69 +32,90 @@ fn every_scenario_runs_to_completion_and_its_events_rebuild_the_pools() {
             "REPORT_DIGESTS names {file}, which is not in scenarios/"
         );
     }
-    let mut changed = Vec::new();
-    for path in paths {
-        let file = path.file_name().unwrap().to_str().unwrap().to_string();
-        let scenario = Scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
-        // Synthetic requests, reshaped by the scenario's traffic section if it has one.
-        let Some(requests) = scenario.synthetic_requests().unwrap() else {
-            eprintln!(
-                "{}: trace workloads are replayed by the trace tests",
-                path.display()
-            );
-            assert!(
-                common::REPORT_DIGESTS.iter().any(|(name, _)| *name == file),
-                "{file}: a trace scenario needs its digest in REPORT_DIGESTS too"
-            );
-            continue;
-        };
-        let report = simulate(&scenario, &requests).unwrap();
-        if let Err(mismatch) = common::check_report_digest(&file, &report.to_json()) {
-            changed.push(mismatch);
+    // The scenarios are independent and each runs on one thread: two at a time (this
+    // test is most of its binary's minutes on CI's 2 cores). A failed check panics its
+    // thread with the scenario's name, and the scope passes the panic on.
+    let next = AtomicUsize::new(0);
+    let changed = Mutex::new(Vec::new());
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(path) = paths.get(k) else { break };
+                if let Some(mismatch) = check_scenario(path) {
+                    changed.lock().unwrap().push((k, mismatch));
+                }
+            });
         }
-        assert_eq!(
-            report.completed + report.rejected_too_large,
-            report.requests,
-            "{}",
-            path.display()
-        );
-        assert!(
-            report.events.rebuild_matches_pools,
-            "{}: events do not rebuild the pools",
-            path.display()
-        );
-        // Lost events make the router refuse what follows them until a snapshot comes;
-        // whatever happened, its view must match the pools by the end.
-        assert!(
-            report.routing.view_matches_pools,
-            "{}: the router's view differs from the pools",
-            path.display()
-        );
-        if report.routing.events_dropped == 0 {
-            assert_eq!(
-                report.routing.events_rejected,
-                0,
-                "{}: the router refused events",
-                path.display()
-            );
-        }
-        assert_eq!(
-            report.faults.requests_unserved,
-            0,
-            "{}: requests left unserved",
-            path.display()
-        );
-        assert!(
-            report.blocks.total > 0,
-            "{}: nothing was served",
-            path.display()
-        );
-    }
+    });
+    let mut changed = changed.into_inner().unwrap();
+    changed.sort();
+    let changed: Vec<String> = changed.into_iter().map(|(_, mismatch)| mismatch).collect();
     assert!(
         changed.is_empty(),
         "reports changed:\n{}",
         changed.join("\n")
     );
+}
+
+/// Runs one scenario and checks what must hold for any; `Some` names a report whose
+/// digest changed (collected, so every changed report is listed at once).
+fn check_scenario(path: &Path) -> Option<String> {
+    let file = path.file_name().unwrap().to_str().unwrap().to_string();
+    let scenario = Scenario::load(path).unwrap_or_else(|e| panic!("{e}"));
+    // Synthetic requests, reshaped by the scenario's traffic section if it has one.
+    let Some(requests) = scenario.synthetic_requests().unwrap() else {
+        eprintln!(
+            "{}: trace workloads are replayed by the trace tests",
+            path.display()
+        );
+        assert!(
+            common::REPORT_DIGESTS.iter().any(|(name, _)| *name == file),
+            "{file}: a trace scenario needs its digest in REPORT_DIGESTS too"
+        );
+        return None;
+    };
+    let report = simulate(&scenario, &requests).unwrap();
+    let mismatch = common::check_report_digest(&file, &report.to_json()).err();
+    assert_eq!(
+        report.completed + report.rejected_too_large,
+        report.requests,
+        "{}",
+        path.display()
+    );
+    assert!(
+        report.events.rebuild_matches_pools,
+        "{}: events do not rebuild the pools",
+        path.display()
+    );
+    // Lost events make the router refuse what follows them until a snapshot comes;
+    // whatever happened, its view must match the pools by the end.
+    assert!(
+        report.routing.view_matches_pools,
+        "{}: the router's view differs from the pools",
+        path.display()
+    );
+    if report.routing.events_dropped == 0 {
+        assert_eq!(
+            report.routing.events_rejected,
+            0,
+            "{}: the router refused events",
+            path.display()
+        );
+    }
+    assert_eq!(
+        report.faults.requests_unserved,
+        0,
+        "{}: requests left unserved",
+        path.display()
+    );
+    assert!(
+        report.blocks.total > 0,
+        "{}: nothing was served",
+        path.display()
+    );
+    mismatch
 }
 
 #[test]

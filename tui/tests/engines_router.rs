@@ -13,15 +13,19 @@
 //!    down within 5 s (`/v1/workers`, `/metrics`, the dashboard) and sends it nothing;
 //!    restarted, it is routed to again, its restart counted once, its blocks from its
 //!    new stream only;
-//! 5. a router given the wrong block size says so in `/readyz`.
+//! 5. a router given the wrong block size says so in `/readyz`;
+//! 6. and one engine alone, asked directly: a fresh 256-token prompt twice hits 224 tokens
+//!    the second time (vLLM recomputes a fully cached prompt's last block), and its ZMQ
+//!    frames, read with kvtwin's own decoder, store the 8 blocks parent first and then
+//!    the recomputed last block again under the same hash (ENGINES.md's facts).
 //!
-//! One cluster for all five (an engine takes 25 s to a minute to start on 2 cores), so
-//! one test, in that order. Skips with the reason when this machine cannot run the
+//! One cluster for all six (an engine takes 25 s to a minute to start on 2 cores, a
+//! minute of CI for each cluster started), so one test, in that order. Skips with the reason when this machine cannot run the
 //! engines, unless `KVTWIN_REQUIRE_ENGINES=1` or `CI=true`.
 
 mod common;
 
-use common::engines::{Cluster, EngineOptions};
+use common::engines::{Cluster, Engine, EngineOptions};
 use common::{http, kvtwin, listening_on, Process};
 use kvtwin::tier::Tier;
 use kvtwin_plane::service::translate::block_digest;
@@ -506,5 +510,77 @@ fn two_real_engines_behind_the_router() {
     );
     let (_, why) = http(&wrong_address, "GET", "/readyz", "");
     eprintln!("{test}: a router at block size 64: /readyz {why}");
+
+    // 6. The engine alone.
+    the_engine_alone_caches_a_repeated_prompt_and_publishes_its_blocks(engine, &model);
     drop(router);
+}
+
+/// A completion of `prompt` (token ids) asked of the engine itself; the answer.
+fn complete_direct(engine: &Engine, model: &str, prompt: &[u32]) -> Value {
+    let body = json!({"model": model, "prompt": prompt, "max_tokens": 4, "ignore_eos": true});
+    let (status, answer) = http(
+        &engine.address,
+        "POST",
+        "/v1/completions",
+        &body.to_string(),
+    );
+    assert_eq!(status, 200, "{answer}");
+    serde_json::from_str(&answer).unwrap()
+}
+
+/// Step 6: what ENGINES.md measured of one engine, read without the router. Runs last,
+/// when no other traffic reaches the engine, so the first frames after the subscription
+/// are this prompt's.
+fn the_engine_alone_caches_a_repeated_prompt_and_publishes_its_blocks(
+    engine: &Engine,
+    model: &str,
+) {
+    let context = zmq::Context::new();
+    let sub = context.socket(zmq::SUB).unwrap();
+    sub.set_subscribe(b"").unwrap();
+    sub.set_rcvtimeo(200).unwrap();
+    sub.connect(&engine.events_endpoint).unwrap();
+    // The subscription reaches the engine's PUB asynchronously; an idle engine publishes
+    // nothing, so nothing is missed while waiting.
+    std::thread::sleep(Duration::from_secs(1));
+
+    // Token ids no earlier step used, so nothing of it is cached yet.
+    let prompt: Vec<u32> = (20_000..20_256).collect();
+    let first = complete_direct(engine, model, &prompt);
+    assert_eq!(first["usage"]["prompt_tokens"], 256, "{first}");
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let second = complete_direct(engine, model, &prompt);
+    // vLLM recomputes the last block of a fully cached prompt: 7 of 8 blocks hit.
+    assert_eq!(
+        second["usage"]["prompt_tokens_details"]["cached_tokens"], 224,
+        "{second}"
+    );
+
+    let decoder = EngineDecoder::default();
+    let mut stored = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && stored.len() < 2 {
+        let Ok(frames) = sub.recv_multipart(0) else {
+            continue;
+        };
+        let batch = decoder.decode_live(&frames).unwrap();
+        assert!(batch.skipped.is_empty(), "{batch:?}");
+        stored.extend(batch.events.into_iter().filter_map(|event| match event {
+            EngineEvent::BlockStored(stored) => Some(stored),
+            _ => None,
+        }));
+    }
+    assert!(stored.len() >= 2, "BlockStored events seen: {stored:?}");
+    // The first request stores all 8 blocks, parent first; the repeat stores the
+    // recomputed last block again under the same hash.
+    let all = &stored[0];
+    assert_eq!(all.block_size, 32);
+    assert_eq!(all.block_hashes.len(), 8);
+    assert_eq!(all.parent_block_hash, None);
+    assert_eq!(all.token_ids, prompt);
+    let again = &stored[1];
+    assert_eq!(again.block_hashes, all.block_hashes[7..]);
+    assert_eq!(again.parent_block_hash, Some(all.block_hashes[6]));
+    assert_eq!(again.token_ids, prompt[224..]);
 }
