@@ -13,7 +13,7 @@
 
 use super::workload::PlannedRequest;
 use crate::service::frontend::engine_client::{BodyReader, EngineClient, EngineError};
-use crate::service::frontend::openai::{chunk_tokens, usage_of, Usage};
+use crate::service::frontend::openai::{chunk_tokens, usage_of, TokenTimes, Usage};
 use crate::service::sse::SseParser;
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -169,9 +169,7 @@ pub fn body(target: &Target, planned: &PlannedRequest) -> Bytes {
 struct Answer {
     status: Option<u16>,
     worker: Option<u64>,
-    first_token: Option<Instant>,
-    last_token: Option<Instant>,
-    itl: Vec<Duration>,
+    times: TokenTimes,
     chunk_tokens: u64,
     usage: Option<Usage>,
 }
@@ -186,13 +184,7 @@ impl Answer {
         }
         let tokens = chunk_tokens(chunk);
         if tokens > 0 {
-            let now = Instant::now();
-            match self.last_token {
-                None => self.first_token = Some(now),
-                Some(last) if self.itl.len() < ITL_SAMPLES_MAX => self.itl.push(now - last),
-                Some(_) => {}
-            }
-            self.last_token = Some(now);
+            self.times.note(Instant::now(), ITL_SAMPLES_MAX);
             self.chunk_tokens += tokens;
         }
         Ok(())
@@ -228,8 +220,8 @@ pub async fn send(
         started: sent - origin,
         status: answer.status,
         failure: outcome.err(),
-        ttft: answer.first_token.map(|first| first - sent),
-        itl: answer.itl,
+        ttft: answer.times.first.map(|first| first - sent),
+        itl: answer.times.gaps,
         e2e,
         prompt_tokens: if usage_known {
             usage.prompt_tokens
@@ -367,8 +359,8 @@ mod tests {
             )
             .unwrap();
         assert_eq!(answer.chunk_tokens, 2);
-        assert_eq!(answer.itl.len(), 1);
-        assert!(answer.first_token.is_some());
+        assert_eq!(answer.times.gaps.len(), 1);
+        assert!(answer.times.first.is_some());
         assert_eq!(answer.usage.unwrap().cached_tokens, Some(32));
         assert_eq!(
             answer.on_chunk(&json!({"error": {"message": "engine died"}})),

@@ -12,6 +12,7 @@
 
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
+use std::time::{Duration, Instant};
 
 /// The OpenAI endpoints the router fronts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -231,6 +232,33 @@ impl ProxyRequest {
             }
         }
         Bytes::from(serde_json::to_vec(&Value::Object(body)).unwrap_or_default())
+    }
+}
+
+/// When a streamed answer's output arrived: its first chunk carrying tokens, its last,
+/// and the gaps between such chunks (inter-token latency as vLLM's benchmark client
+/// counts it). The front door and `kvtwin bench serve` time answers alike with it.
+#[derive(Clone, Debug, Default)]
+pub struct TokenTimes {
+    /// The first chunk carrying output.
+    pub first: Option<Instant>,
+    /// The latest chunk carrying output.
+    pub last: Option<Instant>,
+    /// The gaps between chunks carrying output, the first `max_gaps` given to
+    /// [`TokenTimes::note`] at most (memory per request is bounded; the mean of all of
+    /// them is `(last - first) / (chunks - 1)`).
+    pub gaps: Vec<Duration>,
+}
+
+impl TokenTimes {
+    /// Notes a chunk carrying output, arrived at `now`.
+    pub fn note(&mut self, now: Instant, max_gaps: usize) {
+        match self.last {
+            None => self.first = Some(now),
+            Some(last) if self.gaps.len() < max_gaps => self.gaps.push(now - last),
+            Some(_) => {}
+        }
+        self.last = Some(now);
     }
 }
 

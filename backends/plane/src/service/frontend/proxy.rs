@@ -16,7 +16,7 @@
 
 use super::engine_client::{BodyReader, EngineError};
 use super::openai::{
-    self, chunk_tokens, error_json, usage_of, Endpoint, Prompt, ProxyRequest, Usage,
+    self, chunk_tokens, error_json, usage_of, Endpoint, Prompt, ProxyRequest, TokenTimes, Usage,
 };
 use super::trace::{hash_ids, unique_hash_ids, TraceRow};
 use super::Frontend;
@@ -494,9 +494,7 @@ async fn try_engine(
         parser: SseParser::default(),
         pending: VecDeque::new(),
         client_wants_usage: prepared.request.client_wants_usage,
-        first_token: None,
-        last_token: None,
-        itl: Vec::new(),
+        times: TokenTimes::default(),
         output_chunks: 0,
         usage: None,
         saw_done: false,
@@ -550,9 +548,7 @@ struct Tap {
     parser: SseParser,
     pending: VecDeque<SseEvent>,
     client_wants_usage: bool,
-    first_token: Option<Instant>,
-    last_token: Option<Instant>,
-    itl: Vec<Duration>,
+    times: TokenTimes,
     output_chunks: u64,
     usage: Option<Usage>,
     saw_done: bool,
@@ -639,13 +635,7 @@ impl Tap {
         }
         let tokens = chunk_tokens(&chunk);
         if tokens > 0 {
-            let now = Instant::now();
-            match self.last_token {
-                None => self.first_token = Some(now),
-                Some(last) if self.itl.len() < ITL_SAMPLES_MAX => self.itl.push(now - last),
-                Some(_) => {}
-            }
-            self.last_token = Some(now);
+            self.times.note(Instant::now(), ITL_SAMPLES_MAX);
             self.output_chunks += tokens;
             lock(&self.context.front.state).note_output(self.context.dispatch.request, tokens);
         }
@@ -671,14 +661,14 @@ impl Tap {
             return;
         }
         let arrival = self.context.arrival;
-        let ttft = self.first_token.map(|first| first - arrival);
-        let itl_mean = match (self.first_token, self.last_token) {
+        let ttft = self.times.first.map(|first| first - arrival);
+        let itl_mean = match (self.times.first, self.times.last) {
             (Some(first), Some(last)) if self.output_chunks > 1 => {
                 Some((last - first) / (self.output_chunks - 1) as u32)
             }
             _ => None,
         };
-        let itl = std::mem::take(&mut self.itl);
+        let itl = std::mem::take(&mut self.times.gaps);
         let outcome = self
             .context
             .served(self.usage, self.output_chunks, ttft, itl, itl_mean);
