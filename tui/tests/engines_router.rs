@@ -20,8 +20,9 @@
 //!    the recomputed last block again under the same hash (ENGINES.md's facts).
 //!
 //! One cluster for all six (an engine takes 25 s to a minute to start on 2 cores, a
-//! minute of CI for each cluster started), so one test, in that order. Skips with the reason when this machine cannot run the
-//! engines, unless `KVTWIN_REQUIRE_ENGINES=1` or `CI=true`.
+//! minute of CI for each cluster started), so one test, in that order. Skips with the
+//! reason when this machine cannot run the engines, unless `KVTWIN_REQUIRE_ENGINES=1` or
+//! `CI=true`.
 
 mod common;
 
@@ -259,6 +260,11 @@ fn two_real_engines_behind_the_router() {
         return;
     };
     assert_eq!(cluster.block_size as usize, BLOCK);
+    assert!(
+        cluster.tokenizer.is_file(),
+        "{}",
+        cluster.tokenizer.display()
+    );
     let views: BTreeMap<u64, EngineView> = cluster
         .engines
         .iter()
