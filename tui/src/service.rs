@@ -371,32 +371,33 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 /// A watch that turns true on Ctrl-C (or SIGTERM), and a future per subscriber that
-/// resolves then.
-fn stop_on_signal() -> watch::Sender<bool> {
+/// resolves then. The handlers are installed before this returns, so a signal sent as
+/// soon as the caller says it is ready is never missed: until then SIGINT keeps the
+/// disposition the process inherited, which under a parent that ignores it (a
+/// non-interactive shell's `&`) would make Ctrl-C do nothing at all.
+fn stop_on_signal() -> Result<watch::Sender<bool>> {
     let (stop, _) = watch::channel(false);
     let sender = stop.clone();
+    #[cfg(unix)]
+    let (mut interrupt, mut terminate) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::interrupt()).context("listening for SIGINT")?,
+            signal(SignalKind::terminate()).context("listening for SIGTERM")?,
+        )
+    };
     tokio::spawn(async move {
         #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            match signal(SignalKind::terminate()) {
-                Ok(mut terminate) => {
-                    tokio::select! {
-                        _ = tokio::signal::ctrl_c() => {}
-                        _ = terminate.recv() => {}
-                    }
-                }
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                }
-            }
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
         #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
         tracing::info!("stopping");
         let _ = sender.send(true);
     });
-    stop
+    Ok(stop)
 }
 
 fn stopped(stop: &watch::Sender<bool>) -> impl std::future::Future<Output = ()> + Send + 'static {
@@ -480,7 +481,7 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
     let access_line = describe_access(args, &access);
     let subject = args.subject.as_deref().unwrap_or(DEFAULT_SUBJECT);
     runtime()?.block_on(async {
-        let stop = stop_on_signal();
+        let stop = stop_on_signal()?;
         let limits = args.limits();
         let block_size = args
             .block_size
@@ -623,7 +624,7 @@ pub(crate) fn relay(args: &RelayArgs) -> Result<()> {
         drain_timeout: Duration::from_secs(args.drain_timeout_s),
     };
     let stats = runtime()?.block_on(async {
-        let stop = stop_on_signal();
+        let stop = stop_on_signal()?;
         tracing::info!(
             "kvtwin relay: worker {} from {}{} to {} subject {} ({}, {})",
             args.worker_id,
