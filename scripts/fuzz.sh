@@ -7,6 +7,8 @@
 # whose input cargo-fuzz leaves under fuzz/targets/artifacts/TARGET/.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]      (default: 30 s, every target)
+#   scripts/fuzz.sh --build-only               (the seeds and the build, no runs: CI
+#                                               builds ahead, in the background)
 #
 # FUZZ_SANITIZER=address|none (default none: the decoders are safe Rust, so what the
 # runs hunt is panics and broken round trips, and a build without ASan is minutes faster).
@@ -14,6 +16,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+build_only=false
+if [ "${1:-}" = "--build-only" ]; then
+    build_only=true
+    shift
+fi
 seconds=${1:-30}
 shift || true
 sanitizer=${FUZZ_SANITIZER:-none}
@@ -32,6 +39,9 @@ fi
 # runs found beside them).
 cargo run --quiet -p kvtwin-fuzz --example seeds -- "$corpus" . >/dev/null
 cargo +nightly fuzz build --fuzz-dir "$fuzz_dir" --sanitizer "$sanitizer"
+if "$build_only"; then
+    exit 0
+fi
 
 run_one() {
     local target=$1
