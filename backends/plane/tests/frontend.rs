@@ -541,8 +541,12 @@ fn served_requests_are_recorded_as_a_mooncake_trace() {
         let body = json!({"prompt": tokens, "max_tokens": 3, "stream": stream});
         assert_eq!(post(&router, "/v1/completions", &body).0, 200);
     }
-    wait_until("two rows", || {
-        std::fs::read_to_string(&path).is_ok_and(|text| text.lines().count() == 2)
+    // The writer thread counts a row after writing it: wait for the count, so the
+    // file is complete and the metric below is not raced.
+    wait_until("two rows written", || {
+        lock(&router.state)
+            .render_metrics()
+            .contains("kvtwin_router_trace_rows_written_total 2")
     });
     let rows: Vec<TraceRow> = std::fs::read_to_string(&path)
         .unwrap()
@@ -560,7 +564,5 @@ fn served_requests_are_recorded_as_a_mooncake_trace() {
     );
     assert!(rows[0].ttft_ms.is_none() && rows[1].ttft_ms.is_some());
     assert!(rows[1].timestamp >= rows[0].timestamp);
-    assert!(lock(&router.state)
-        .render_metrics()
-        .contains("kvtwin_router_trace_rows_written_total 2"));
+    assert_eq!(rows.len(), 2);
 }
