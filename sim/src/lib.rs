@@ -13,7 +13,8 @@
 //! capacity tables in Dynamo's planner format); capacity planning over many runs
 //! ([`plan`]: sweeps, the SLO-and-cost search); validation scripts run on any two
 //! hardwares through one `Manager`, and
-//! their comparison ([`validation`]).
+//! their comparison ([`validation`]); the twin of a vLLM engine's own cache and
+//! scheduler, block for block ([`vllm`]).
 //!
 //! Invariant: a scenario and a seed fully determine a run: no wall clock, no unseeded
 //! randomness, ordered maps wherever iteration order is observable. Latencies it prints
@@ -35,4 +36,5 @@ pub mod ron_file;
 pub mod scenario;
 pub mod traffic;
 pub mod validation;
+pub mod vllm;
 pub mod workload;

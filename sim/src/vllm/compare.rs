@@ -1,0 +1,327 @@
+//! The twin beside a real vLLM engine that served the same requests one at a time:
+//! prompt tokens found cached, request by request, and the KV event streams, block by
+//! block.
+//!
+//! Owns: [`ServedRequest`] and [`EngineEvent`] (what a capture of a real engine gives:
+//! each request's prompt, the outputs the engine generated and its reported cached
+//! tokens; the engine's events with its own hashes and the token ids they carry), the
+//! translation of engine hashes into kvtwin's chained hashes through those token ids,
+//! and [`compare_one_at_a_time`]. Both streams are flattened to one entry per block
+//! (a `Stored` of several blocks is the same as one per block, each the parent of the
+//! next), so batching never counts as a difference. Never: talk to an engine (the
+//! capture is the caller's), or time anything.
+
+use super::request::VllmRequest;
+use super::scheduler::VllmScheduler;
+use super::{VllmCacheConfig, VllmSchedulerConfig};
+use kvtwin::block::BlockIdentity;
+use kvtwin::events::KvCacheEventData;
+use kvtwin::ids::{RequestId, SequenceHash};
+use kvtwin::tokens::{
+    chain_sequence_hash, compute_local_hash, compute_local_hashes, HashSeed, Token,
+};
+use std::collections::BTreeMap;
+
+/// One request a real engine served: what it was sent, what it generated, and the
+/// prompt tokens it reported cached (`usage.prompt_tokens_details.cached_tokens`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServedRequest {
+    /// The prompt's token ids.
+    pub prompt: Vec<Token>,
+    /// The token ids it generated (`return_token_ids`), `max_tokens` of them.
+    pub outputs: Vec<Token>,
+    /// Prompt tokens the engine found cached.
+    pub cached_tokens: u64,
+}
+
+/// One KV event of a real engine, with the engine's own block hashes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineEvent {
+    /// `BlockStored`: `hashes` are the blocks of `token_ids`, in order, the first one's
+    /// parent `parent`.
+    Stored {
+        /// The engine hash of the block before the first.
+        parent: Option<u64>,
+        /// The engine hashes of the stored blocks.
+        hashes: Vec<u64>,
+        /// Their tokens, `block_size` a block.
+        token_ids: Vec<Token>,
+    },
+    /// `BlockRemoved`.
+    Removed {
+        /// The engine hashes of the removed blocks.
+        hashes: Vec<u64>,
+    },
+    /// `AllBlocksCleared`.
+    Cleared,
+}
+
+/// One block's event, in kvtwin's chained hashes (equal prefixes, equal hashes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum BlockEvent {
+    /// A block was cached after `parent`.
+    Stored {
+        /// The block before it.
+        parent: Option<SequenceHash>,
+        /// The block.
+        block: SequenceHash,
+    },
+    /// A block stopped being cached.
+    Removed(SequenceHash),
+    /// Everything was dropped.
+    Cleared,
+}
+
+/// Where the two streams first differ.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Divergence {
+    /// The position in the flattened streams.
+    pub position: usize,
+    /// The request (index into the requests) the twin was serving there, if any.
+    pub request: Option<usize>,
+    /// The twin's event there (`None`: its stream ended).
+    pub twin: Option<BlockEvent>,
+    /// The engine's event there (`None`: its stream ended).
+    pub engine: Option<BlockEvent>,
+}
+
+/// One request's cached tokens, engine and twin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CachedTokens {
+    /// What the engine reported.
+    pub engine: u64,
+    /// What the twin found.
+    pub twin: u64,
+}
+
+/// The comparison; see [`compare_one_at_a_time`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Comparison {
+    /// Per request, in order.
+    pub cached: Vec<CachedTokens>,
+    /// The twin's flattened events.
+    pub twin_events: usize,
+    /// The engine's flattened events.
+    pub engine_events: usize,
+    /// Where the streams first differ; `None` when they are equal.
+    pub divergence: Option<Divergence>,
+    /// Requests after which the blocks the engine's events say it holds differ from the
+    /// twin's (each hash with how many blocks hold it).
+    pub held_differs_after: Vec<usize>,
+    /// Engine `Removed` of hashes it never stored (or a `Stored` whose parent it never
+    /// stored): the capture missed events.
+    pub unknown_hashes: u64,
+}
+
+impl Comparison {
+    /// Requests whose cached tokens differ.
+    pub fn cached_mismatches(&self) -> usize {
+        self.cached.iter().filter(|c| c.engine != c.twin).count()
+    }
+
+    /// Whether the twin agreed with the engine on everything.
+    pub fn exact(&self) -> bool {
+        self.cached_mismatches() == 0
+            && self.divergence.is_none()
+            && self.held_differs_after.is_empty()
+            && self.unknown_hashes == 0
+    }
+}
+
+/// Translates an engine's events into [`BlockEvent`]s, chaining kvtwin's hashes of each
+/// block's token ids; counts hashes it cannot place.
+#[derive(Clone, Debug, Default)]
+pub struct EngineStream {
+    block_size: usize,
+    /// Engine hash → kvtwin's; one entry per engine hash ever stored (a removed block may
+    /// be stored again under the same hash).
+    known: BTreeMap<u64, SequenceHash>,
+    events: Vec<BlockEvent>,
+    unknown: u64,
+}
+
+impl EngineStream {
+    /// An empty stream of `block_size`-token blocks.
+    pub fn new(block_size: usize) -> Self {
+        Self {
+            block_size,
+            ..Self::default()
+        }
+    }
+
+    /// Appends `event`.
+    pub fn push(&mut self, event: &EngineEvent) {
+        match event {
+            EngineEvent::Stored {
+                parent,
+                hashes,
+                token_ids,
+            } => {
+                let mut parent = match parent {
+                    None => None,
+                    Some(hash) => match self.known.get(hash) {
+                        Some(known) => Some(*known),
+                        None => {
+                            self.unknown += 1;
+                            Some(SequenceHash::new(*hash))
+                        }
+                    },
+                };
+                for (hash, tokens) in hashes.iter().zip(token_ids.chunks(self.block_size)) {
+                    let local = compute_local_hash(tokens, HashSeed::default());
+                    let block = chain_sequence_hash(parent, local);
+                    self.known.insert(*hash, block);
+                    self.events.push(BlockEvent::Stored { parent, block });
+                    parent = Some(block);
+                }
+            }
+            EngineEvent::Removed { hashes } => {
+                for hash in hashes {
+                    match self.known.get(hash) {
+                        Some(block) => self.events.push(BlockEvent::Removed(*block)),
+                        None => self.unknown += 1,
+                    }
+                }
+            }
+            EngineEvent::Cleared => self.events.push(BlockEvent::Cleared),
+        }
+    }
+
+    /// The flattened events so far.
+    pub fn events(&self) -> &[BlockEvent] {
+        &self.events
+    }
+}
+
+/// Flattens the twin's events.
+pub fn flatten(events: &[KvCacheEventData]) -> Vec<BlockEvent> {
+    let mut out = Vec::new();
+    for event in events {
+        match event {
+            KvCacheEventData::Stored {
+                parent_hash,
+                blocks,
+                ..
+            } => {
+                let mut parent = *parent_hash;
+                for block in blocks {
+                    out.push(BlockEvent::Stored {
+                        parent,
+                        block: block.block_hash,
+                    });
+                    parent = Some(block.block_hash);
+                }
+            }
+            KvCacheEventData::Removed { block_hashes, .. } => {
+                out.extend(block_hashes.iter().map(|hash| BlockEvent::Removed(*hash)));
+            }
+            KvCacheEventData::Cleared => out.push(BlockEvent::Cleared),
+        }
+    }
+    out
+}
+
+/// What a stream says is cached: each hash with the number of blocks holding it.
+pub fn held(events: &[BlockEvent]) -> BTreeMap<SequenceHash, usize> {
+    let mut held: BTreeMap<SequenceHash, usize> = BTreeMap::new();
+    for event in events {
+        match event {
+            BlockEvent::Stored { block, .. } => *held.entry(*block).or_default() += 1,
+            BlockEvent::Removed(block) => {
+                if let Some(count) = held.get_mut(block) {
+                    *count -= 1;
+                    if *count == 0 {
+                        held.remove(block);
+                    }
+                }
+            }
+            BlockEvent::Cleared => held.clear(),
+        }
+    }
+    held
+}
+
+/// Serves `requests` one at a time on a twin built from `scheduler` and `cache` (each
+/// request's outputs are the engine's, so output blocks hash alike) and compares it
+/// with what the engine reported and published.
+pub fn compare_one_at_a_time(
+    scheduler: VllmSchedulerConfig,
+    cache: VllmCacheConfig,
+    requests: &[ServedRequest],
+    engine_events: &[EngineEvent],
+) -> Comparison {
+    let block_size = usize::try_from(cache.block_size).unwrap_or(usize::MAX);
+    let mut engine = EngineStream::new(block_size);
+    for event in engine_events {
+        engine.push(event);
+    }
+    let mut twin = VllmScheduler::new(scheduler, cache);
+    let mut twin_events = Vec::new();
+    // The twin's stream position at the end of each request.
+    let mut ends = Vec::with_capacity(requests.len());
+    let mut cached = Vec::with_capacity(requests.len());
+    let mut held_differs_after = Vec::new();
+    for (index, served) in requests.iter().enumerate() {
+        let sequence: Vec<Token> = served
+            .prompt
+            .iter()
+            .chain(&served.outputs)
+            .copied()
+            .collect();
+        let identities = BlockIdentity::chain(&compute_local_hashes(
+            &sequence,
+            block_size,
+            HashSeed::default(),
+        ));
+        twin.add_request(VllmRequest::new(
+            RequestId::new(index as u64),
+            identities,
+            served.prompt.len() as u64,
+            served.outputs.len().max(1) as u64,
+        ));
+        let mut twin_cached = 0;
+        while twin.num_unfinished() > 0 {
+            let Some(step) = twin.step() else {
+                // Nothing fits (a request longer than the cache): the engine would have
+                // refused it too; leave it.
+                break;
+            };
+            twin_events.extend(flatten(&step.events));
+            if let Some(done) = step.finished.first() {
+                twin_cached = done.cached_tokens;
+            }
+        }
+        cached.push(CachedTokens {
+            engine: served.cached_tokens,
+            twin: twin_cached,
+        });
+        ends.push(twin_events.len());
+        let twin_held: BTreeMap<SequenceHash, usize> =
+            twin.cache().pool().cached_hashes().into_iter().collect();
+        let upto = twin_events.len().min(engine.events().len());
+        if held(&engine.events()[..upto]) != twin_held {
+            held_differs_after.push(index);
+        }
+    }
+    let divergence = first_divergence(&twin_events, engine.events()).map(|position| Divergence {
+        position,
+        request: ends.iter().position(|&end| position < end),
+        twin: twin_events.get(position).copied(),
+        engine: engine.events().get(position).copied(),
+    });
+    Comparison {
+        cached,
+        twin_events: twin_events.len(),
+        engine_events: engine.events().len(),
+        divergence,
+        held_differs_after,
+        unknown_hashes: engine.unknown,
+    }
+}
+
+fn first_divergence(twin: &[BlockEvent], engine: &[BlockEvent]) -> Option<usize> {
+    let common = twin.len().min(engine.len());
+    (0..common)
+        .find(|&i| twin[i] != engine[i])
+        .or((twin.len() != engine.len()).then_some(common))
+}

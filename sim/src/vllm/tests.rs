@@ -1,0 +1,380 @@
+//! The vLLM twin against what vLLM's code does, case by case: a repeated prompt
+//! recomputing its last block, tail-first eviction, hits taken out of the free queue,
+//! admission of the whole sequence, preemption of the last running request, chunked
+//! prefill storing blocks as chunks fill.
+
+use super::*;
+use kvtwin::block::BlockIdentity;
+use kvtwin::events::KvCacheEventData;
+use kvtwin::ids::{RequestId, SequenceHash};
+use kvtwin::tokens::{compute_local_hashes, HashSeed};
+
+const BLOCK: u64 = 32;
+
+fn engine(num_gpu_blocks: u32, max_num_batched_tokens: u64) -> VllmScheduler {
+    VllmScheduler::new(
+        VllmSchedulerConfig {
+            max_num_seqs: 256,
+            max_num_batched_tokens,
+            enable_chunked_prefill: true,
+            long_prefill_token_threshold: 0,
+            reserve_full_isl: true,
+        },
+        VllmCacheConfig {
+            num_gpu_blocks,
+            block_size: BLOCK,
+            max_model_len: 2048,
+            watermark: 0.0,
+        },
+    )
+}
+
+/// `len` tokens counting up from `first`.
+fn tokens(first: u32, len: u32) -> Vec<u32> {
+    (first..first + len).collect()
+}
+
+fn identities(tokens: &[u32]) -> Vec<BlockIdentity> {
+    BlockIdentity::chain(&compute_local_hashes(
+        tokens,
+        BLOCK as usize,
+        HashSeed::default(),
+    ))
+}
+
+fn hashes(tokens: &[u32]) -> Vec<SequenceHash> {
+    identities(tokens)
+        .iter()
+        .map(|identity| identity.sequence_hash)
+        .collect()
+}
+
+/// A request for `prompt` that generates `outputs` (their tokens known up front).
+fn request(id: u64, prompt: &[u32], outputs: &[u32]) -> VllmRequest {
+    let sequence: Vec<u32> = prompt.iter().chain(outputs).copied().collect();
+    VllmRequest::new(
+        RequestId::new(id),
+        identities(&sequence),
+        prompt.len() as u64,
+        outputs.len() as u64,
+    )
+}
+
+/// Steps until nothing is left; every step's outcome.
+fn run_all(engine: &mut VllmScheduler) -> Vec<StepOutcome> {
+    let mut steps = Vec::new();
+    while engine.num_unfinished() > 0 {
+        steps.push(engine.step().expect("a step with work to do"));
+        assert!(steps.len() < 10_000, "the engine does not finish");
+    }
+    steps
+}
+
+/// Runs one request alone: its finish and its events.
+fn serve(
+    engine: &mut VllmScheduler,
+    request: VllmRequest,
+) -> (FinishedRequest, Vec<KvCacheEventData>) {
+    engine.add_request(request);
+    let steps = run_all(engine);
+    let finished = steps
+        .iter()
+        .flat_map(|step| step.finished.clone())
+        .collect::<Vec<_>>();
+    assert_eq!(finished.len(), 1);
+    let events = steps.into_iter().flat_map(|step| step.events).collect();
+    (finished[0], events)
+}
+
+/// (parent, stored hashes) of each `Stored`, and the hash of each `Removed`, in order.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Stored(Option<SequenceHash>, Vec<SequenceHash>),
+    Removed(SequenceHash),
+}
+
+fn seen(events: &[KvCacheEventData]) -> Vec<Seen> {
+    events
+        .iter()
+        .flat_map(|event| match event {
+            KvCacheEventData::Stored {
+                parent_hash,
+                blocks,
+                ..
+            } => vec![Seen::Stored(
+                *parent_hash,
+                blocks.iter().map(|block| block.block_hash).collect(),
+            )],
+            KvCacheEventData::Removed { block_hashes, .. } => block_hashes
+                .iter()
+                .map(|hash| Seen::Removed(*hash))
+                .collect(),
+            KvCacheEventData::Cleared => panic!("the twin never clears"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_repeated_prompt_finds_all_but_its_last_block_and_stores_that_again() {
+    // ENGINES.md: "224 of a 256-token prompt's tokens are reported cached", and the
+    // last block is stored again under the same hash with no BlockRemoved between.
+    let mut engine = engine(65, 2048);
+    let prompt = tokens(1000, 256);
+    let h = hashes(&prompt);
+    let (first, events) = serve(&mut engine, request(1, &prompt, &tokens(9000, 8)));
+    assert_eq!(first.cached_tokens, 0);
+    assert_eq!(seen(&events), [Seen::Stored(None, h.clone())]);
+    let (second, events) = serve(&mut engine, request(2, &prompt, &tokens(9000, 8)));
+    assert_eq!(second.cached_tokens, 224);
+    assert_eq!(seen(&events), [Seen::Stored(Some(h[6]), vec![h[7]])]);
+    // Both copies of the last block are cached; a lookup finds the first.
+    let cached = engine.cache().pool().cached_hashes();
+    assert_eq!(cached.iter().find(|(hash, _)| *hash == h[7]).unwrap().1, 2);
+    assert_eq!(engine.cache().pool().get_cached_block(h[7]), Some(8));
+    assert_eq!(engine.cache().stats().queries, 512);
+    assert_eq!(engine.cache().stats().hits, 224);
+}
+
+#[test]
+fn a_finished_request_is_evicted_tail_first_after_the_blocks_nobody_cached() {
+    // 10 usable blocks. A: 3 prompt blocks and a decode block (97 tokens computed).
+    let mut engine = engine(11, 2048);
+    let a = tokens(100, 96);
+    let (_, events) = serve(&mut engine, request(1, &a, &tokens(5000, 2)));
+    let ha = hashes(&a);
+    assert_eq!(seen(&events), [Seen::Stored(None, ha.clone())]);
+    // Freed: the uncached decode block to the front, A's blocks to the back, tail first.
+    assert_eq!(
+        engine.cache().pool().free_queue(),
+        [4, 5, 6, 7, 8, 9, 10, 3, 2, 1]
+    );
+    // B takes the 7 blocks that were never cached: nothing is evicted.
+    let b = tokens(2000, 224);
+    let (_, events) = serve(&mut engine, request(2, &b, &tokens(5000, 1)));
+    assert_eq!(seen(&events), [Seen::Stored(None, hashes(&b))]);
+    // C needs 2 blocks: A's last two go, its first stays.
+    let c = tokens(3000, 64);
+    let (_, events) = serve(&mut engine, request(3, &c, &tokens(5000, 1)));
+    assert_eq!(
+        seen(&events),
+        [
+            Seen::Removed(ha[2]),
+            Seen::Removed(ha[1]),
+            Seen::Stored(None, hashes(&c))
+        ]
+    );
+    let (again, _) = serve(&mut engine, request(4, &a, &tokens(5000, 1)));
+    assert_eq!(again.cached_tokens, 32);
+}
+
+#[test]
+fn a_hit_leaves_the_free_queue_before_the_request_takes_new_blocks() {
+    // 4 usable blocks; A's two blocks sit at the front of the queue once B ran.
+    let mut engine = engine(5, 2048);
+    let a = tokens(100, 64);
+    serve(&mut engine, request(1, &a, &tokens(7000, 1)));
+    let b = tokens(500, 64);
+    serve(&mut engine, request(2, &b, &tokens(7000, 1)));
+    assert_eq!(engine.cache().pool().free_queue(), [2, 1, 4, 3]);
+    // A's prompt plus a block: its two blocks are hits (taken out of the queue), its
+    // third comes from the front of what is left (B's tail block, evicted).
+    let longer: Vec<u32> = a.iter().copied().chain(tokens(900, 32)).collect();
+    let (finished, events) = serve(&mut engine, request(3, &longer, &tokens(7000, 1)));
+    assert_eq!(finished.cached_tokens, 64);
+    let ha = hashes(&longer);
+    let hb = hashes(&b);
+    assert_eq!(
+        seen(&events),
+        [Seen::Removed(hb[1]), Seen::Stored(Some(ha[1]), vec![ha[2]])]
+    );
+}
+
+#[test]
+fn the_last_running_request_is_preempted_when_a_decode_needs_a_block() {
+    // 4 usable blocks; two 64-token prompts fill them, and each decode needs a third.
+    let mut engine = engine(5, 2048);
+    let (a, b) = (tokens(100, 64), tokens(500, 64));
+    engine.add_request(request(1, &a, &tokens(7000, 3)));
+    engine.add_request(request(2, &b, &tokens(8000, 3)));
+    let first = engine.step().unwrap();
+    assert_eq!(first.scheduled.len(), 2, "both fit: {first:?}");
+    let second = engine.step().unwrap();
+    assert_eq!(second.preempted, [RequestId::new(2)]);
+    assert_eq!(second.scheduled.len(), 1);
+    // B's blocks went back tail first, and A's decode block took B's tail.
+    let hb = hashes(&b);
+    assert_eq!(seen(&second.events), [Seen::Removed(hb[1])]);
+    let rest = run_all(&mut engine);
+    let finished: Vec<_> = rest.iter().flat_map(|step| step.finished.clone()).collect();
+    assert_eq!(finished.len(), 2);
+    assert_eq!(finished[0].id, RequestId::new(1));
+    // B keeps the cached tokens of its first scheduling (none) and counts one preemption.
+    assert_eq!(finished[1].id, RequestId::new(2));
+    assert_eq!(finished[1].cached_tokens, 0);
+    assert_eq!(finished[1].preemptions, 1);
+}
+
+#[test]
+fn a_waiting_request_is_admitted_only_when_its_whole_prompt_fits() {
+    // 4 usable blocks; A holds 3 while it decodes, B's 64 tokens need 2.
+    let mut engine = engine(5, 2048);
+    engine.add_request(request(1, &tokens(100, 96), &tokens(7000, 4)));
+    let first = engine.step().unwrap();
+    assert_eq!(first.scheduled.len(), 1);
+    engine.add_request(request(2, &tokens(500, 64), &tokens(8000, 1)));
+    let second = engine.step().unwrap();
+    // A's decode takes the fourth block; B does not fit beside it.
+    assert_eq!(second.scheduled.len(), 1);
+    assert!(second.preempted.is_empty());
+    let rest = run_all(&mut engine);
+    let order: Vec<_> = rest
+        .iter()
+        .flat_map(|step| step.finished.iter().map(|done| done.id.get()))
+        .collect();
+    assert_eq!(order, [1, 2]);
+}
+
+#[test]
+fn chunked_prefill_stores_each_chunks_full_blocks_as_it_is_scheduled() {
+    let mut engine = engine(65, 64);
+    let prompt = tokens(100, 160);
+    let h = hashes(&prompt);
+    engine.add_request(request(1, &prompt, &tokens(7000, 1)));
+    let steps = run_all(&mut engine);
+    let chunks: Vec<u64> = steps.iter().map(|step| step.scheduled[0].tokens).collect();
+    assert_eq!(chunks, [64, 64, 32]);
+    assert!(steps[0].scheduled[0].prefill && steps[2].scheduled[0].prefill);
+    let stored: Vec<_> = steps.iter().map(|step| seen(&step.events)).collect();
+    assert_eq!(
+        stored,
+        [
+            vec![Seen::Stored(None, h[..2].to_vec())],
+            vec![Seen::Stored(Some(h[1]), h[2..4].to_vec())],
+            vec![Seen::Stored(Some(h[3]), h[4..].to_vec())],
+        ]
+    );
+    assert_eq!(steps[2].finished.len(), 1);
+}
+
+#[test]
+fn output_blocks_are_cached_as_the_outputs_fill_them() {
+    // 40 prompt tokens and 30 outputs: 69 tokens computed, blocks 0 and 1 full.
+    let mut engine = engine(65, 2048);
+    let prompt = tokens(100, 40);
+    let outputs = tokens(6000, 30);
+    let sequence: Vec<u32> = prompt.iter().chain(&outputs).copied().collect();
+    let h = hashes(&sequence);
+    let (_, events) = serve(&mut engine, request(1, &prompt, &outputs));
+    assert_eq!(
+        seen(&events),
+        [
+            Seen::Stored(None, vec![h[0]]),
+            Seen::Stored(Some(h[0]), vec![h[1]])
+        ]
+    );
+}
+
+/// The twin's own events as an engine would publish them: its own hashes (any values
+/// unique per block) and the tokens of each block.
+fn as_engine_events(requests: &[compare::ServedRequest]) -> Vec<compare::EngineEvent> {
+    let mut engine = engine(65, 2048);
+    let mut out = Vec::new();
+    for (index, served) in requests.iter().enumerate() {
+        let sequence: Vec<u32> = served
+            .prompt
+            .iter()
+            .chain(&served.outputs)
+            .copied()
+            .collect();
+        let ids = identities(&sequence);
+        engine.add_request(request(index as u64, &served.prompt, &served.outputs));
+        for step in run_all(&mut engine) {
+            for event in step.events {
+                // An engine hash: the kvtwin hash scrambled, so a mapping is needed.
+                let engine_hash = |hash: SequenceHash| hash.get().rotate_left(17) ^ 0x5555;
+                let block_of = |hash: SequenceHash| {
+                    let at = ids.iter().position(|id| id.sequence_hash == hash).unwrap();
+                    sequence[at * BLOCK as usize..(at + 1) * BLOCK as usize].to_vec()
+                };
+                out.push(match event {
+                    KvCacheEventData::Stored {
+                        parent_hash,
+                        blocks,
+                        ..
+                    } => compare::EngineEvent::Stored {
+                        parent: parent_hash.map(engine_hash),
+                        hashes: blocks.iter().map(|b| engine_hash(b.block_hash)).collect(),
+                        token_ids: blocks.iter().flat_map(|b| block_of(b.block_hash)).collect(),
+                    },
+                    KvCacheEventData::Removed { block_hashes, .. } => {
+                        compare::EngineEvent::Removed {
+                            hashes: block_hashes.into_iter().map(engine_hash).collect(),
+                        }
+                    }
+                    KvCacheEventData::Cleared => compare::EngineEvent::Cleared,
+                });
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_comparison_is_exact_on_its_own_stream_and_names_the_first_difference() {
+    let shared = tokens(100, 96);
+    let served: Vec<compare::ServedRequest> = (0..12u32)
+        .map(|i| {
+            let prompt: Vec<u32> = shared
+                .iter()
+                .copied()
+                .chain(tokens(1000 + 100 * (i % 4), 40 + i))
+                .collect();
+            compare::ServedRequest {
+                prompt,
+                outputs: tokens(50_000 + i * 64, 20 + i),
+                cached_tokens: 0,
+            }
+        })
+        .collect();
+    let events = as_engine_events(&served);
+    let scheduler = VllmSchedulerConfig {
+        max_num_seqs: 256,
+        max_num_batched_tokens: 2048,
+        enable_chunked_prefill: true,
+        long_prefill_token_threshold: 0,
+        reserve_full_isl: true,
+    };
+    let cache = VllmCacheConfig {
+        num_gpu_blocks: 65,
+        block_size: BLOCK,
+        max_model_len: 2048,
+        watermark: 0.0,
+    };
+    let first = compare::compare_one_at_a_time(scheduler, cache, &served, &events);
+    // The engine "reported" 0 cached tokens: every repeat of the shared prefix differs.
+    assert!(first.divergence.is_none(), "{first:?}");
+    assert!(first.held_differs_after.is_empty());
+    assert_eq!(first.unknown_hashes, 0);
+    assert!(first.cached_mismatches() > 0);
+    let served: Vec<_> = served
+        .into_iter()
+        .zip(&first.cached)
+        .map(|(mut served, cached)| {
+            served.cached_tokens = cached.twin;
+            served
+        })
+        .collect();
+    let exact = compare::compare_one_at_a_time(scheduler, cache, &served, &events);
+    assert!(exact.exact(), "{exact:?}");
+    // One event dropped from the engine's stream: found, with the request it fell in.
+    let mut missing = events.clone();
+    let removed_at = missing
+        .iter()
+        .position(|event| matches!(event, compare::EngineEvent::Removed { .. }))
+        .unwrap_or(missing.len() / 2);
+    missing.remove(removed_at);
+    let broken = compare::compare_one_at_a_time(scheduler, cache, &served, &missing);
+    assert!(!broken.exact());
+    let divergence = broken.divergence.expect("a missing event");
+    assert!(divergence.request.is_some());
+}
