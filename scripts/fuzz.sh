@@ -7,8 +7,8 @@
 # whose input cargo-fuzz leaves under fuzz/targets/artifacts/TARGET/.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]      (default: 30 s, every target)
-#   scripts/fuzz.sh --build-only               (the seeds and the build, no runs: CI
-#                                               builds ahead, in the background)
+#   scripts/fuzz.sh --build-only               (the build alone: CI builds ahead, in
+#                                               the background)
 #
 # FUZZ_SANITIZER=address|none (default none: the decoders are safe Rust, so what the
 # runs hunt is panics and broken round trips, and a build without ASan is minutes faster).
@@ -35,13 +35,14 @@ else
     mapfile -t targets < <(cargo +nightly fuzz list --fuzz-dir "$fuzz_dir")
 fi
 
-# The seeds: built with the default toolchain, written fresh (the corpus keeps what the
-# runs found beside them).
-cargo run --quiet -p kvtwin-fuzz --example seeds -- "$corpus" . >/dev/null
 cargo +nightly fuzz build --fuzz-dir "$fuzz_dir" --sanitizer "$sanitizer"
 if "$build_only"; then
     exit 0
 fi
+# The seeds: built with the default toolchain (target/debug, which `cargo test` has
+# built), written fresh (the corpus keeps what the runs found beside them). Not in
+# --build-only: CI builds ahead while target/debug may still be building.
+cargo run --quiet -p kvtwin-fuzz --example seeds -- "$corpus" . >/dev/null
 
 run_one() {
     local target=$1
