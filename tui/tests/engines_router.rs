@@ -411,7 +411,10 @@ fn two_real_engines_behind_the_router() {
     // 4. An engine killed mid-stream.
     let (_, _, before) = router_view(&address, 1);
     let restarts_before = before["restarts"].as_u64().unwrap();
-    let body = json!({"model": model, "prompt": prompt(200, 4, 0, 3), "max_tokens": 400,
+    // 1,800 tokens: several seconds of decoding even on an idle core (a few ms a token),
+    // so the kill (a Python script starting) lands mid-stream. 400 were done before it
+    // once in CI.
+    let body = json!({"model": model, "prompt": prompt(200, 4, 0, 3), "max_tokens": 1800,
                       "ignore_eos": true, "stream": true});
     let mut stream = TcpStream::connect(&address).unwrap();
     stream
