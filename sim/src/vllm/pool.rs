@@ -16,13 +16,16 @@
 //! unhashed ones to the front, in the order given: callers give a request's blocks
 //! tail first).
 
-use super::free_queue::FreeQueue;
 use kvtwin::block::BlockIdentity;
 use kvtwin::events::{KvCacheEventData, StoredBlock};
 use kvtwin::ids::SequenceHash;
+use kvtwin::pool::IndexLists;
 use kvtwin::tier::Tier;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
+
+/// The free queue's one list.
+const FREE: usize = 0;
 
 /// A block's index in the pool (vLLM's `block_id`).
 pub type VllmBlockId = u32;
@@ -33,7 +36,8 @@ pub struct BlockPool {
     ref_cnt: Vec<u32>,
     /// The identity a block is cached under (vLLM's `block_hash`), `None` when it is not.
     hash: Vec<Option<BlockIdentity>>,
-    free: FreeQueue,
+    /// vLLM's `FreeKVCacheBlockQueue`: one list, front = next evicted.
+    free: IndexLists,
     /// Hash → the blocks cached under it, first inserted first (looked up by key only:
     /// its iteration order is never observed).
     cached: FxHashMap<SequenceHash, SmallVec<[VllmBlockId; 1]>>,
@@ -51,8 +55,11 @@ impl BlockPool {
             num_blocks >= 2,
             "a vLLM pool needs the null block and one more"
         );
-        let mut free = FreeQueue::new(num_blocks);
-        let null = free.pop_front();
+        let mut free = IndexLists::new(num_blocks as usize, 1);
+        for block in 0..num_blocks {
+            free.push_back(FREE, block);
+        }
+        let null = free.pop_front(FREE);
         debug_assert_eq!(null, Some(Self::NULL_BLOCK));
         Self {
             ref_cnt: vec![0; num_blocks as usize],
@@ -65,7 +72,7 @@ impl BlockPool {
 
     /// Blocks in the free queue (eviction candidates included).
     pub fn num_free_blocks(&self) -> usize {
-        self.free.len()
+        self.free.len(FREE)
     }
 
     /// Blocks in the pool, the null block included.
@@ -95,7 +102,8 @@ impl BlockPool {
     pub fn touch(&mut self, blocks: &[VllmBlockId]) {
         for &block in blocks {
             if self.ref_cnt[block as usize] == 0 && block != Self::NULL_BLOCK {
-                self.free.remove(block);
+                let removed = self.free.remove(block);
+                debug_assert!(removed, "unreferenced block {block} not in the free queue");
             }
             self.ref_cnt[block as usize] += 1;
         }
@@ -105,12 +113,12 @@ impl BlockPool {
     /// that was cached loses its hash (a `Removed` event). `None`, with nothing taken,
     /// when fewer than `n` are free.
     pub fn get_new_blocks(&mut self, n: usize) -> Option<Vec<VllmBlockId>> {
-        if n > self.free.len() {
+        if n > self.free.len(FREE) {
             return None;
         }
         let mut blocks = Vec::with_capacity(n);
         for _ in 0..n {
-            let block = self.free.pop_front()?;
+            let block = self.free.pop_front(FREE)?;
             self.evict_cached(block);
             debug_assert_eq!(self.ref_cnt[block as usize], 0);
             self.ref_cnt[block as usize] = 1;
@@ -203,8 +211,13 @@ impl BlockPool {
                 }
             }
         }
-        self.free.push_front_all(&evict_first);
-        self.free.push_back_all(&evict_last);
+        // prepend_n and append_n: both keep the order given.
+        for &block in evict_first.iter().rev() {
+            self.free.push_front(FREE, block);
+        }
+        for &block in &evict_last {
+            self.free.push_back(FREE, block);
+        }
     }
 
     /// The events queued since the last call, in order.
@@ -214,7 +227,7 @@ impl BlockPool {
 
     /// The free queue, front (next evicted) first.
     pub fn free_queue(&self) -> Vec<VllmBlockId> {
-        self.free.iter().collect()
+        self.free.iter(FREE).collect()
     }
 
     /// Every cached hash with the number of blocks cached under it, sorted by hash.
