@@ -223,22 +223,27 @@ pub fn flatten(events: &[KvCacheEventData]) -> Vec<BlockEvent> {
 
 /// What a stream says is cached: each hash with the number of blocks holding it.
 pub fn held(events: &[BlockEvent]) -> BTreeMap<SequenceHash, usize> {
-    let mut held: BTreeMap<SequenceHash, usize> = BTreeMap::new();
+    let mut held = BTreeMap::new();
     for event in events {
-        match event {
-            BlockEvent::Stored { block, .. } => *held.entry(*block).or_default() += 1,
-            BlockEvent::Removed(block) => {
-                if let Some(count) = held.get_mut(block) {
-                    *count -= 1;
-                    if *count == 0 {
-                        held.remove(block);
-                    }
-                }
-            }
-            BlockEvent::Cleared => held.clear(),
-        }
+        apply(&mut held, event);
     }
     held
+}
+
+/// Applies one event to what a stream says is cached.
+fn apply(held: &mut BTreeMap<SequenceHash, usize>, event: &BlockEvent) {
+    match event {
+        BlockEvent::Stored { block, .. } => *held.entry(*block).or_default() += 1,
+        BlockEvent::Removed(block) => {
+            if let Some(count) = held.get_mut(block) {
+                *count -= 1;
+                if *count == 0 {
+                    held.remove(block);
+                }
+            }
+        }
+        BlockEvent::Cleared => held.clear(),
+    }
 }
 
 /// Serves `requests` one at a time on a twin built from `scheduler` and `cache` (each
@@ -261,6 +266,9 @@ pub fn compare_one_at_a_time(
     let mut ends = Vec::with_capacity(requests.len());
     let mut cached = Vec::with_capacity(requests.len());
     let mut held_differs_after = Vec::new();
+    // What the engine's stream holds, up to the twin's position so far.
+    let mut engine_held = BTreeMap::new();
+    let mut applied = 0;
     for (index, served) in requests.iter().enumerate() {
         let sequence: Vec<Token> = served
             .prompt
@@ -299,7 +307,11 @@ pub fn compare_one_at_a_time(
         let twin_held: BTreeMap<SequenceHash, usize> =
             twin.cache().pool().cached_hashes().into_iter().collect();
         let upto = twin_events.len().min(engine.events().len());
-        if held(&engine.events()[..upto]) != twin_held {
+        for event in &engine.events()[applied..upto.max(applied)] {
+            apply(&mut engine_held, event);
+        }
+        applied = applied.max(upto);
+        if engine_held != twin_held {
             held_differs_after.push(index);
         }
     }
