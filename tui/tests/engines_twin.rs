@@ -8,6 +8,14 @@
 //! requests: every request's cached tokens, the flattened event stream and the blocks
 //! held after every request must be the engine's.
 //!
+//! Its token budget is 128 tokens a step (`--max-num-batched-tokens`), under most
+//! prompts, so chunked prefill splits them even one at a time. Then, its cache reset,
+//! the same engine is sent 200 more from four clients at once (each sends its next
+//! request when its last one is answered): prompts of up to 416 tokens share steps in
+//! chunks. Which step a request joins is the engine's timing, which the twin models as
+//! one step of lag; the twin's total cached tokens must be within 1 % of the engine's,
+//! and every request that differs is printed.
+//!
 //! Needs the engines' venv (`scripts/engines/cluster.py setup`); skips with the reason
 //! without it, fails instead with `CI=true`.
 
@@ -25,7 +33,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const REQUESTS: usize = 200;
+const CONCURRENT_REQUESTS: usize = 200;
+const CLIENTS: usize = 4;
 const BLOCK: usize = 32;
+/// The engine's token budget per step (`--max-num-batched-tokens`): under most prompts'
+/// length, so chunked prefill is at work even one request at a time (vLLM wants it no
+/// smaller than `max_num_seqs`).
+const TOKEN_BUDGET: u64 = 128;
+/// vLLM's default `max_num_seqs` for its API server on CPU (`EngineArgs`).
+const MAX_NUM_SEQS: usize = 128;
 
 /// A small deterministic generator (SplitMix64): the workload is the same every run.
 struct Draw(u64);
@@ -51,13 +67,25 @@ impl Draw {
 
 /// What one request sends: its prompt and its output count.
 fn workload() -> Vec<(Vec<u32>, u64)> {
-    let mut draw = Draw(20_261_127);
+    shaped_workload(20_261_127, REQUESTS, 200, 16)
+}
+
+/// `requests` prompts of shared system prompts (64 to 256 tokens) and 1 to `user_max`
+/// tokens of their own, one in five an exact repeat of an earlier one, with 1 to
+/// `outputs_max` outputs each.
+fn shaped_workload(
+    seed: u64,
+    requests: usize,
+    user_max: u64,
+    outputs_max: u64,
+) -> Vec<(Vec<u32>, u64)> {
+    let mut draw = Draw(seed);
     let systems: Vec<Vec<u32>> = [64, 96, 128, 160, 224, 256]
         .iter()
         .map(|&n| draw.tokens(n))
         .collect();
     let mut sent: Vec<(Vec<u32>, u64)> = Vec::new();
-    for _ in 0..REQUESTS {
+    for _ in 0..requests {
         let roll = draw.between(0, 99);
         let prompt = if roll < 20 && !sent.is_empty() {
             // An exact repeat of an earlier prompt.
@@ -66,11 +94,11 @@ fn workload() -> Vec<(Vec<u32>, u64)> {
         } else {
             let system = &systems[draw.between(0, systems.len() as u64 - 1) as usize];
             let mut prompt = system.clone();
-            let user = draw.between(1, 200);
+            let user = draw.between(1, user_max);
             prompt.extend(draw.tokens(user));
             prompt
         };
-        sent.push((prompt, draw.between(1, 16)));
+        sent.push((prompt, draw.between(1, outputs_max)));
     }
     sent
 }
@@ -133,14 +161,28 @@ impl Capture {
         }
     }
 
-    /// Waits until no batch has come for `quiet` (at most 30 s), then the events.
-    fn settled(mut self, quiet: Duration) -> Vec<compare::EngineEvent> {
+    /// Waits until the events name at least `blocks` blocks (a `Stored` or `Removed` of
+    /// n blocks counts n, as the comparison flattens them) and then no batch has come
+    /// for `quiet`, at most 60 s in all; then the events. The count is what the twin
+    /// published for the same requests: an engine whose publisher lags its answers (a
+    /// loaded machine delays its thread by seconds) is waited for, not cut short, and one
+    /// that published fewer is compared once the time is up.
+    fn settled(mut self, blocks: usize, quiet: Duration) -> Vec<compare::EngineEvent> {
         let start = Instant::now();
-        while self.batches.lock().unwrap().1.elapsed() < quiet {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "the stream never settled"
-            );
+        let flattened = |events: &[compare::EngineEvent]| -> usize {
+            events
+                .iter()
+                .map(|event| match event {
+                    compare::EngineEvent::Stored { hashes, .. } => hashes.len(),
+                    compare::EngineEvent::Removed { hashes } => hashes.len(),
+                    compare::EngineEvent::Cleared => 1,
+                })
+                .sum()
+        };
+        while start.elapsed() < Duration::from_secs(60)
+            && (flattened(&self.events.lock().unwrap()) < blocks
+                || self.batches.lock().unwrap().1.elapsed() < quiet)
+        {
             std::thread::sleep(Duration::from_millis(50));
         }
         self.stop.store(true, Ordering::Relaxed);
@@ -177,7 +219,10 @@ fn complete(address: &str, model: &str, prompt: &[u32], max_tokens: u64) -> (Vec
 #[test]
 fn the_twin_caches_and_evicts_what_a_real_engine_does_request_for_request() {
     let test = "the_twin_caches_and_evicts_what_a_real_engine_does_request_for_request";
-    let options = EngineOptions::default();
+    let options = EngineOptions {
+        vllm_args: vec![format!("--max-num-batched-tokens={TOKEN_BUDGET}")],
+        ..EngineOptions::default()
+    };
     let Some(cluster) = Cluster::start_or_skip(test, 1, &options) else {
         return;
     };
@@ -204,11 +249,9 @@ fn the_twin_caches_and_evicts_what_a_real_engine_does_request_for_request() {
             cached_tokens,
         });
     }
-    let events = capture.settled(Duration::from_secs(1));
-
     let scheduler = VllmSchedulerConfig {
-        max_num_seqs: 256,
-        max_num_batched_tokens: 2048,
+        max_num_seqs: MAX_NUM_SEQS,
+        max_num_batched_tokens: TOKEN_BUDGET,
         enable_chunked_prefill: true,
         long_prefill_token_threshold: 0,
         reserve_full_isl: true,
@@ -219,6 +262,12 @@ fn the_twin_caches_and_evicts_what_a_real_engine_does_request_for_request() {
         max_model_len: 2048,
         watermark: 0.0,
     };
+    // The twin alone first: how many block events to wait for.
+    let expected = compare::compare_one_at_a_time(scheduler, cache, &served, &[]).twin_events;
+    let events = capture.settled(expected, Duration::from_secs(1));
+    // Served before the comparison: the comparison's verdicts come last, so a failure in
+    // one phase still shows the other's figures.
+    let concurrent = serve_concurrently(&engine.address, &cluster.model);
     let result = compare::compare_one_at_a_time(scheduler, cache, &served, &events);
     let hits: u64 = served.iter().map(|s| s.cached_tokens).sum();
     let removed = events
@@ -251,9 +300,88 @@ fn the_twin_caches_and_evicts_what_a_real_engine_does_request_for_request() {
             )
         })
         .collect();
+
+    let closed = compare::compare_closed_loop(scheduler, cache, &concurrent, CLIENTS, 1);
+    // How much the lag matters, for whoever reads a failure.
+    let by_lag: Vec<String> = (0..4)
+        .map(|lag| {
+            let c = compare::compare_closed_loop(scheduler, cache, &concurrent, CLIENTS, lag);
+            format!("lag {lag}: {:.2} %", 100.0 * c.total_error())
+        })
+        .collect();
+    eprintln!("{}", by_lag.join(", "));
+    let (engine_total, twin_total) = closed.totals();
+    let differences: Vec<String> = concurrent
+        .iter()
+        .zip(&closed.cached)
+        .enumerate()
+        .filter(|(_, (_, c))| c.engine != c.twin)
+        .map(|(i, (s, c))| format!("#{i} ({}): {}/{}", s.prompt.len(), c.engine, c.twin))
+        .collect();
+    eprintln!(
+        "{CONCURRENT_REQUESTS} requests from {CLIENTS} clients: engine cached {engine_total} \
+         tokens, twin {twin_total} ({:.2} % apart); {} requests differ (#index (prompt): \
+         engine/twin): {}; twin: {} partial prefills, {} preemptions, {} unserved",
+        100.0 * closed.total_error(),
+        differences.len(),
+        differences.join(" "),
+        closed.twin_partial_prefills,
+        closed.twin_preemptions,
+        closed.twin_unserved,
+    );
+
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
     assert_eq!(result.unknown_hashes, 0);
     assert_eq!(result.divergence, None);
     assert!(result.held_differs_after.is_empty());
     assert!(result.exact());
+
+    assert!(engine_total > 0, "no hits from {CLIENTS} clients");
+    assert!(
+        closed.twin_partial_prefills > 0,
+        "chunked prefill never split a prompt"
+    );
+    assert_eq!(closed.twin_unserved, 0);
+    assert!(
+        closed.total_error() <= 0.01,
+        "total cached tokens: engine {engine_total}, twin {twin_total}"
+    );
+}
+
+/// Resets the engine's prefix cache, then sends [`CONCURRENT_REQUESTS`] from
+/// [`CLIENTS`] closed-loop clients; what each was served, in order of sending.
+fn serve_concurrently(address: &str, model: &str) -> Vec<ServedRequest> {
+    let (status, answer) = http(address, "POST", "/reset_prefix_cache", "");
+    assert_eq!(status, 200, "reset_prefix_cache: {answer}");
+    // 1 to 160 tokens of their own: four of the longest (13 blocks with their outputs)
+    // fit the 64 blocks at once, so the engine rarely has to preempt.
+    let requests = Arc::new(shaped_workload(20_261_128, CONCURRENT_REQUESTS, 160, 24));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let served = Arc::new(Mutex::new(vec![None; CONCURRENT_REQUESTS]));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (requests, next, served) = (requests.clone(), next.clone(), served.clone());
+            let (address, model) = (address.to_string(), model.to_string());
+            std::thread::spawn(move || loop {
+                let index = next.fetch_add(1, Ordering::SeqCst);
+                let Some((prompt, max_tokens)) = requests.get(index) else {
+                    break;
+                };
+                let (outputs, cached_tokens) = complete(&address, &model, prompt, *max_tokens);
+                served.lock().unwrap()[index] = Some(ServedRequest {
+                    prompt: prompt.clone(),
+                    outputs,
+                    cached_tokens,
+                });
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().expect("a client");
+    }
+    let served = std::mem::take(&mut *served.lock().unwrap());
+    served
+        .into_iter()
+        .map(|s| s.expect("every request answered"))
+        .collect()
 }

@@ -1,12 +1,13 @@
-//! The twin beside a real vLLM engine that served the same requests one at a time:
-//! prompt tokens found cached, request by request, and the KV event streams, block by
-//! block.
+//! The twin beside a real vLLM engine that served the same requests: one at a time
+//! (prompt tokens found cached, request by request, and the KV event streams, block by
+//! block), or from a fixed number of clients at once (cached tokens per request and in
+//! total: which step a request joins is the engine's timing, not its cache's).
 //!
 //! Owns: [`ServedRequest`] and [`EngineEvent`] (what a capture of a real engine gives:
 //! each request's prompt, the outputs the engine generated and its reported cached
 //! tokens; the engine's events with its own hashes and the token ids they carry), the
 //! translation of engine hashes into kvtwin's chained hashes through those token ids,
-//! and [`compare_one_at_a_time`]. Both streams are flattened to one entry per block
+//! [`compare_one_at_a_time`] and [`compare_closed_loop`]. Both streams are flattened to one entry per block
 //! (a `Stored` of several blocks is the same as one per block, each the parent of the
 //! next), so batching never counts as a difference. Never: talk to an engine (the
 //! capture is the caller's), or time anything.
@@ -20,7 +21,7 @@ use kvtwin::ids::{RequestId, SequenceHash};
 use kvtwin::tokens::{
     chain_sequence_hash, compute_local_hash, compute_local_hashes, HashSeed, Token,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 /// One request a real engine served: what it was sent, what it generated, and the
 /// prompt tokens it reported cached (`usage.prompt_tokens_details.cached_tokens`).
@@ -270,23 +271,7 @@ pub fn compare_one_at_a_time(
     let mut engine_held = BTreeMap::new();
     let mut applied = 0;
     for (index, served) in requests.iter().enumerate() {
-        let sequence: Vec<Token> = served
-            .prompt
-            .iter()
-            .chain(&served.outputs)
-            .copied()
-            .collect();
-        let identities = BlockIdentity::chain(&compute_local_hashes(
-            &sequence,
-            block_size,
-            HashSeed::default(),
-        ));
-        twin.add_request(VllmRequest::new(
-            RequestId::new(index as u64),
-            identities,
-            served.prompt.len() as u64,
-            served.outputs.len().max(1) as u64,
-        ));
+        twin.add_request(twin_request(index, served, block_size));
         let mut twin_cached = 0;
         while twin.num_unfinished() > 0 {
             let Some(step) = twin.step() else {
@@ -329,6 +314,148 @@ pub fn compare_one_at_a_time(
         held_differs_after,
         unknown_hashes: engine.unknown,
     }
+}
+
+/// The twin of `clients` closed-loop clients (each sends its next request when its last
+/// one is answered) against an engine that served `requests` that way, in that order of
+/// sending; see [`compare_closed_loop`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClosedLoopComparison {
+    /// Per request, in order of sending.
+    pub cached: Vec<CachedTokens>,
+    /// Requests the twin preempted (recomputed), counted once per preemption.
+    pub twin_preemptions: u64,
+    /// Requests the twin could never schedule (longer than its cache): their `twin`
+    /// cached tokens are 0.
+    pub twin_unserved: usize,
+    /// Prefill chunks the twin scheduled short of their prompt's end (the token budget
+    /// or other requests took the rest of the step): chunked prefill at work.
+    pub twin_partial_prefills: u64,
+}
+
+impl ClosedLoopComparison {
+    /// Prompt tokens found cached in all, (engine, twin).
+    pub fn totals(&self) -> (u64, u64) {
+        self.cached
+            .iter()
+            .fold((0, 0), |(e, t), c| (e + c.engine, t + c.twin))
+    }
+
+    /// |twin - engine| / engine of the totals (0 when both are 0).
+    pub fn total_error(&self) -> f64 {
+        let (engine, twin) = self.totals();
+        if engine == 0 {
+            return if twin == 0 { 0.0 } else { f64::INFINITY };
+        }
+        (twin as f64 - engine as f64).abs() / engine as f64
+    }
+}
+
+/// Serves `requests` on a twin as `clients` closed-loop clients would: the first
+/// `clients` requests wait at the start, and each answer sends the next request in
+/// order, which the engine sees `join_lag_steps` steps after the step that answered
+/// (a real engine schedules its next step as soon as one ends, before the answer has
+/// crossed its API server, the client and back: 1 step on the engines of
+/// scripts/engines). Steps are the unit of time: a step's duration does not change what
+/// a cache holds, only which step a request joins, and the lag is that model.
+pub fn compare_closed_loop(
+    scheduler: VllmSchedulerConfig,
+    cache: VllmCacheConfig,
+    requests: &[ServedRequest],
+    clients: usize,
+    join_lag_steps: usize,
+) -> ClosedLoopComparison {
+    let block_size = usize::try_from(cache.block_size).unwrap_or(usize::MAX);
+    let mut twin = VllmScheduler::new(scheduler, cache);
+    let mut twin_cached = vec![None; requests.len()];
+    let mut twin_preemptions = 0;
+    let mut twin_partial_prefills = 0;
+    let mut next = 0;
+    // Requests sent and not yet seen by the engine: (the step they join before, index).
+    let mut in_transit: VecDeque<(u64, usize)> = VecDeque::new();
+    for index in 0..clients.min(requests.len()) {
+        in_transit.push_back((0, index));
+        next = index + 1;
+    }
+    let mut step_number = 0_u64;
+    loop {
+        while in_transit.front().is_some_and(|&(at, _)| at <= step_number) {
+            let (_, index) = in_transit.pop_front().expect("a request in transit");
+            let served = &requests[index];
+            twin.add_request(twin_request(index, served, block_size));
+        }
+        if twin.num_unfinished() == 0 && in_transit.is_empty() {
+            break;
+        }
+        let Some(step) = twin.step() else {
+            if let Some(&(at, _)) = in_transit.front() {
+                // Idle until the next request arrives.
+                step_number = step_number.max(at);
+                continue;
+            }
+            // Nothing fits and nothing is coming: what is left could never be served.
+            break;
+        };
+        step_number += 1;
+        twin_preemptions += step.preempted.len() as u64;
+        twin_partial_prefills += step
+            .scheduled
+            .iter()
+            .filter(|s| {
+                let index = usize::try_from(s.id.get()).unwrap_or(usize::MAX);
+                s.prefill
+                    && requests
+                        .get(index)
+                        .is_some_and(|r| s.context + s.tokens < r.prompt.len() as u64)
+            })
+            .count() as u64;
+        for done in &step.finished {
+            let index = usize::try_from(done.id.get()).unwrap_or(usize::MAX);
+            if let Some(slot) = twin_cached.get_mut(index) {
+                *slot = Some(done.cached_tokens);
+            }
+            if next < requests.len() {
+                in_transit.push_back((step_number + join_lag_steps as u64, next));
+                next += 1;
+            }
+        }
+    }
+    let twin_unserved = twin_cached.iter().filter(|c| c.is_none()).count();
+    ClosedLoopComparison {
+        cached: requests
+            .iter()
+            .zip(&twin_cached)
+            .map(|(served, twin)| CachedTokens {
+                engine: served.cached_tokens,
+                twin: twin.unwrap_or(0),
+            })
+            .collect(),
+        twin_preemptions,
+        twin_unserved,
+        twin_partial_prefills,
+    }
+}
+
+/// The twin's request for `served`, the `index`th: its prompt and the engine's outputs,
+/// hashed into blocks (so output blocks hash alike in both).
+fn twin_request(index: usize, served: &ServedRequest, block_size: usize) -> VllmRequest {
+    let sequence: Vec<Token> = served
+        .prompt
+        .iter()
+        .chain(&served.outputs)
+        .copied()
+        .collect();
+    let identities = BlockIdentity::chain(&compute_local_hashes(
+        &sequence,
+        block_size,
+        HashSeed::default(),
+    ));
+    VllmRequest::new(
+        RequestId::new(index as u64),
+        identities,
+        served.prompt.len() as u64,
+        served.outputs.len().max(1) as u64,
+    )
 }
 
 fn first_divergence(twin: &[BlockEvent], engine: &[BlockEvent]) -> Option<usize> {

@@ -378,3 +378,91 @@ fn the_comparison_is_exact_on_its_own_stream_and_names_the_first_difference() {
     let divergence = broken.divergence.expect("a missing event");
     assert!(divergence.request.is_some());
 }
+
+#[test]
+fn one_closed_loop_client_is_the_one_at_a_time_run_and_more_clients_share_prefixes_in_flight() {
+    // Eight prompts sharing 3 blocks: with one client each finds the shared blocks
+    // cached by the one before. With four at once, the first four are admitted in one
+    // step and still only the first finds nothing: `allocate_slots` caches a request's
+    // full blocks when it is scheduled, before they are computed, so the next lookup of
+    // the same step hits them (vLLM's `Scheduler.schedule` does the same).
+    let shared = tokens(100, 96);
+    let served: Vec<compare::ServedRequest> = (0..8u32)
+        .map(|i| compare::ServedRequest {
+            prompt: shared
+                .iter()
+                .copied()
+                .chain(tokens(1000 + 100 * i, 40))
+                .collect(),
+            outputs: tokens(50_000 + i * 64, 4),
+            cached_tokens: 0,
+        })
+        .collect();
+    let scheduler = VllmSchedulerConfig {
+        max_num_seqs: 256,
+        max_num_batched_tokens: 2048,
+        enable_chunked_prefill: true,
+        long_prefill_token_threshold: 0,
+        reserve_full_isl: true,
+    };
+    let cache = VllmCacheConfig {
+        num_gpu_blocks: 65,
+        block_size: BLOCK,
+        max_model_len: 2048,
+        watermark: 0.0,
+    };
+    let events = as_engine_events(&served);
+    let sequential = compare::compare_one_at_a_time(scheduler, cache, &served, &events);
+    let one_client = compare::compare_closed_loop(scheduler, cache, &served, 1, 0);
+    let twin = |cached: &[compare::CachedTokens]| cached.iter().map(|c| c.twin).collect::<Vec<_>>();
+    assert_eq!(twin(&one_client.cached), twin(&sequential.cached));
+    assert_eq!(twin(&one_client.cached)[0], 0);
+    assert!(twin(&one_client.cached)[1..].iter().all(|&c| c == 96));
+    assert_eq!(
+        (one_client.twin_preemptions, one_client.twin_unserved),
+        (0, 0)
+    );
+
+    let four = compare::compare_closed_loop(scheduler, cache, &served, 4, 1);
+    assert_eq!(twin(&four.cached), twin(&sequential.cached));
+    // The engine said 0 everywhere: the error of the totals is the twin's whole total.
+    assert_eq!(four.totals(), (0, 7 * 96));
+    assert!(four.total_error().is_infinite());
+}
+
+#[test]
+fn closed_loop_clients_that_outgrow_the_cache_are_preempted_and_all_still_served() {
+    // 8 usable blocks; each request needs 2 prompt blocks and grows into a third and a
+    // fourth while decoding, so four at once must preempt.
+    let served: Vec<compare::ServedRequest> = (0..12u32)
+        .map(|i| compare::ServedRequest {
+            prompt: tokens(1000 + 100 * i, 60),
+            outputs: tokens(50_000 + i * 128, 60),
+            cached_tokens: 0,
+        })
+        .collect();
+    let scheduler = VllmSchedulerConfig {
+        max_num_seqs: 256,
+        max_num_batched_tokens: 64,
+        enable_chunked_prefill: true,
+        long_prefill_token_threshold: 0,
+        reserve_full_isl: true,
+    };
+    let cache = VllmCacheConfig {
+        num_gpu_blocks: 9,
+        block_size: BLOCK,
+        max_model_len: 2048,
+        watermark: 0.0,
+    };
+    let four = compare::compare_closed_loop(scheduler, cache, &served, 4, 1);
+    assert!(four.twin_preemptions > 0, "{four:?}");
+    // 60-token prompts under a 64-token budget, four at a time: chunks.
+    assert!(four.twin_partial_prefills > 0, "{four:?}");
+    assert_eq!(four.twin_unserved, 0);
+    assert_eq!(four.cached.len(), 12);
+    // A request longer than the whole cache is never served and is said so.
+    let mut too_long = served.clone();
+    too_long[5].prompt = tokens(9000, 400);
+    let stuck = compare::compare_closed_loop(scheduler, cache, &too_long, 4, 1);
+    assert!(stuck.twin_unserved >= 1, "{stuck:?}");
+}

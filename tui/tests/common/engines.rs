@@ -28,6 +28,9 @@ pub(crate) struct EngineOptions {
     pub(crate) blocks: u32,
     /// Tokens per block (a multiple of 32 on vLLM's CPU build).
     pub(crate) block_size: u32,
+    /// More arguments for every engine's command line, each one token
+    /// (`--max-num-batched-tokens=256`).
+    pub(crate) vllm_args: Vec<String>,
 }
 
 impl Default for EngineOptions {
@@ -35,6 +38,7 @@ impl Default for EngineOptions {
         Self {
             blocks: 65,
             block_size: 32,
+            vllm_args: Vec::new(),
         }
     }
 }
@@ -132,15 +136,23 @@ impl Cluster {
             options.blocks.to_string(),
             options.block_size.to_string(),
         );
-        let args = [
-            "--engines",
-            &count,
-            "--blocks",
-            &blocks,
-            "--block-size",
-            &block_size,
-            "--json",
+        let mut args = vec![
+            "--engines".to_string(),
+            count,
+            "--blocks".to_string(),
+            blocks,
+            "--block-size".to_string(),
+            block_size,
+            "--json".to_string(),
         ];
+        // `=`: argparse would take a value starting with `--` for an option of its own.
+        args.extend(
+            options
+                .vllm_args
+                .iter()
+                .map(|arg| format!("--vllm-arg={arg}")),
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (code, stdout, stderr) =
             run("up", &args, run_dir.path()).map_err(ClusterError::Unavailable)?;
         match code {
