@@ -25,6 +25,7 @@ mod plan_output;
 mod plan_plot;
 mod plot;
 mod profile;
+mod profile_engine;
 mod progress;
 mod service;
 mod sweep;

@@ -1,8 +1,11 @@
 //! `kvtwin profile`: one replica's capacity tables, written where NVIDIA Dynamo's SLA
-//! planner reads them (its `--profile-results-dir`), and printed as two short tables.
+//! planner reads them (its `--profile-results-dir`), and printed as two short tables:
+//! predicted by the simulator for a scenario's worker, or measured on a running engine
+//! (`--engine URL`, [`crate::profile_engine`]).
 //!
 //! Owns: the flags, loading the scenario, and the output. Never: measure or interpolate
-//! anything itself: that is `kvtwin_sim::autoscale::profile`'s.
+//! anything itself: that is `kvtwin_sim::autoscale::profile`'s (or, for an engine,
+//! `profile_engine`'s).
 
 use anyhow::{Context, Result};
 use kvtwin_sim::autoscale::profile::{
@@ -17,7 +20,31 @@ use std::path::PathBuf;
 pub(crate) struct ProfileArgs {
     /// The scenario whose worker is profiled (one replica of it: its hardware, compute
     /// model and worker; the cluster, faults and workload are ignored).
-    scenario: PathBuf,
+    #[arg(required_unless_present = "engine")]
+    scenario: Option<PathBuf>,
+    /// Measures a running engine instead of simulating one: its OpenAI-compatible URL
+    /// (`http://HOST:PORT`; a vLLM engine, whose metrics give its cache's size and block
+    /// size). Prefill time by prompt length and decode step time by batch and context,
+    /// each `--repeats` times; also writes `compute.ron` (the `Table` compute model) and
+    /// `engine_profile.json` (every repeat).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["scenario", "set", "kv_usage"])]
+    engine: Option<String>,
+    /// With --engine: times each point is measured (the median is kept, the spread
+    /// printed and recorded).
+    #[arg(long, default_value_t = 3, requires = "engine")]
+    repeats: usize,
+    /// With --engine: batch sizes to measure decode at (default 1,2,4,8,16,32, those
+    /// that fit the cache).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "SEQUENCES",
+        requires = "engine"
+    )]
+    batch: Option<Vec<u64>>,
+    /// With --engine: output tokens of each decoding sequence.
+    #[arg(long, default_value_t = 32, requires = "engine")]
+    osl: u32,
     /// The folder to write into, in Dynamo's layout:
     /// selected_prefill_interpolation/raw_data.npz,
     /// selected_decode_interpolation/raw_data.npz, prefill_raw_data.json and
@@ -25,11 +52,12 @@ pub(crate) struct ProfileArgs {
     #[arg(long)]
     out: PathBuf,
     /// Input lengths to profile prefill at, tokens (default: 128 to 16,384 by powers of
-    /// two, those that fit the device).
+    /// two, those that fit the device; with --engine, the block size doubled up to what
+    /// the engine takes).
     #[arg(long, value_delimiter = ',', value_name = "TOKENS")]
     isl: Option<Vec<usize>>,
     /// Context lengths to profile decode at, tokens (default: 512 to 16,384 by powers of
-    /// two, those of which two fit the device).
+    /// two, those of which two fit the device; with --engine, 4, 16 and 32 blocks).
     #[arg(long, value_delimiter = ',', value_name = "TOKENS")]
     context: Option<Vec<usize>>,
     /// KV usages to profile decode at, fractions of the device's KV tokens (default:
@@ -44,7 +72,24 @@ pub(crate) struct ProfileArgs {
 
 /// `kvtwin profile`.
 pub(crate) fn profile(args: &ProfileArgs) -> Result<()> {
-    let scenario = Scenario::load(&args.scenario)?;
+    if let Some(url) = &args.engine {
+        let as_tokens = |list: &Option<Vec<usize>>| {
+            list.as_ref()
+                .map(|list| list.iter().map(|&n| n as u64).collect())
+        };
+        let grid = crate::profile_engine::EngineGrid {
+            isl: as_tokens(&args.isl),
+            contexts: as_tokens(&args.context),
+            batches: args.batch.clone(),
+            osl: args.osl,
+            repeats: args.repeats,
+        };
+        return crate::profile_engine::profile_engine(url, &grid, &args.out);
+    }
+    let Some(path) = &args.scenario else {
+        anyhow::bail!("kvtwin profile needs a scenario or --engine URL");
+    };
+    let scenario = Scenario::load(path)?;
     let scenario = if args.set.is_empty() {
         scenario
     } else {

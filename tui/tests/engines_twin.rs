@@ -16,6 +16,9 @@
 //! one step of lag; the twin's total cached tokens must be within 1 % of the engine's,
 //! and every request that differs is printed.
 //!
+//! Last, `kvtwin profile --engine` measures the same engine (a small grid, two repeats):
+//! Dynamo's planner tables, a `Table` compute model that validates, and every repeat.
+//!
 //! Needs the engines' venv (`scripts/engines/cluster.py setup`); skips with the reason
 //! without it, fails instead with `CI=true`.
 
@@ -268,6 +271,8 @@ fn the_twin_caches_and_evicts_what_a_real_engine_does_request_for_request() {
     // Served before the comparison: the comparison's verdicts come last, so a failure in
     // one phase still shows the other's figures.
     let concurrent = serve_concurrently(&engine.address, &cluster.model);
+    let profile_dir = tempfile::tempdir().unwrap();
+    let profile = profile_engine(&engine.url, profile_dir.path());
     let result = compare::compare_one_at_a_time(scheduler, cache, &served, &events);
     let hits: u64 = served.iter().map(|s| s.cached_tokens).sum();
     let removed = events
@@ -346,6 +351,72 @@ fn the_twin_caches_and_evicts_what_a_real_engine_does_request_for_request() {
         closed.total_error() <= 0.01,
         "total cached tokens: engine {engine_total}, twin {twin_total}"
     );
+
+    check_profile(&profile, profile_dir.path());
+}
+
+/// Runs `kvtwin profile --engine` on the engine; its output.
+fn profile_engine(url: &str, out: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kvtwin"))
+        .args(["profile", "--engine", url, "--out"])
+        .arg(out)
+        .args([
+            "--isl",
+            "32,256,1024",
+            "--context",
+            "128,512",
+            "--batch",
+            "1,4",
+        ])
+        .args(["--repeats", "2", "--osl", "8"])
+        .output()
+        .expect("kvtwin runs")
+}
+
+/// What `kvtwin profile --engine` wrote: the points asked for that fit (4 × 520 tokens
+/// does not fit 2,048), each measured twice, a compute table that validates, and
+/// Dynamo's files.
+fn check_profile(output: &std::process::Output, dir: &std::path::Path) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("kvtwin profile --engine:\n{stdout}{stderr}");
+    assert!(output.status.success(), "{stderr}");
+    let raw: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("engine_profile.json")).unwrap())
+            .unwrap();
+    assert_eq!(raw["num_gpu_blocks"], 65);
+    assert_eq!(raw["block_size"], 32);
+    let prefill = raw["prefill"].as_array().unwrap();
+    assert_eq!(prefill.len(), 3);
+    let decode = raw["decode"].as_array().unwrap();
+    let points: Vec<(u64, u64)> = decode
+        .iter()
+        .map(|p| (p["context"].as_u64().unwrap(), p["batch"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(points, [(128, 1), (128, 4), (512, 1)]);
+    assert_eq!(raw["decode_skipped"], json!(["4×512"]));
+    for point in prefill.iter().chain(decode) {
+        let ms = point["ms"].as_array().unwrap();
+        assert_eq!(ms.len(), 2, "{point}");
+        assert!(ms.iter().all(|m| m.as_f64().unwrap() > 0.0), "{point}");
+    }
+    let compute = std::fs::read_to_string(dir.join("compute.ron")).unwrap();
+    match ron::from_str::<kvtwin_sim::compute::ComputeModel>(&compute).unwrap() {
+        kvtwin_sim::compute::ComputeModel::Table(table) => {
+            table.validate().unwrap();
+            assert_eq!(table.max_kv_tokens, 2048);
+            assert_eq!(table.prefill_isl, [32, 256, 1024]);
+        }
+        other => panic!("not a table: {other:?}"),
+    }
+    for file in [
+        "prefill_raw_data.json",
+        "decode_raw_data.json",
+        "selected_prefill_interpolation/raw_data.npz",
+        "selected_decode_interpolation/raw_data.npz",
+    ] {
+        assert!(dir.join(file).is_file(), "{file} missing");
+    }
 }
 
 /// Resets the engine's prefix cache, then sends [`CONCURRENT_REQUESTS`] from

@@ -1,0 +1,560 @@
+//! `kvtwin profile --engine URL`: a running OpenAI-compatible engine measured as
+//! Dynamo's profiler measures one, so the twin of a cluster runs on that cluster's own
+//! speed.
+//!
+//! Owns: the engine's description (vLLM's `/v1/models` and its `cache_config_info`
+//! metric: the model, the block size, the cache's blocks), the grid and what fits it,
+//! the measurements, their spread over repeats, and the files:
+//! - prefill: one request alone, a fresh prompt of each length (no prefix hit) and one
+//!   output token; its time to first token;
+//! - decode: a batch of fresh prompts of one context length streamed together; the step
+//!   time is the median gap between output chunks while every sequence of the batch is
+//!   decoding (after the last first token, before the first last token), so neither
+//!   prefill nor a shrinking batch blurs it;
+//! - each point `--repeats` times, the median kept and the spread (min, max) beside it.
+//!
+//! Writes into `--out`: Dynamo's planner tables (`write_profiles`: the npz and JSON
+//! files of its `--profile-results-dir`), `compute.ron` (the `Table` compute model a
+//! scenario's hardware or `kvtwin estimate --compute` takes) and `engine_profile.json`
+//! (every repeat of every point, the engine and the grid).
+//! Never: simulate anything, or run two points at once (each is alone on the engine);
+//! it does leave the engine's cache full of its own prompts.
+
+use anyhow::{bail, Context, Result};
+use kvtwin_plane::bench::serve::request::{send, Target};
+use kvtwin_plane::bench::serve::workload::{block_tokens, PlannedRequest};
+use kvtwin_plane::bench::serve::RequestRecord;
+use kvtwin_plane::service::frontend::engine_client::{EngineClient, EngineTimeouts};
+use kvtwin_sim::autoscale::profile::{
+    table_from_profiles, write_profiles, DecodeProfile, PrefillProfile,
+};
+use kvtwin_sim::compute::ComputeModel;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The seed of every prompt's tokens; prompts differ by their blocks' ids.
+const PROMPT_SEED: u64 = 0x6b76_7477_696e;
+/// Blocks one prompt may span (ids are `prompt × this + block`).
+const PROMPT_BLOCKS_MAX: u64 = 1 << 16;
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub(crate) struct EngineGrid {
+    /// Prompt lengths for prefill; `None`: the block size doubled up to what fits.
+    pub(crate) isl: Option<Vec<u64>>,
+    /// Prompt lengths of decoding batches; `None`: 4, 16 and 32 blocks, those that fit.
+    pub(crate) contexts: Option<Vec<u64>>,
+    /// Batch sizes; `None`: 1, 2, 4, 8, 16, 32, those that fit the cache.
+    pub(crate) batches: Option<Vec<u64>>,
+    /// Output tokens of each decoding sequence.
+    pub(crate) osl: u32,
+    /// Times each point is measured.
+    pub(crate) repeats: usize,
+}
+
+/// What the engine says about itself.
+#[derive(Clone, Debug)]
+struct EngineInfo {
+    model: String,
+    block_size: u64,
+    num_gpu_blocks: u64,
+    max_model_len: u64,
+}
+
+impl EngineInfo {
+    /// Tokens its cache holds: vLLM keeps one block back (its null block).
+    fn max_kv_tokens(&self) -> u64 {
+        self.num_gpu_blocks.saturating_sub(1) * self.block_size
+    }
+}
+
+/// One point's repeats, milliseconds, in the order measured.
+#[derive(Clone, Debug)]
+struct Repeats(Vec<f64>);
+
+impl Repeats {
+    fn median(&self) -> f64 {
+        let mut sorted = self.0.clone();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        if n == 0 {
+            return 0.0;
+        }
+        if n % 2 == 1 {
+            sorted[n / 2]
+        } else {
+            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+        }
+    }
+
+    fn min(&self) -> f64 {
+        self.0.iter().copied().fold(f64::INFINITY, f64::min)
+    }
+
+    fn max(&self) -> f64 {
+        self.0.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "ms": self.0,
+            "median_ms": self.median(),
+            "min_ms": self.min(),
+            "max_ms": self.max(),
+        })
+    }
+}
+
+/// `kvtwin profile --engine URL --out DIR`.
+pub(crate) fn profile_engine(url: &str, grid: &EngineGrid, out: &Path) -> Result<()> {
+    if grid.repeats == 0 {
+        bail!("--repeats must be at least 1");
+    }
+    if grid.osl < 2 {
+        bail!("--osl must be at least 2: a decode step is the gap between two outputs");
+    }
+    let url = url.trim_end_matches('/').to_string();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(measure_and_write(&url, grid, out))
+}
+
+async fn measure_and_write(url: &str, grid: &EngineGrid, out: &Path) -> Result<()> {
+    let client = EngineClient::new(EngineTimeouts::default());
+    let info = engine_info(&client, url).await?;
+    let max_kv = info.max_kv_tokens();
+    let limit = max_kv.min(info.max_model_len.saturating_sub(1));
+    let isls: Vec<u64> = match &grid.isl {
+        Some(isls) => isls.clone(),
+        None => std::iter::successors(Some(info.block_size), |isl| Some(isl * 2))
+            .take_while(|&isl| isl <= limit)
+            .collect(),
+    };
+    if let Some(&isl) = isls.iter().find(|&&isl| isl == 0 || isl > limit) {
+        bail!("--isl {isl}: the engine takes prompts of 1 to {limit} tokens");
+    }
+    let contexts: Vec<u64> = match &grid.contexts {
+        Some(contexts) => contexts.clone(),
+        None => [4, 16, 32]
+            .iter()
+            .map(|blocks| blocks * info.block_size)
+            .filter(|&context| context + u64::from(grid.osl) <= limit)
+            .collect(),
+    };
+    let batches = grid
+        .batches
+        .clone()
+        .unwrap_or_else(|| vec![1, 2, 4, 8, 16, 32]);
+    let target = Target {
+        url: url.to_string(),
+        model: info.model.clone(),
+        stream: true,
+        timeout: Duration::from_secs(600),
+    };
+    eprintln!(
+        "kvtwin profile: {url} serves {} ({} blocks of {} tokens: {max_kv} KV tokens; \
+         prompts up to {} tokens); {} repeats a point",
+        info.model, info.num_gpu_blocks, info.block_size, info.max_model_len, grid.repeats
+    );
+    let mut prompts = Prompts {
+        next: 0,
+        block_size: info.block_size,
+    };
+    // The first request of an engine pays for what it sets up on first use.
+    let warm_up = prompts.planned(info.block_size, 2);
+    check(send(&client, &target, warm_up, Instant::now()).await, url)?;
+
+    let mut prefill_points = Vec::new();
+    for &isl in &isls {
+        let mut repeats = Vec::with_capacity(grid.repeats);
+        for _ in 0..grid.repeats {
+            let planned = prompts.planned(isl, 1);
+            let record = check(send(&client, &target, planned, Instant::now()).await, url)?;
+            let ttft = record.ttft.context("an answer without output")?;
+            repeats.push(ttft.as_secs_f64() * 1e3);
+        }
+        let repeats = Repeats(repeats);
+        eprintln!(
+            "  prefill {isl:>6} tokens: {:>9.2} ms (min {:.2}, max {:.2})",
+            repeats.median(),
+            repeats.min(),
+            repeats.max()
+        );
+        prefill_points.push((isl, repeats));
+    }
+
+    let mut decode_points = Vec::new();
+    let mut skipped = Vec::new();
+    for &context in &contexts {
+        for &batch in &batches {
+            let tokens = batch * (context + u64::from(grid.osl));
+            if batch == 0 || tokens > max_kv || context + u64::from(grid.osl) > limit {
+                skipped.push(format!("{batch}×{context}"));
+                continue;
+            }
+            let mut repeats = Vec::with_capacity(grid.repeats);
+            for _ in 0..grid.repeats {
+                let planned: Vec<PlannedRequest> = (0..batch)
+                    .map(|_| prompts.planned(context, grid.osl))
+                    .collect();
+                let origin = Instant::now();
+                let records = futures::future::join_all(
+                    planned
+                        .into_iter()
+                        .map(|planned| send(&client, &target, planned, origin)),
+                )
+                .await;
+                let records = records
+                    .into_iter()
+                    .map(|record| check(record, url))
+                    .collect::<Result<Vec<_>>>()?;
+                repeats.push(step_ms(&records).with_context(|| {
+                    format!("batch {batch} at context {context}: no output gaps")
+                })?);
+            }
+            let repeats = Repeats(repeats);
+            eprintln!(
+                "  decode  batch {batch:>3} × {context:>6} tokens: {:>8.2} ms a step (min {:.2}, max {:.2})",
+                repeats.median(),
+                repeats.min(),
+                repeats.max()
+            );
+            decode_points.push((context, batch, repeats));
+        }
+    }
+    if decode_points.is_empty() {
+        bail!("no decode point fits the engine's {max_kv} KV tokens");
+    }
+
+    let prefill = PrefillProfile {
+        isl: prefill_points.iter().map(|(isl, _)| *isl as f64).collect(),
+        ttft_ms: prefill_points.iter().map(|(_, r)| r.median()).collect(),
+        thpt_per_gpu: prefill_points
+            .iter()
+            .map(|(isl, r)| *isl as f64 / (r.median() / 1e3))
+            .collect(),
+    };
+    // Dynamo's decode context is the prompt and half the outputs: the mean while decoding.
+    let mean_context = |context: u64| context as f64 + f64::from(grid.osl) / 2.0;
+    let decode = DecodeProfile {
+        max_kv_tokens: max_kv,
+        kv_usage: decode_points
+            .iter()
+            .map(|(context, batch, _)| *batch as f64 * mean_context(*context) / max_kv as f64)
+            .collect(),
+        context_length: decode_points
+            .iter()
+            .map(|(context, _, _)| mean_context(*context))
+            .collect(),
+        itl_ms: decode_points.iter().map(|(_, _, r)| r.median()).collect(),
+        thpt_per_gpu: decode_points
+            .iter()
+            .map(|(_, batch, r)| *batch as f64 / (r.median() / 1e3))
+            .collect(),
+    };
+    let name = format!("{} measured at {url}", info.model);
+    let mut table = table_from_profiles(&name, &prefill, &decode).context("the measured table")?;
+    table.max_kv_tokens = max_kv;
+
+    std::fs::create_dir_all(out).with_context(|| format!("--out {}", out.display()))?;
+    let mut written = write_profiles(out, &prefill, &decode)?;
+    let compute = out.join("compute.ron");
+    let ron = ron::ser::to_string_pretty(&ComputeModel::Table(table), Default::default())
+        .context("writing the compute table")?;
+    write(&compute, &(ron + "\n"))?;
+    written.push(compute);
+    let raw = json!({
+        "engine": url,
+        "model": info.model,
+        "block_size": info.block_size,
+        "num_gpu_blocks": info.num_gpu_blocks,
+        "max_kv_tokens": max_kv,
+        "max_model_len": info.max_model_len,
+        "repeats": grid.repeats,
+        "decode_output_tokens": grid.osl,
+        "prefill": prefill_points.iter().map(|(isl, r)| {
+            let mut point = r.to_json();
+            point["isl"] = json!(isl);
+            point
+        }).collect::<Vec<_>>(),
+        "decode": decode_points.iter().map(|(context, batch, r)| {
+            let mut point = r.to_json();
+            point["context"] = json!(context);
+            point["batch"] = json!(batch);
+            point
+        }).collect::<Vec<_>>(),
+        "decode_skipped": skipped,
+    });
+    let raw_path = out.join("engine_profile.json");
+    write(&raw_path, &(serde_json::to_string_pretty(&raw)? + "\n"))?;
+    written.push(raw_path);
+
+    println!(
+        "{}: {max_kv} KV tokens, measured {} times a point (median; min to max)",
+        info.model, grid.repeats
+    );
+    println!("\nprefill: one request alone, a prompt nothing caches");
+    println!("{:>8}  {:>10}  {:>19}", "ISL", "TTFT ms", "spread ms");
+    for (isl, r) in &prefill_points {
+        println!(
+            "{isl:>8}  {:>10.2}  {:>8.2} to {:>7.2}",
+            r.median(),
+            r.min(),
+            r.max()
+        );
+    }
+    println!(
+        "\ndecode: a batch streaming together, {} outputs each",
+        grid.osl
+    );
+    println!(
+        "{:>8}  {:>6}  {:>8}  {:>19}  {:>10}",
+        "context", "batch", "ITL ms", "spread ms", "tokens/s"
+    );
+    for (context, batch, r) in &decode_points {
+        println!(
+            "{context:>8}  {batch:>6}  {:>8.2}  {:>8.2} to {:>7.2}  {:>10.0}",
+            r.median(),
+            r.min(),
+            r.max(),
+            *batch as f64 / (r.median() / 1e3)
+        );
+    }
+    if !skipped.is_empty() {
+        println!(
+            "(not measured, more than the cache holds: {})",
+            skipped.join(", ")
+        );
+    }
+    for path in written {
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Fresh prompts: each one's blocks have ids no other prompt of the run has, so the
+/// engine finds none of them cached.
+struct Prompts {
+    next: u64,
+    block_size: u64,
+}
+
+impl Prompts {
+    fn planned(&mut self, tokens: u64, max_tokens: u32) -> PlannedRequest {
+        let index = self.next;
+        self.next += 1;
+        let mut prompt = Vec::with_capacity(tokens as usize + self.block_size as usize);
+        for block in 0..tokens.div_ceil(self.block_size) {
+            let id = index * PROMPT_BLOCKS_MAX + block;
+            block_tokens(id, self.block_size as u32, PROMPT_SEED, &mut prompt);
+        }
+        prompt.truncate(tokens as usize);
+        PlannedRequest {
+            index,
+            at: None,
+            prompt,
+            max_tokens,
+            prefix: None,
+            line: None,
+        }
+    }
+}
+
+/// The record, or why the engine failed it.
+fn check(record: RequestRecord, url: &str) -> Result<RequestRecord> {
+    if let Some(failure) = &record.failure {
+        bail!(
+            "{url}: request {} failed ({failure:?}, status {:?})",
+            record.index,
+            record.status
+        );
+    }
+    Ok(record)
+}
+
+/// The median gap between output chunks while every request of the batch decodes.
+/// Falls back on every gap after each first token when that window holds none (a
+/// batch whose members never all decode at once).
+fn step_ms(records: &[RequestRecord]) -> Option<f64> {
+    // Each request's chunk times, from the batch's origin.
+    let times: Vec<Vec<Duration>> = records
+        .iter()
+        .filter_map(|record| {
+            let first = record.started + record.ttft?;
+            let mut at = first;
+            let mut times = vec![first];
+            for gap in &record.itl {
+                at += *gap;
+                times.push(at);
+            }
+            Some(times)
+        })
+        .collect();
+    let all_decoding = times.iter().filter_map(|t| t.first()).max()?;
+    let one_done = times.iter().filter_map(|t| t.last()).min()?;
+    let mut inside: Vec<f64> = times
+        .iter()
+        .flat_map(|t| t.windows(2))
+        .filter(|pair| pair[0] >= *all_decoding && pair[1] <= *one_done)
+        .map(|pair| (pair[1] - pair[0]).as_secs_f64() * 1e3)
+        .collect();
+    if inside.is_empty() {
+        inside = times
+            .iter()
+            .flat_map(|t| t.windows(2))
+            .map(|pair| (pair[1] - pair[0]).as_secs_f64() * 1e3)
+            .collect();
+    }
+    if inside.is_empty() {
+        return None;
+    }
+    Some(Repeats(inside).median())
+}
+
+/// The model, its cache's block size and blocks, and the longest prompt it takes.
+async fn engine_info(client: &EngineClient, url: &str) -> Result<EngineInfo> {
+    let (status, body) = client
+        .get(url, "/v1/models", 1 << 20)
+        .await
+        .with_context(|| format!("{url}/v1/models"))?;
+    if !status.is_success() {
+        bail!("{url}/v1/models answered {status}");
+    }
+    let models: Value =
+        serde_json::from_slice(&body).with_context(|| format!("{url}/v1/models: not JSON"))?;
+    let first = &models["data"][0];
+    let model = first["id"]
+        .as_str()
+        .with_context(|| format!("{url}/v1/models lists no model"))?
+        .to_string();
+    let (status, metrics) = client
+        .get(url, "/metrics", 16 << 20)
+        .await
+        .with_context(|| format!("{url}/metrics"))?;
+    if !status.is_success() {
+        bail!("{url}/metrics answered {status}");
+    }
+    let metrics = String::from_utf8_lossy(&metrics);
+    let line = metrics
+        .lines()
+        .find(|line| line.starts_with("vllm:cache_config_info{"))
+        .with_context(|| {
+            format!(
+                "{url}/metrics has no vllm:cache_config_info: kvtwin profile --engine reads \
+                 the cache's size and block size off a vLLM engine's metrics"
+            )
+        })?;
+    let number = |name: &str| -> Result<u64> {
+        label(line, name)
+            .and_then(|value| value.parse().ok())
+            .with_context(|| format!("{url}/metrics: vllm:cache_config_info has no {name}"))
+    };
+    let block_size = number("block_size")?;
+    let num_gpu_blocks = number("num_gpu_blocks")?;
+    if block_size == 0 || num_gpu_blocks < 2 {
+        bail!("{url}: a cache of {num_gpu_blocks} blocks of {block_size} tokens");
+    }
+    // vLLM lists it per model; without it, the cache is the bound.
+    let max_model_len = first["max_model_len"]
+        .as_u64()
+        .unwrap_or((num_gpu_blocks - 1) * block_size);
+    Ok(EngineInfo {
+        model,
+        block_size,
+        num_gpu_blocks,
+        max_model_len,
+    })
+}
+
+/// The value of label `name` in a Prometheus sample line (`name="value"`, the name
+/// whole: `hash_block_size` is not `block_size`).
+fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let open = line.find('{')?;
+    let close = line.rfind('}')?;
+    let labels = line.get(open + 1..close)?;
+    let mut rest = labels;
+    while let Some(eq) = rest.find("=\"") {
+        let key = rest[..eq].trim_start_matches(',').trim();
+        let value_start = eq + 2;
+        let value_end = rest[value_start..].find('"')? + value_start;
+        if key == name {
+            return Some(&rest[value_start..value_end]);
+        }
+        rest = &rest[value_end + 1..];
+    }
+    None
+}
+
+fn write(path: &PathBuf, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_label_is_found_by_its_whole_name() {
+        let line = r#"vllm:cache_config_info{hash_block_size="64",block_size="32",num_gpu_blocks="65",num_gpu_blocks_override="None"} 1.0"#;
+        assert_eq!(label(line, "block_size"), Some("32"));
+        assert_eq!(label(line, "hash_block_size"), Some("64"));
+        assert_eq!(label(line, "num_gpu_blocks"), Some("65"));
+        assert_eq!(label(line, "num_gpu_blocks_override"), Some("None"));
+        assert_eq!(label(line, "missing"), None);
+        assert_eq!(label("no labels 1.0", "block_size"), None);
+    }
+
+    fn record(started_ms: u64, ttft_ms: u64, gaps_ms: &[u64]) -> RequestRecord {
+        RequestRecord {
+            index: 0,
+            prefix: None,
+            line: None,
+            scheduled: None,
+            started: Duration::from_millis(started_ms),
+            status: Some(200),
+            failure: None,
+            ttft: Some(Duration::from_millis(ttft_ms)),
+            itl: gaps_ms.iter().map(|&g| Duration::from_millis(g)).collect(),
+            e2e: Duration::ZERO,
+            prompt_tokens: 0,
+            output_tokens: 0,
+            cached_tokens: None,
+            worker: None,
+        }
+    }
+
+    #[test]
+    fn the_step_time_is_read_where_the_whole_batch_decodes() {
+        // The second request's prefill (a 50 ms gap in the first's stream) and the
+        // first's last steps alone (5 ms) fall outside the window [60, 120].
+        let first = record(0, 10, &[50, 20, 20, 20, 5, 5]);
+        let second = record(0, 60, &[20, 20, 20]);
+        assert_eq!(step_ms(&[first, second]), Some(20.0));
+        // One request alone: its own gaps.
+        assert_eq!(step_ms(&[record(0, 10, &[7, 9, 8])]), Some(8.0));
+        assert_eq!(step_ms(&[record(0, 10, &[])]), None);
+    }
+
+    #[test]
+    fn repeats_give_their_median_and_spread() {
+        let r = Repeats(vec![3.0, 1.0, 2.0, 10.0]);
+        assert_eq!((r.median(), r.min(), r.max()), (2.5, 1.0, 10.0));
+        assert_eq!(Repeats(vec![4.0, 1.0, 2.0]).median(), 2.0);
+    }
+
+    #[test]
+    fn fresh_prompts_share_no_block() {
+        let mut prompts = Prompts {
+            next: 0,
+            block_size: 32,
+        };
+        let a = prompts.planned(70, 1);
+        let b = prompts.planned(70, 1);
+        assert_eq!(a.prompt.len(), 70);
+        assert_ne!(a.prompt[..32], b.prompt[..32]);
+        assert_ne!(a.prompt[32..64], b.prompt[32..64]);
+    }
+}
