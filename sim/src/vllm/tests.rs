@@ -11,22 +11,31 @@ use kvtwin::tokens::{compute_local_hashes, HashSeed};
 
 const BLOCK: u64 = 32;
 
+/// A twin's configuration: vLLM's defaults but for the token budget and the cache's
+/// blocks (one of them the null block).
+fn configs(
+    max_num_batched_tokens: u64,
+    num_gpu_blocks: u32,
+) -> (VllmSchedulerConfig, VllmCacheConfig) {
+    let scheduler = VllmSchedulerConfig {
+        max_num_seqs: 256,
+        max_num_batched_tokens,
+        enable_chunked_prefill: true,
+        long_prefill_token_threshold: 0,
+        reserve_full_isl: true,
+    };
+    let cache = VllmCacheConfig {
+        num_gpu_blocks,
+        block_size: BLOCK,
+        max_model_len: 2048,
+        watermark: 0.0,
+    };
+    (scheduler, cache)
+}
+
 fn engine(num_gpu_blocks: u32, max_num_batched_tokens: u64) -> VllmScheduler {
-    VllmScheduler::new(
-        VllmSchedulerConfig {
-            max_num_seqs: 256,
-            max_num_batched_tokens,
-            enable_chunked_prefill: true,
-            long_prefill_token_threshold: 0,
-            reserve_full_isl: true,
-        },
-        VllmCacheConfig {
-            num_gpu_blocks,
-            block_size: BLOCK,
-            max_model_len: 2048,
-            watermark: 0.0,
-        },
-    )
+    let (scheduler, cache) = configs(max_num_batched_tokens, num_gpu_blocks);
+    VllmScheduler::new(scheduler, cache)
 }
 
 /// `len` tokens counting up from `first`.
@@ -337,19 +346,7 @@ fn the_comparison_is_exact_on_its_own_stream_and_names_the_first_difference() {
         })
         .collect();
     let events = as_engine_events(&served);
-    let scheduler = VllmSchedulerConfig {
-        max_num_seqs: 256,
-        max_num_batched_tokens: 2048,
-        enable_chunked_prefill: true,
-        long_prefill_token_threshold: 0,
-        reserve_full_isl: true,
-    };
-    let cache = VllmCacheConfig {
-        num_gpu_blocks: 65,
-        block_size: BLOCK,
-        max_model_len: 2048,
-        watermark: 0.0,
-    };
+    let (scheduler, cache) = configs(2048, 65);
     let first = compare::compare_one_at_a_time(scheduler, cache, &served, &events);
     // The engine "reported" 0 cached tokens: every repeat of the shared prefix differs.
     assert!(first.divergence.is_none(), "{first:?}");
@@ -398,19 +395,7 @@ fn one_closed_loop_client_is_the_one_at_a_time_run_and_more_clients_share_prefix
             cached_tokens: 0,
         })
         .collect();
-    let scheduler = VllmSchedulerConfig {
-        max_num_seqs: 256,
-        max_num_batched_tokens: 2048,
-        enable_chunked_prefill: true,
-        long_prefill_token_threshold: 0,
-        reserve_full_isl: true,
-    };
-    let cache = VllmCacheConfig {
-        num_gpu_blocks: 65,
-        block_size: BLOCK,
-        max_model_len: 2048,
-        watermark: 0.0,
-    };
+    let (scheduler, cache) = configs(2048, 65);
     let events = as_engine_events(&served);
     let sequential = compare::compare_one_at_a_time(scheduler, cache, &served, &events);
     let one_client = compare::compare_closed_loop(scheduler, cache, &served, 1, 0);
@@ -441,19 +426,7 @@ fn closed_loop_clients_that_outgrow_the_cache_are_preempted_and_all_still_served
             cached_tokens: 0,
         })
         .collect();
-    let scheduler = VllmSchedulerConfig {
-        max_num_seqs: 256,
-        max_num_batched_tokens: 64,
-        enable_chunked_prefill: true,
-        long_prefill_token_threshold: 0,
-        reserve_full_isl: true,
-    };
-    let cache = VllmCacheConfig {
-        num_gpu_blocks: 9,
-        block_size: BLOCK,
-        max_model_len: 2048,
-        watermark: 0.0,
-    };
+    let (scheduler, cache) = configs(64, 9);
     let four = compare::compare_closed_loop(scheduler, cache, &served, 4, 1);
     assert!(four.twin_preemptions > 0, "{four:?}");
     // 60-token prompts under a 64-token budget, four at a time: chunks.
