@@ -17,34 +17,29 @@ use std::path::PathBuf;
 
 /// `kvtwin profile`.
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["scenario", "engine"])))]
 pub(crate) struct ProfileArgs {
     /// The scenario whose worker is profiled (one replica of it: its hardware, compute
     /// model and worker; the cluster, faults and workload are ignored).
-    #[arg(required_unless_present = "engine")]
     scenario: Option<PathBuf>,
     /// Measures a running engine instead of simulating one: its OpenAI-compatible URL
     /// (`http://HOST:PORT`; a vLLM engine, whose metrics give its cache's size and block
     /// size). Prefill time by prompt length and decode step time by batch and context,
     /// each `--repeats` times; also writes `compute.ron` (the `Table` compute model) and
     /// `engine_profile.json` (every repeat).
-    #[arg(long, value_name = "URL", conflicts_with_all = ["scenario", "set", "kv_usage"])]
+    #[arg(long, value_name = "URL", conflicts_with_all = ["set", "kv_usage"])]
     engine: Option<String>,
     /// With --engine: times each point is measured (the median is kept, the spread
-    /// printed and recorded).
-    #[arg(long, default_value_t = 3, requires = "engine")]
-    repeats: usize,
+    /// printed and recorded) [default: 3].
+    #[arg(long)]
+    repeats: Option<usize>,
     /// With --engine: batch sizes to measure decode at (default 1,2,4,8,16,32, those
     /// that fit the cache).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        value_name = "SEQUENCES",
-        requires = "engine"
-    )]
+    #[arg(long, value_delimiter = ',', value_name = "SEQUENCES")]
     batch: Option<Vec<u64>>,
-    /// With --engine: output tokens of each decoding sequence.
-    #[arg(long, default_value_t = 32, requires = "engine")]
-    osl: u32,
+    /// With --engine: output tokens of each decoding sequence [default: 32].
+    #[arg(long)]
+    osl: Option<u32>,
     /// The folder to write into, in Dynamo's layout:
     /// selected_prefill_interpolation/raw_data.npz,
     /// selected_decode_interpolation/raw_data.npz, prefill_raw_data.json and
@@ -81,10 +76,15 @@ pub(crate) fn profile(args: &ProfileArgs) -> Result<()> {
             isl: as_tokens(&args.isl),
             contexts: as_tokens(&args.context),
             batches: args.batch.clone(),
-            osl: args.osl,
-            repeats: args.repeats,
+            osl: args.osl.unwrap_or(32),
+            repeats: args.repeats.unwrap_or(3),
         };
         return crate::profile_engine::profile_engine(url, &grid, &args.out);
+    }
+    if args.repeats.is_some() || args.batch.is_some() || args.osl.is_some() {
+        anyhow::bail!(
+            "--repeats, --batch and --osl measure a running engine: they need --engine URL"
+        );
     }
     let Some(path) = &args.scenario else {
         anyhow::bail!("kvtwin profile needs a scenario or --engine URL");

@@ -1,6 +1,7 @@
 //! `kvtwin profile`: on the shipped H100 scenario it writes both tables in Dynamo's
 //! planner layout, they read back, and they are sane (TTFT grows with ISL, ITL with KV
-//! usage at a fixed context); bad grids name their flag's field.
+//! usage at a fixed context); bad grids name their flag's field; `--engine` refuses what it
+//! cannot measure (a real engine is measured in engines_twin.rs).
 
 mod common;
 
@@ -89,4 +90,40 @@ fn explicit_grids_are_used_and_bad_ones_name_their_field() {
     let (ok, _, stderr) = run(&["no-such.ron", "--out", out]);
     assert!(!ok);
     assert!(stderr.contains("no-such.ron"), "{stderr}");
+}
+
+#[test]
+fn engine_profiling_refuses_what_it_cannot_measure_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    // Neither a scenario nor an engine.
+    let (ok, _, stderr) = run(&["--out", out]);
+    assert!(!ok);
+    assert!(stderr.contains("--engine"), "{stderr}");
+    // Both.
+    let (ok, _, stderr) = run(&[SCENARIO, "--engine", "http://127.0.0.1:1", "--out", out]);
+    assert!(!ok);
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+    // Engine-only flags without an engine.
+    let (ok, _, stderr) = run(&[SCENARIO, "--out", out, "--repeats", "5"]);
+    assert!(!ok);
+    assert!(stderr.contains("--engine"), "{stderr}");
+    // Nothing listening: the URL it tried is named.
+    let (ok, _, stderr) = run(&["--engine", "http://127.0.0.1:1", "--out", out]);
+    assert!(!ok);
+    assert!(stderr.contains("http://127.0.0.1:1/v1/models"), "{stderr}");
+    let (ok, _, stderr) = run(&[
+        "--engine",
+        "http://127.0.0.1:1",
+        "--out",
+        out,
+        "--repeats",
+        "0",
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("--repeats must be at least 1"), "{stderr}");
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "wrote nothing"
+    );
 }
