@@ -416,13 +416,7 @@ fn step_ms(records: &[RequestRecord]) -> Option<f64> {
 
 /// The model, its cache's block size and blocks, and the longest prompt it takes.
 async fn engine_info(client: &EngineClient, url: &str) -> Result<EngineInfo> {
-    let (status, body) = client
-        .get(url, "/v1/models", 1 << 20)
-        .await
-        .with_context(|| format!("{url}/v1/models"))?;
-    if !status.is_success() {
-        bail!("{url}/v1/models answered {status}");
-    }
+    let body = get_ok(client, url, "/v1/models", 1 << 20).await?;
     let models: Value =
         serde_json::from_slice(&body).with_context(|| format!("{url}/v1/models: not JSON"))?;
     let first = &models["data"][0];
@@ -430,13 +424,7 @@ async fn engine_info(client: &EngineClient, url: &str) -> Result<EngineInfo> {
         .as_str()
         .with_context(|| format!("{url}/v1/models lists no model"))?
         .to_string();
-    let (status, metrics) = client
-        .get(url, "/metrics", 16 << 20)
-        .await
-        .with_context(|| format!("{url}/metrics"))?;
-    if !status.is_success() {
-        bail!("{url}/metrics answered {status}");
-    }
+    let metrics = get_ok(client, url, "/metrics", 16 << 20).await?;
     let metrics = String::from_utf8_lossy(&metrics);
     let line = metrics
         .lines()
@@ -467,6 +455,18 @@ async fn engine_info(client: &EngineClient, url: &str) -> Result<EngineInfo> {
         num_gpu_blocks,
         max_model_len,
     })
+}
+
+/// The body of `GET url path` (at most `limit` bytes), or an error naming both.
+async fn get_ok(client: &EngineClient, url: &str, path: &str, limit: usize) -> Result<Vec<u8>> {
+    let (status, body) = client
+        .get(url, path, limit)
+        .await
+        .with_context(|| format!("{url}{path}"))?;
+    if !status.is_success() {
+        bail!("{url}{path} answered {status}");
+    }
+    Ok(body.to_vec())
 }
 
 /// The value of label `name` in a Prometheus sample line (`name="value"`, the name
