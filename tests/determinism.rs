@@ -4,7 +4,7 @@
 mod common;
 
 use kvtwin_sim::cluster::simulate;
-use kvtwin_sim::scenario::Scenario;
+use kvtwin_sim::scenario::{Scenario, WorkerEngine};
 use kvtwin_sim::validation::is_validation_file;
 use std::path::Path;
 
@@ -21,6 +21,10 @@ fn report_json(path: &Path, seed: u64) -> Option<String> {
         );
         return None;
     };
+    if let WorkerEngine::Vllm(spec) = &scenario.worker.engine {
+        let report = kvtwin_sim::vllm::run::simulate(&scenario, spec, &requests);
+        return Some(serde_json::to_string(&report).unwrap());
+    }
     Some(simulate(&scenario, &requests).unwrap().to_json())
 }
 

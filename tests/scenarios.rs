@@ -1,13 +1,14 @@
 //! Replays every `scenarios/*.ron` and checks what must hold for any scenario: every
 //! servable request completes, and replaying the emitted events rebuilds every tier's
 //! registry, and the router in the loop ends with a view that matches every worker's
-//! pools (faults included: the cluster must converge once they stop); and that each
+//! pools (faults included: the cluster must converge once they stop), or, for a
+//! scenario of vLLM engines, that their twin completes every request; and that each
 //! prints, byte for byte, the report whose digest `common::REPORT_DIGESTS` keeps.
 
 mod common;
 
 use kvtwin_sim::cluster::simulate;
-use kvtwin_sim::scenario::Scenario;
+use kvtwin_sim::scenario::{Scenario, WorkerEngine};
 use kvtwin_sim::validation::{is_validation_file, run_script, SimArm, ValidationScenario};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -76,6 +77,14 @@ fn check_scenario(path: &Path) -> Option<String> {
         );
         return None;
     };
+    if let WorkerEngine::Vllm(spec) = &scenario.worker.engine {
+        // The twin of vLLM engines: no kvtwin manager, so no pools or registries to
+        // rebuild; every request completes (none outgrows an engine's cache here).
+        let report = kvtwin_sim::vllm::run::simulate(&scenario, spec, &requests);
+        assert_eq!(report.completed, report.arrived, "{}", path.display());
+        assert!(report.steps > 0, "{}: nothing was served", path.display());
+        return common::check_report_digest(&file, &serde_json::to_string(&report).unwrap()).err();
+    }
     let report = simulate(&scenario, &requests).unwrap();
     let mismatch = common::check_report_digest(&file, &report.to_json()).err();
     assert_eq!(

@@ -49,6 +49,30 @@ pub struct WorkerSpec {
     /// no `cache_partial_blocks`.
     #[serde(default)]
     pub cache_output_blocks: bool,
+    /// What each worker is: kvtwin's own (the default: a `Manager` over `tiers`), or the
+    /// twin of a vLLM V1 engine (`Vllm(())` for vLLM's CPU defaults, or
+    /// `Vllm((max_num_seqs: 64, ...))`; see [`crate::vllm::run`]), which `kvtwin run`
+    /// serves block for block as vLLM's scheduler and prefix cache do, its device tier
+    /// the engine's cache. Left out of the JSON form when it is kvtwin's.
+    #[serde(default, skip_serializing_if = "WorkerEngine::is_kvtwin")]
+    pub engine: WorkerEngine,
+}
+
+/// What a scenario's workers are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkerEngine {
+    /// kvtwin's worker: the block manager over the tiers, with its batching.
+    #[default]
+    Kvtwin,
+    /// The twin of a vLLM engine with these scheduler settings.
+    Vllm(crate::vllm::run::VllmEngineSpec),
+}
+
+impl WorkerEngine {
+    /// Whether it is kvtwin's own worker.
+    pub fn is_kvtwin(&self) -> bool {
+        *self == WorkerEngine::Kvtwin
+    }
 }
 
 /// Continuous batching: what one forward pass may hold.
@@ -472,6 +496,14 @@ impl Scenario {
                          cache_partial_blocks (generated tokens fill the blocks it caches)"
                     .to_string(),
             });
+        }
+        if let WorkerEngine::Vllm(spec) = &self.worker.engine {
+            if let Some(reason) = crate::vllm::run::check(self, spec) {
+                return Err(ScenarioError::Worker {
+                    path: path.to_owned(),
+                    reason,
+                });
+            }
         }
         let drop = self.cluster.event_plane.drop_probability;
         if !(0.0..=1.0).contains(&drop) {

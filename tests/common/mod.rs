@@ -89,7 +89,7 @@ pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
     ),
     (
         "vllm-cpu-tiny.ron",
-        "23944704d3e603119bf6ac04a9ba964914880b95639d8dad68d96196373e5ebb",
+        "8a7221a5dee53eec83fe1bec3b1db6c2d300825986ebbea5eb28296981e4e3d0",
     ),
 ];
 

@@ -38,6 +38,22 @@ pub(crate) struct ServeArgs {
     /// Ask for whole answers instead of streams (no TTFT or ITL then).
     #[arg(long)]
     no_stream: bool,
+    /// What is sent and when.
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// Each request's deadline in seconds, from sending to its answer's end.
+    #[arg(long, default_value_t = 120.0)]
+    timeout_s: f64,
+    /// Write one JSON line per request to this file (outcome, status, TTFT, ITL, end to
+    /// end, tokens, cached tokens, worker), in the order they end.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+}
+
+/// What `kvtwin bench serve` and `kvtwin validate --engine` send, and when: synthetic
+/// prompts over shared prefixes (closed or open loop), or a trace replayed.
+#[derive(Args, Clone, Debug, PartialEq)]
+pub(crate) struct WorkloadArgs {
     /// Requests sent [default: 100]; with --trace, rows replayed at most [default: all].
     #[arg(long)]
     requests: Option<u64>,
@@ -56,7 +72,7 @@ pub(crate) struct ServeArgs {
     /// Requests in flight at most: the closed loop's width, the open loop's and the
     /// trace's cap.
     #[arg(long, default_value_t = 8)]
-    concurrency: usize,
+    pub(crate) concurrency: usize,
     /// An open loop: Poisson arrivals at this many requests per second (seeded), instead
     /// of a closed loop.
     #[arg(long, value_name = "REQ_PER_S", conflicts_with = "trace")]
@@ -64,7 +80,7 @@ pub(crate) struct ServeArgs {
     /// Seeds the prompts and arrivals (token ids in [1, 30000)); a new seed gives prompts
     /// no earlier run left in the engines' caches.
     #[arg(long, default_value_t = 1)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// Replay a Mooncake-format trace (timestamp ms, input_length, output_length,
     /// hash_ids) instead of synthetic prompts: each hash id becomes --trace-block-size
     /// tokens (equal ids, equal tokens), arrivals at the timestamps.
@@ -77,17 +93,22 @@ pub(crate) struct ServeArgs {
     /// Replay the trace this many times faster.
     #[arg(long, default_value_t = 1.0, requires = "trace")]
     speedup: f64,
-    /// Each request's deadline in seconds, from sending to its answer's end.
-    #[arg(long, default_value_t = 120.0)]
-    timeout_s: f64,
-    /// Write one JSON line per request to this file (outcome, status, TTFT, ITL, end to
-    /// end, tokens, cached tokens, worker), in the order they end.
-    #[arg(long, value_name = "FILE")]
-    out: Option<PathBuf>,
 }
 
-impl ServeArgs {
-    fn workload(&self) -> Workload {
+impl WorkloadArgs {
+    /// What a command line giving none of these flags parses to: how `kvtwin validate`
+    /// tells that one was given where it means nothing.
+    pub(crate) fn defaults() -> Self {
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            workload: WorkloadArgs,
+        }
+        <Only as clap::Parser>::parse_from(["kvtwin"]).workload
+    }
+
+    /// The workload the flags describe.
+    pub(crate) fn workload(&self) -> Workload {
         match &self.trace {
             Some(path) => Workload::Trace(TraceReplay {
                 path: path.clone(),
@@ -123,10 +144,10 @@ pub(crate) fn run(args: &ServeArgs) -> Result<()> {
         model: args.model.clone(),
         token,
         stream: !args.no_stream,
-        concurrency: args.concurrency,
+        concurrency: args.workload.concurrency,
         timeout: Duration::from_secs_f64(args.timeout_s),
-        seed: args.seed,
-        workload: args.workload(),
+        seed: args.workload.seed,
+        workload: args.workload.workload(),
     };
     let mut out = match &args.out {
         Some(path) => Some(std::io::BufWriter::new(

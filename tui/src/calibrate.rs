@@ -1,7 +1,9 @@
 //! `kvtwin calibrate` and `kvtwin validate`: the command lines around
-//! `kvtwin_backends::calibrate` and `kvtwin_backends::validate`.
+//! `kvtwin_backends::calibrate` and `kvtwin_backends::validate` (`validate --engine`, the
+//! twin of a running engine cluster, is `validate_engine`'s).
 //!
-//! Owns: the flags, printing the tables and writing the profile file.
+//! Owns: the flags, printing the tables ([`metric_table`], shared with
+//! `validate --engine`) and writing the profile file.
 //! Never: measure or compare anything itself (the libraries do).
 
 use anyhow::{Context, Result};
@@ -9,6 +11,7 @@ use clap::Args;
 use kvtwin_backends::calibrate::{self as cal, CalibrateOptions};
 use kvtwin_backends::validate::{self, ProfileSource, Stage, Validation};
 use kvtwin_sim::hardware::HardwareProfile;
+use kvtwin_sim::validation::MetricSpread;
 use kvtwin_sim::validation::{load_profile, ValidationScenario, Verdict};
 use std::path::PathBuf;
 
@@ -44,8 +47,21 @@ pub(crate) struct CalibrateArgs {
 
 #[derive(Args, Debug)]
 pub(crate) struct ValidateArgs {
-    /// The validation script (RON).
-    scenario: PathBuf,
+    /// The validation script (RON): the simulator against the host backend.
+    #[arg(required_unless_present = "engine", conflicts_with = "engine")]
+    scenario: Option<PathBuf>,
+    /// Validates the twin of a running engine cluster instead: the URL of its
+    /// `kvtwin router --engine ...` front door. The workload (`--requests`,
+    /// `--prefixes`, ..., or `--trace`) goes through it to the real engines and through
+    /// the twin (their cache and block size from their metrics, `--compute` their
+    /// measured profile); each repeat starts from empty caches.
+    #[arg(long, value_name = "ROUTER_URL", conflicts_with_all = ["profile", "calibrate", "quick", "dir"])]
+    engine: Option<String>,
+    #[command(flatten)]
+    engine_args: crate::validate_engine::EngineValidateArgs,
+    /// With --engine: what is sent, and when.
+    #[command(flatten)]
+    workload: crate::bench_serve::WorkloadArgs,
     /// The hardware profile the simulator uses for every repeat (from an earlier
     /// `kvtwin calibrate`). Without it, each repeat calibrates first (`--calibrate`).
     #[arg(long, conflicts_with = "calibrate")]
@@ -109,7 +125,25 @@ pub(crate) fn calibrate(args: &CalibrateArgs) -> Result<()> {
 }
 
 pub(crate) fn validate(args: &ValidateArgs) -> Result<()> {
-    let script = ValidationScenario::load(&args.scenario)?;
+    let Some(scenario) = &args.scenario else {
+        let router = args
+            .engine
+            .as_deref()
+            .context("a validation script or --engine")?;
+        return crate::validate_engine::validate_engine(
+            router,
+            &args.engine_args,
+            &args.workload,
+            args.repeat.max(1),
+            args.json,
+        );
+    };
+    if args.workload != crate::bench_serve::WorkloadArgs::defaults() {
+        anyhow::bail!(
+            "the workload flags (--requests, --prefixes, --trace, ...) are for --engine; a validation script states its own"
+        );
+    }
+    let script = ValidationScenario::load(scenario)?;
     let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
     let given = match &args.profile {
         Some(path) => Some(load_profile(path)?),
@@ -213,12 +247,38 @@ fn table(script: &str, profile: &str, outcome: &Validation) -> String {
             p.transfer_workers, outcome.worker_threads
         );
     }
+    out.push_str(&metric_table(&outcome.metrics, "sim"));
+    if outcome.profiles.len() > 1 && outcome.profiles.windows(2).any(|w| w[0] != w[1]) {
+        let _ = writeln!(
+            out,
+            "calibrated link rates per repeat, GB/s (pcie, nvme read, nvme write):"
+        );
+        for (n, p) in outcome.profiles.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "  {}: {:.3} {:.3} {:.3}",
+                n + 1,
+                p.pcie_bytes_per_s as f64 / 1e9,
+                p.nvme_read_bytes_per_s as f64 / 1e9,
+                p.nvme_write_bytes_per_s as f64 / 1e9
+            );
+        }
+    }
+    out
+}
+
+/// Metrics summarised over repeats as a table (per metric the medians, the error's
+/// median and range, the real spread, the target and the verdict) and a line counting
+/// the verdicts; `model` heads the modelled column ("sim", "twin").
+pub(crate) fn metric_table(metrics: &[MetricSpread], model: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
     let _ = writeln!(
         out,
         "{:<38} {:>11} {:>11} {:>8} {:>17} {:>9} {:>7}  verdict",
-        "metric", "real", "sim", "error %", "error range %", "spread %", "target"
+        "metric", "real", model, "error %", "error range %", "spread %", "target"
     );
-    for m in &outcome.metrics {
+    for m in metrics {
         let target = m.target_pct.map_or(String::new(), |t| format!("{t:.0} %"));
         let verdict = if m.noisy {
             format!("{} (spread > target)", m.verdict.label())
@@ -239,30 +299,14 @@ fn table(script: &str, profile: &str, outcome: &Validation) -> String {
             verdict
         );
     }
-    let count = |v: Verdict| outcome.metrics.iter().filter(|m| m.verdict == v).count();
+    let count = |v: Verdict| metrics.iter().filter(|m| m.verdict == v).count();
     let _ = writeln!(
         out,
         "targets: {} within, {} beyond the target but within the real spread, {} outside both; {} with a real spread above the target",
         count(Verdict::Within),
         count(Verdict::WithinNoise),
         count(Verdict::Outside),
-        outcome.metrics.iter().filter(|m| m.noisy).count()
+        metrics.iter().filter(|m| m.noisy).count()
     );
-    if outcome.profiles.len() > 1 && outcome.profiles.windows(2).any(|w| w[0] != w[1]) {
-        let _ = writeln!(
-            out,
-            "calibrated link rates per repeat, GB/s (pcie, nvme read, nvme write):"
-        );
-        for (n, p) in outcome.profiles.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "  {}: {:.3} {:.3} {:.3}",
-                n + 1,
-                p.pcie_bytes_per_s as f64 / 1e9,
-                p.nvme_read_bytes_per_s as f64 / 1e9,
-                p.nvme_write_bytes_per_s as f64 / 1e9
-            );
-        }
-    }
     out
 }

@@ -31,13 +31,14 @@ mod service;
 mod sweep;
 mod sweep_plot;
 mod trace_args;
+mod validate_engine;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use kvtwin::pool::EvictionPolicyKind;
 use kvtwin_sim::cache;
 use kvtwin_sim::cluster::{simulate, simulate_stream, Report};
-use kvtwin_sim::scenario::{Scenario, WorkloadSpec};
+use kvtwin_sim::scenario::{Scenario, WorkerEngine, WorkloadSpec};
 use kvtwin_sim::workload::{
     read_mooncake_trace, MooncakeTraceReader, Request, TraceCheck, TraceMismatch,
 };
@@ -158,7 +159,8 @@ enum Command {
     Sweep(sweep::SweepArgs),
     /// Measure this machine through the host backend and write a hardware profile.
     Calibrate(calibrate::CalibrateArgs),
-    /// Run a transfer script on the host backend and on the simulator; compare them.
+    /// Run a transfer script on the host backend and on the simulator, or (--engine) a
+    /// workload through a running engine cluster and through its twin; compare them.
     Validate(calibrate::ValidateArgs),
     /// A routing service fed by engine KV events (ZMQ, one --zmq per engine, or NATS),
     /// answering over HTTP/JSON until Ctrl-C.
@@ -463,6 +465,26 @@ fn run(path: &Path, options: RunOptions) -> Result<()> {
                 .shape_traffic(all)
                 .context("reshaping the traffic")?,
         );
+    }
+    if let WorkerEngine::Vllm(spec) = scenario.worker.engine {
+        let requests = match requests {
+            Requests::Trace(trace) => read_trace(&trace, check)?.requests,
+            Requests::Generated(requests) => requests,
+        };
+        eprintln!(
+            "kvtwin: serving {} requests of {} on the twin of {} vLLM engine(s)",
+            requests.len(),
+            scenario.name,
+            scenario.cluster.workers
+        );
+        let report = kvtwin_sim::vllm::run::simulate(&scenario, &spec, &requests);
+        println!("{report}");
+        if let Some(json) = json {
+            let text = serde_json::to_string(&report).context("the report as JSON")?;
+            std::fs::write(&json, text + "\n")
+                .with_context(|| format!("writing {}", json.display()))?;
+        }
+        return Ok(());
     }
     let report = match requests {
         Requests::Trace(trace) => {

@@ -55,11 +55,11 @@ pub(crate) struct EngineGrid {
 
 /// What the engine says about itself.
 #[derive(Clone, Debug)]
-struct EngineInfo {
-    model: String,
-    block_size: u64,
-    num_gpu_blocks: u64,
-    max_model_len: u64,
+pub(crate) struct EngineInfo {
+    pub(crate) model: String,
+    pub(crate) block_size: u64,
+    pub(crate) num_gpu_blocks: u64,
+    pub(crate) max_model_len: u64,
 }
 
 impl EngineInfo {
@@ -415,7 +415,7 @@ fn step_ms(records: &[RequestRecord]) -> Option<f64> {
 }
 
 /// The model, its cache's block size and blocks, and the longest prompt it takes.
-async fn engine_info(client: &EngineClient, url: &str) -> Result<EngineInfo> {
+pub(crate) async fn engine_info(client: &EngineClient, url: &str) -> Result<EngineInfo> {
     let body = get_ok(client, url, "/v1/models", 1 << 20).await?;
     let models: Value =
         serde_json::from_slice(&body).with_context(|| format!("{url}/v1/models: not JSON"))?;
@@ -458,7 +458,12 @@ async fn engine_info(client: &EngineClient, url: &str) -> Result<EngineInfo> {
 }
 
 /// The body of `GET url path` (at most `limit` bytes), or an error naming both.
-async fn get_ok(client: &EngineClient, url: &str, path: &str, limit: usize) -> Result<Vec<u8>> {
+pub(crate) async fn get_ok(
+    client: &EngineClient,
+    url: &str,
+    path: &str,
+    limit: usize,
+) -> Result<Vec<u8>> {
     let (status, body) = client
         .get(url, path, limit)
         .await
@@ -523,6 +528,7 @@ mod tests {
             output_tokens: 0,
             cached_tokens: None,
             worker: None,
+            route_seq: None,
         }
     }
 

@@ -200,6 +200,10 @@ pub enum SimError {
         /// Workers in the cluster.
         workers: usize,
     },
+    /// The scenario's workers are vLLM engines (`worker.engine: Vllm`): their twin runs
+    /// it (`crate::vllm::run::simulate`), not kvtwin's worker.
+    #[error("worker.engine: Vllm: the twin of vLLM engines runs this scenario (kvtwin run does), not kvtwin's worker")]
+    VllmEngine,
 }
 
 /// A command the cluster cannot carry out.
@@ -286,6 +290,9 @@ impl<'a> Cluster<'a> {
         I: IntoIterator<Item = Request>,
         I::IntoIter: 'a,
     {
+        if !scenario.worker.engine.is_kvtwin() {
+            return Err(SimError::VllmEngine);
+        }
         let shape = WorkerShape::new(scenario)?;
         let base = &shape.worker_config;
         let spec = &scenario.cluster;

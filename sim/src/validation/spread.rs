@@ -7,7 +7,8 @@
 //!
 //! Owns: [`MetricSpread`], [`Verdict`], [`target_pct`] (the targets kvtwin holds its
 //! simulator to: 5 % on the total and every phase time, 10 % on the p50 latency at each
-//! level of concurrency) and [`spread`].
+//! level of concurrency; the twin of real engines has its own, on latencies, hit ratio
+//! and routing) and [`spread`].
 //! Never: run anything or judge a single run: it reads the metrics of the runs it is
 //! given, in their order.
 
@@ -74,11 +75,27 @@ pub struct MetricSpread {
 /// time, 10 for the p50 latency of a tier pair at one level of concurrency
 /// (`latency_p50_us.c4.device->host`); none for the rest (p99s, pooled latencies,
 /// bandwidths), which are reported for reading.
+///
+/// Against real engines (`kvtwin validate --engine`): 10 for the p50 of TTFT and ITL
+/// (`ttft_ms.p50`, `itl_ms.p50`) and throughput (`output_tokens_per_s`), 20 for their
+/// p99s, 2 for the hit ratio (`hit_ratio_pct`) and each engine's request count
+/// (`requests.worker_N`), 1 for the cached tokens in all (`cached_tokens`); p90s are
+/// reported for reading.
 pub fn target_pct(name: &str) -> Option<f64> {
+    let latency = name.starts_with("ttft_ms.") || name.starts_with("itl_ms.");
     if name.starts_with("time_ms.") {
         Some(5.0)
-    } else if name.starts_with("latency_p50_us.c") {
+    } else if name.starts_with("latency_p50_us.c")
+        || (latency && name.ends_with(".p50"))
+        || name == "output_tokens_per_s"
+    {
         Some(10.0)
+    } else if latency && name.ends_with(".p99") {
+        Some(20.0)
+    } else if name == "hit_ratio_pct" || name.starts_with("requests.worker_") {
+        Some(2.0)
+    } else if name == "cached_tokens" {
+        Some(1.0)
     } else {
         None
     }

@@ -8,24 +8,32 @@
 //! (`KVCacheManager` over `FullAttentionManager`), [`request`] (`Request`) and
 //! [`scheduler`] (`Scheduler.schedule` / `update_from_output`), each following the
 //! vLLM function its documentation names; [`compare`] sets the twin beside a real engine
-//! that served the same requests. Blocks are identified by kvtwin's
+//! that served the same requests; [`serve`] runs engines in time behind the router's
+//! choice, their steps priced by a compute model; [`run`] runs a scenario whose
+//! workers are vLLM engines (`worker.engine: Vllm`) on them. Blocks are identified by kvtwin's
 //! [`BlockIdentity`](kvtwin::block::BlockIdentity) (a chained hash of the block's
 //! tokens) where vLLM uses its own sha256 chain: equal prefixes give equal identities
 //! in both, so the two streams compare once an engine's hashes are mapped through
-//! their token ids. Never: time a step (a compute model does), or talk to an engine.
+//! their token ids. Never: talk to an engine; only [`serve`] times steps (with a compute model).
 
 pub mod cache;
 pub mod compare;
 pub mod pool;
 pub mod request;
+pub mod run;
 pub mod scheduler;
+pub mod serve;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_serve;
 
 pub use cache::{ComputedBlocks, PrefixCacheStats, VllmCacheConfig, VllmKvCache};
 pub use pool::{BlockPool, VllmBlockId};
 pub use request::{RequestStatus, VllmRequest};
+pub use run::{VllmEngineSpec, VllmRunReport};
 pub use scheduler::{
     FinishedRequest, ScheduledRequest, StepOutcome, VllmScheduler, VllmSchedulerConfig,
 };
+pub use serve::{TwinArrivals, TwinCluster, TwinClusterConfig, TwinRequest, TwinRun, TwinServed};

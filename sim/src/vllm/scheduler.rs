@@ -59,6 +59,9 @@ pub struct StepOutcome {
     pub scheduled: Vec<ScheduledRequest>,
     /// Requests preempted by it.
     pub preempted: Vec<RequestId>,
+    /// Requests that sampled a token in it (their first, after their prompt's last
+    /// chunk, or a decode), in scheduling order; the finished ones included.
+    pub sampled: Vec<RequestId>,
     /// Requests that generated their last token in it, in order.
     pub finished: Vec<FinishedRequest>,
     /// The KV events it queued, in order.
@@ -128,10 +131,11 @@ impl VllmScheduler {
             debug_assert!(events.is_empty() || !preempted.is_empty());
             return None;
         }
-        let finished = self.update_from_output(&scheduled);
+        let (sampled, finished) = self.update_from_output(&scheduled);
         Some(StepOutcome {
             scheduled,
             preempted,
+            sampled,
             finished,
             events: self.cache.take_events(),
         })
@@ -278,7 +282,12 @@ impl VllmScheduler {
 
     /// Every scheduled request that computed all its tokens samples one; those done
     /// finish and free their blocks, in scheduling order.
-    fn update_from_output(&mut self, scheduled: &[ScheduledRequest]) -> Vec<FinishedRequest> {
+    /// Returns (the requests that sampled, those that finished).
+    fn update_from_output(
+        &mut self,
+        scheduled: &[ScheduledRequest],
+    ) -> (Vec<RequestId>, Vec<FinishedRequest>) {
+        let mut sampled = Vec::new();
         let mut finished = Vec::new();
         for step in scheduled {
             let request = self
@@ -290,6 +299,7 @@ impl VllmScheduler {
                 continue;
             }
             request.num_output_tokens += 1;
+            sampled.push(step.id);
             if !request.is_done() {
                 continue;
             }
@@ -303,6 +313,6 @@ impl VllmScheduler {
             self.cache.free(step.id);
             self.requests.remove(&step.id);
         }
-        finished
+        (sampled, finished)
     }
 }

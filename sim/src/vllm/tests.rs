@@ -9,11 +9,11 @@ use kvtwin::events::KvCacheEventData;
 use kvtwin::ids::{RequestId, SequenceHash};
 use kvtwin::tokens::{compute_local_hashes, HashSeed};
 
-const BLOCK: u64 = 32;
+pub(super) const BLOCK: u64 = 32;
 
 /// A twin's configuration: vLLM's defaults but for the token budget and the cache's
 /// blocks (one of them the null block).
-fn configs(
+pub(super) fn configs(
     max_num_batched_tokens: u64,
     num_gpu_blocks: u32,
 ) -> (VllmSchedulerConfig, VllmCacheConfig) {

@@ -25,6 +25,8 @@ pub const ITL_SAMPLES_MAX: usize = 4096;
 pub const ANSWER_BYTES_MAX: usize = 64 << 20;
 /// The header the router names the serving worker in.
 pub const WORKER_HEADER: &str = "x-kvtwin-worker";
+/// The header the router numbers its decision in (its order among all it made).
+pub const ROUTE_SEQ_HEADER: &str = "x-kvtwin-route-seq";
 
 /// Where requests go and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,6 +121,9 @@ pub struct RequestRecord {
     pub cached_tokens: Option<u64>,
     /// The worker that served it (the router's `x-kvtwin-worker`), if named.
     pub worker: Option<u64>,
+    /// The router's decision's number (`x-kvtwin-route-seq`), if given: the order the
+    /// router chose in, which requests sent together need not share with their sending.
+    pub route_seq: Option<u64>,
 }
 
 impl RequestRecord {
@@ -145,6 +150,7 @@ impl RequestRecord {
             "output_tokens": self.output_tokens,
             "cached_tokens": self.cached_tokens,
             "worker": self.worker,
+            "route_seq": self.route_seq,
         })
     }
 }
@@ -169,6 +175,7 @@ pub fn body(target: &Target, planned: &PlannedRequest) -> Bytes {
 struct Answer {
     status: Option<u16>,
     worker: Option<u64>,
+    route_seq: Option<u64>,
     times: TokenTimes,
     chunk_tokens: u64,
     usage: Option<Usage>,
@@ -235,6 +242,7 @@ pub async fn send(
         },
         cached_tokens: usage.cached_tokens,
         worker: answer.worker,
+        route_seq: answer.route_seq,
     }
 }
 
@@ -252,11 +260,15 @@ async fn exchange(
         .map_err(|error| Failure::of(&error))?;
     let status = response.status();
     answer.status = Some(status.as_u16());
-    answer.worker = response
-        .headers()
-        .get(WORKER_HEADER)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.trim().parse().ok());
+    let header_u64 = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse().ok())
+    };
+    answer.worker = header_u64(WORKER_HEADER);
+    answer.route_seq = header_u64(ROUTE_SEQ_HEADER);
     // The deadline over the whole exchange is the caller's; frames may take all of it.
     let idle = target.timeout;
     if !status.is_success() {

@@ -7,7 +7,9 @@
 //! (a dispatched request's hold on its engine's load, released on every path), the
 //! stream tap ([`Tap`]) and the request's record ([`Context::served`], the trace row).
 //! An answer carries `x-kvtwin-worker` (and `x-kvtwin-dp-rank`) naming who served it and
-//! `x-kvtwin-overlap-blocks`, the prompt's blocks the router found cached there. The
+//! `x-kvtwin-overlap-blocks`, the prompt's blocks the router found cached there, and
+//! `x-kvtwin-route-seq`, the sequence number of the router's decision (requests sent
+//! together reach it in an order the client cannot see; the twin replays that one). The
 //! client's `X-Request-Id` goes to the engine (vLLM names its answer after it); without
 //! one the router makes one, unique to its process.
 //! Never: hold the state's lock across an await; send the client anything before the
@@ -286,10 +288,17 @@ impl Context {
     }
 }
 
-/// Headers naming who served a request and the overlap the router found there.
-fn decorate(response: &mut Response, worker: WorkerWithDpRank, overlap_blocks: u32) {
+/// Headers naming who served a request, the overlap the router found there, and the
+/// place of the router's decision among all it made.
+fn decorate(
+    response: &mut Response,
+    worker: WorkerWithDpRank,
+    overlap_blocks: u32,
+    route_seq: u64,
+) {
     let headers = response.headers_mut();
     headers.insert("x-kvtwin-overlap-blocks", HeaderValue::from(overlap_blocks));
+    headers.insert("x-kvtwin-route-seq", HeaderValue::from(route_seq));
     if let Ok(value) = HeaderValue::from_str(&worker.worker.get().to_string()) {
         headers.insert("x-kvtwin-worker", value);
     }
@@ -463,6 +472,7 @@ async fn try_engine(
             &mut answer,
             context.dispatch.worker,
             context.dispatch.overlap_blocks,
+            context.dispatch.route_seq,
         );
         return Ok(answer);
     }
@@ -486,6 +496,7 @@ async fn try_engine(
             &mut answer,
             context.dispatch.worker,
             context.dispatch.overlap_blocks,
+            context.dispatch.route_seq,
         );
         return Ok(answer);
     }
@@ -517,9 +528,10 @@ async fn try_engine(
     // The tap finishes the request from here on, whatever happens to the stream.
     ticket.done = true;
     tap.ticket = Some(Ticket::new(front.state.clone(), ticket.request));
-    let (worker, overlap) = (
+    let (worker, overlap, route_seq) = (
         tap.context.dispatch.worker,
         tap.context.dispatch.overlap_blocks,
+        tap.context.dispatch.route_seq,
     );
     let mut answer = Response::new(Body::from_stream(futures::stream::unfold(
         tap,
@@ -534,7 +546,7 @@ async fn try_engine(
         HeaderValue::from_static("text/event-stream"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    decorate(&mut answer, worker, overlap);
+    decorate(&mut answer, worker, overlap, route_seq);
     Ok(answer)
 }
 

@@ -1,0 +1,435 @@
+//! The twin of an engine cluster in time: N vLLM engines ([`VllmScheduler`]) behind
+//! the choice the router service's front door makes, each step priced by a compute
+//! model (the engine's own measured profile, `kvtwin profile --engine`), requests
+//! arriving when a trace says.
+//!
+//! Owns: [`TwinCluster`] (the engines, the router's block index and scheduler, the
+//! clock), [`TwinRequest`] (one arrival), [`TwinServed`] (what the twin says of it) and
+//! [`TwinRun`]. The choice follows `RouterState::choose_engine` and `dispatch`
+//! (backends/plane/src/service/state/serving.rs) exactly: the engines' events in a
+//! [`KvIndexer`], the candidates in worker order, the scheduler's cost and its seeded
+//! tie-break, a request's load its prompt blocks rounded up, held from its dispatch
+//! to its last token. An engine schedules a step as soon as the last one ends and it
+//! has work (vLLM's busy loop, `EngineCore.step`); a step's outputs (sampled tokens,
+//! finished requests, KV events) land when it ends, its duration
+//! [`ComputeModel::pass`] of what it scheduled. A request's time to first token runs
+//! from its arrival to the end of the step that samples its first token; the measured
+//! prefill times already hold the HTTP and tokenizer time of a lone request.
+//! Never: read a clock (time is the trace's and the model's), talk to an engine, or
+//! iterate anything unordered.
+
+use super::cache::VllmCacheConfig;
+use super::request::VllmRequest;
+use super::scheduler::{StepOutcome, VllmScheduler, VllmSchedulerConfig};
+use crate::compute::{ComputeModel, Pass};
+use kvtwin::block::BlockIdentity;
+use kvtwin::events::KvCacheEvent;
+use kvtwin::ids::LocalBlockHash;
+use kvtwin::ids::{RequestId, WorkerId, WorkerWithDpRank};
+use kvtwin::router::indexer::KvIndexer;
+use kvtwin::router::scheduler::{Scheduler, SchedulerConfig};
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+/// What the twin cluster is built with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TwinClusterConfig {
+    /// The engines, by the worker ids the router knows them by, in that order.
+    pub workers: Vec<WorkerId>,
+    /// Each engine's scheduler.
+    pub scheduler: VllmSchedulerConfig,
+    /// Each engine's KV cache.
+    pub cache: VllmCacheConfig,
+    /// The router's cost weights, temperature and seed (`kvtwin router`'s
+    /// `--overlap-weight`, `--request-load-weight`, `--router-temperature`; seed 0).
+    pub routing: SchedulerConfig,
+    /// What a step takes.
+    pub compute: ComputeModel,
+}
+
+/// One request as it reaches the router.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TwinRequest {
+    /// When it arrives, since the run began.
+    pub arrival: Duration,
+    /// Identities of the full blocks of its prompt and outputs, first first.
+    pub blocks: Vec<BlockIdentity>,
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Output tokens it generates.
+    pub output_tokens: u64,
+}
+
+impl TwinRequest {
+    /// The `index`th request: a prompt of `prompt_tokens` whose full blocks are
+    /// `prompt_blocks` (first first; more are ignored), generating `output_tokens`. The
+    /// blocks its outputs fill (and the prompt's partial block, which they complete) get
+    /// identities of their own, made from `index`: no other request repeats them, as no
+    /// later prompt repeats an answer in the traffic the twin replays.
+    pub fn new(
+        index: usize,
+        arrival: Duration,
+        prompt_blocks: &[BlockIdentity],
+        prompt_tokens: u64,
+        output_tokens: u64,
+        block_size: u64,
+    ) -> Self {
+        let block_size = block_size.max(1);
+        let full = usize::try_from(prompt_tokens / block_size)
+            .unwrap_or(usize::MAX)
+            .min(prompt_blocks.len());
+        let total =
+            usize::try_from((prompt_tokens + output_tokens) / block_size).unwrap_or(usize::MAX);
+        let mut blocks = prompt_blocks[..full].to_vec();
+        // Outputs' local hashes: above 2⁶³ (a trace's ids are below 2⁵³), unique per
+        // request and block.
+        for block in full..total.max(full) {
+            let local =
+                LocalBlockHash::new((1 << 63) | ((index as u64) << 20) | (block as u64 & 0xF_FFFF));
+            let next = BlockIdentity::chained(blocks.last(), local);
+            blocks.push(next);
+        }
+        Self {
+            arrival,
+            blocks,
+            prompt_tokens,
+            output_tokens,
+        }
+    }
+
+    /// The `index`th request of a Mooncake-format trace row at the engines' block size:
+    /// one hash id per block of the prompt (the last one partial when the prompt does
+    /// not end on a block; equal ids mean equal prefixes), the full blocks' ids taken as
+    /// local hashes and chained; see [`Self::new`] for the rest.
+    pub fn from_hash_ids(
+        index: usize,
+        arrival: Duration,
+        hash_ids: &[u64],
+        prompt_tokens: u64,
+        output_tokens: u64,
+        block_size: u64,
+    ) -> Self {
+        let full = usize::try_from(prompt_tokens / block_size.max(1))
+            .unwrap_or(usize::MAX)
+            .min(hash_ids.len());
+        let locals: Vec<LocalBlockHash> = hash_ids[..full]
+            .iter()
+            .map(|&id| LocalBlockHash::new(id))
+            .collect();
+        Self::new(
+            index,
+            arrival,
+            &BlockIdentity::chain(&locals),
+            prompt_tokens,
+            output_tokens,
+            block_size,
+        )
+    }
+
+    /// The local hashes of its prompt's full blocks: the router's query.
+    fn query(&self, block_size: u64) -> Vec<LocalBlockHash> {
+        let full = usize::try_from(self.prompt_tokens / block_size.max(1)).unwrap_or(usize::MAX);
+        self.blocks
+            .iter()
+            .take(full)
+            .map(|identity| identity.local_hash)
+            .collect()
+    }
+}
+
+/// When the twin's requests arrive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TwinArrivals {
+    /// Each at its own `arrival`: an open loop (a trace's times, Poisson arrivals).
+    Open,
+    /// `clients` closed-loop clients: the first `clients` requests at their own
+    /// `arrival`, then each next one (in the order given) `think` after an earlier one
+    /// ends, as a client sends its next request once its answer is in. A closed loop
+    /// replayed at the real run's times would be a different load: a twin slower than
+    /// the engines would pile the requests up, one faster would leave gaps.
+    Closed {
+        /// Requests in flight at most.
+        clients: usize,
+        /// From an answer's last token to the next request's arrival.
+        think: Duration,
+    },
+}
+
+/// What the twin says of one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TwinServed {
+    /// The engine the router chose.
+    pub worker: WorkerId,
+    /// Prompt tokens the engine found cached (its usage's `cached_tokens`).
+    pub cached_tokens: u64,
+    /// The router's overlap with the request on that engine, in blocks.
+    pub overlap_blocks: u32,
+    /// Arrival to the first output token.
+    pub ttft: Duration,
+    /// Mean gap between its output tokens (`None` with fewer than two).
+    pub itl: Option<Duration>,
+    /// Arrival to the last output token.
+    pub e2e: Duration,
+    /// Times it was preempted (and recomputed).
+    pub preemptions: u32,
+}
+
+/// A whole run of the twin.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TwinRun {
+    /// Per request, in the order given; `None` for one the twin could never schedule
+    /// (longer than an engine's cache).
+    pub served: Vec<Option<TwinServed>>,
+    /// Steps the engines ran, together.
+    pub steps: u64,
+    /// From the first arrival to the last token.
+    pub makespan: Duration,
+}
+
+impl TwinRun {
+    /// Requests each engine served, by worker id.
+    pub fn requests_per_worker(&self) -> BTreeMap<WorkerId, u64> {
+        let mut counts = BTreeMap::new();
+        for served in self.served.iter().flatten() {
+            *counts.entry(served.worker).or_default() += 1;
+        }
+        counts
+    }
+}
+
+/// One engine of the twin: its scheduler, and the step in flight (its outputs land at
+/// `ends_at`).
+struct TwinEngine {
+    key: WorkerWithDpRank,
+    scheduler: VllmScheduler,
+    in_flight: Option<(u64, StepOutcome)>,
+    next_event_id: u64,
+}
+
+/// Per request while it is served.
+#[derive(Clone, Copy, Default)]
+struct Progress {
+    arrived_ns: u64,
+    overlap_blocks: u32,
+    load_blocks: u64,
+    first_token_ns: Option<u64>,
+    last_token_ns: u64,
+    tokens: u64,
+}
+
+/// The twin cluster; see the module documentation.
+pub struct TwinCluster {
+    config: TwinClusterConfig,
+    engines: Vec<TwinEngine>,
+    indexer: KvIndexer,
+    router: Scheduler,
+    steps: u64,
+}
+
+impl TwinCluster {
+    /// Idle engines with empty caches, every one routable.
+    pub fn new(config: TwinClusterConfig) -> Self {
+        let mut router = Scheduler::new(config.routing);
+        let engines = config
+            .workers
+            .iter()
+            .map(|&worker| {
+                let key = WorkerWithDpRank { worker, dp_rank: 0 };
+                router.add_worker(key);
+                TwinEngine {
+                    key,
+                    scheduler: VllmScheduler::new(config.scheduler, config.cache),
+                    in_flight: None,
+                    next_event_id: 0,
+                }
+            })
+            .collect();
+        Self {
+            config,
+            engines,
+            indexer: KvIndexer::new(),
+            router,
+            steps: 0,
+        }
+    }
+
+    /// Serves `requests` (in order of arrival; ties keep their order) to the end, arriving
+    /// as `arrivals` says.
+    pub fn serve(mut self, requests: &[TwinRequest], arrivals: TwinArrivals) -> TwinRun {
+        let block_size = self.config.cache.block_size.max(1);
+        let capacity_tokens = u64::from(self.config.cache.num_gpu_blocks) * block_size;
+        let mut progress: Vec<Option<Progress>> = vec![None; requests.len()];
+        let mut served: Vec<Option<TwinServed>> = vec![None; requests.len()];
+        let mut next_arrival = 0;
+        // Closed loop: when the requests after the first `clients` may come, in order.
+        let mut released: VecDeque<u64> = VecDeque::new();
+        let first_ns = requests.first().map_or(0, |r| nanos(r.arrival));
+        let mut now = first_ns;
+        loop {
+            let step_end = self
+                .engines
+                .iter()
+                .enumerate()
+                .filter_map(|(i, e)| e.in_flight.as_ref().map(|(at, _)| (*at, i)))
+                .min();
+            let arrival = match arrivals {
+                _ if next_arrival >= requests.len() => None,
+                TwinArrivals::Closed { clients, .. } if next_arrival >= clients.max(1) => {
+                    released.front().map(|&at| at.max(now))
+                }
+                _ => Some(nanos(requests[next_arrival].arrival).max(now)),
+            };
+            // A step's outputs land before an arrival at the same instant.
+            let step_first = match (step_end, arrival) {
+                (Some((at, _)), Some(a)) => at <= a,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            if let (true, Some((at, engine))) = (step_first, step_end) {
+                now = at;
+                let finished = self.land(engine, now, &mut progress, &mut served);
+                if let TwinArrivals::Closed { think, .. } = arrivals {
+                    released.extend((0..finished).map(|_| now + nanos(think)));
+                }
+                self.start_step(engine, now, capacity_tokens);
+            } else if let Some(at) = arrival {
+                now = at;
+                if matches!(arrivals, TwinArrivals::Closed { clients, .. } if next_arrival >= clients.max(1))
+                {
+                    released.pop_front();
+                }
+                let index = next_arrival;
+                next_arrival += 1;
+                let engine = self.dispatch(index, &requests[index], block_size, now);
+                progress[index] = Some(engine.1);
+                let engine = engine.0;
+                if self.engines[engine].in_flight.is_none() {
+                    self.start_step(engine, now, capacity_tokens);
+                }
+            }
+        }
+        TwinRun {
+            served,
+            steps: self.steps,
+            makespan: Duration::from_nanos(now.saturating_sub(first_ns)),
+        }
+    }
+
+    /// The router's choice for request `index`, arriving at `now` (`choose_engine`, then
+    /// `dispatch`'s load): the engine, and the request's progress from here.
+    fn dispatch(
+        &mut self,
+        index: usize,
+        request: &TwinRequest,
+        block_size: u64,
+        now: u64,
+    ) -> (usize, Progress) {
+        let query = request.query(block_size);
+        let overlaps = self.indexer.find_matches(&query, false).workers;
+        let candidates = self.router.candidates(query.len(), &overlaps);
+        let decision = self
+            .router
+            .choose(&candidates)
+            .expect("every engine of the twin is routable");
+        let load_blocks = request.prompt_tokens.div_ceil(block_size);
+        self.router.record_start(decision.worker, load_blocks);
+        let engine = self
+            .engines
+            .iter()
+            .position(|e| e.key == decision.worker)
+            .expect("the router chooses among the engines");
+        let progress = Progress {
+            arrived_ns: now,
+            overlap_blocks: decision.overlap_blocks,
+            load_blocks,
+            ..Progress::default()
+        };
+        self.engines[engine].scheduler.add_request(VllmRequest::new(
+            RequestId::new(index as u64),
+            request.blocks.clone(),
+            request.prompt_tokens,
+            request.output_tokens.max(1),
+        ));
+        (engine, progress)
+    }
+
+    /// Schedules `engine`'s next step at `now`, if it has one.
+    fn start_step(&mut self, engine: usize, now: u64, capacity_tokens: u64) {
+        let Some(outcome) = self.engines[engine].scheduler.step() else {
+            return;
+        };
+        let mut pass = Pass::default();
+        for scheduled in &outcome.scheduled {
+            if scheduled.prefill {
+                pass.prefills.push((scheduled.tokens, scheduled.context));
+            } else {
+                pass.decodes += 1;
+                pass.decode_context += scheduled.context + scheduled.tokens;
+            }
+        }
+        let took = self.config.compute.pass(&pass, capacity_tokens).total;
+        self.steps += 1;
+        // At least a nanosecond: time moves on even under a profile that says 0.
+        self.engines[engine].in_flight = Some((now + nanos(took).max(1), outcome));
+    }
+
+    /// The outputs of `engine`'s step, at `now`: tokens, finished requests (their load
+    /// off the router), KV events into the router's index. How many requests finished.
+    fn land(
+        &mut self,
+        engine: usize,
+        now: u64,
+        progress: &mut [Option<Progress>],
+        served: &mut [Option<TwinServed>],
+    ) -> usize {
+        let Some((_, outcome)) = self.engines[engine].in_flight.take() else {
+            return 0;
+        };
+        let index_of = |id: RequestId| usize::try_from(id.get()).unwrap_or(usize::MAX);
+        for &id in &outcome.sampled {
+            if let Some(Some(p)) = progress.get_mut(index_of(id)) {
+                p.first_token_ns.get_or_insert(now);
+                p.last_token_ns = now;
+                p.tokens += 1;
+            }
+        }
+        let key = self.engines[engine].key;
+        for done in &outcome.finished {
+            let index = index_of(done.id);
+            let Some(Some(p)) = progress.get(index).copied() else {
+                continue;
+            };
+            self.router.record_finish(key, p.load_blocks);
+            let arrival = p.arrived_ns;
+            let first = p.first_token_ns.unwrap_or(now);
+            served[index] = Some(TwinServed {
+                worker: key.worker,
+                cached_tokens: done.cached_tokens,
+                overlap_blocks: p.overlap_blocks,
+                ttft: Duration::from_nanos(first.saturating_sub(arrival)),
+                itl: (p.tokens >= 2)
+                    .then(|| Duration::from_nanos((p.last_token_ns - first) / (p.tokens - 1))),
+                e2e: Duration::from_nanos(now.saturating_sub(arrival)),
+                preemptions: done.preemptions,
+            });
+        }
+        let twin = &mut self.engines[engine];
+        for data in outcome.events {
+            let event = KvCacheEvent {
+                event_id: twin.next_event_id,
+                dp_rank: 0,
+                data,
+            };
+            twin.next_event_id += 1;
+            // The twin's own stream is gap-free and well formed; a refusal would be a
+            // bug in the cache model, which its own tests catch.
+            let _ = self.indexer.apply(key.worker, &event);
+        }
+        outcome.finished.len()
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}

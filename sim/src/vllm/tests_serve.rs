@@ -1,0 +1,202 @@
+//! The twin cluster in time: the router's choice as the front door makes it (prefix
+//! affinity, load, the seeded tie-break), and times from the compute model.
+
+use super::tests::{configs, BLOCK};
+use super::*;
+use crate::compute::ComputeModel;
+use kvtwin::ids::WorkerId;
+use kvtwin::router::scheduler::SchedulerConfig;
+use std::time::Duration;
+
+/// 1 ms per prefilled token, 10 ms a decode step: times that are easy to add up.
+fn linear() -> ComputeModel {
+    ComputeModel::Linear {
+        prefill_ns_per_token: 1_000_000,
+        decode_ns_per_token: 10_000_000,
+    }
+}
+
+fn cluster(engines: u64, num_gpu_blocks: u32) -> TwinCluster {
+    let (scheduler, cache) = configs(2048, num_gpu_blocks);
+    TwinCluster::new(TwinClusterConfig {
+        workers: (1..=engines).map(WorkerId::new).collect(),
+        scheduler,
+        cache,
+        routing: SchedulerConfig::default(),
+        compute: linear(),
+    })
+}
+
+/// A request of `family`'s `shared` blocks, then `own` blocks of its own and `tail`
+/// more tokens, arriving at `at_ms`, generating `outputs` tokens.
+fn request(
+    index: usize,
+    at_ms: u64,
+    family: u64,
+    shared: u64,
+    own: u64,
+    outputs: u64,
+) -> TwinRequest {
+    let ids: Vec<u64> = (0..shared)
+        .map(|b| family * 1000 + b)
+        .chain((0..own).map(|b| 1_000_000 + index as u64 * 1000 + b))
+        .collect();
+    TwinRequest::from_hash_ids(
+        index,
+        Duration::from_millis(at_ms),
+        &ids,
+        (shared + own) * BLOCK,
+        outputs,
+        BLOCK,
+    )
+}
+
+fn served(run: &TwinRun, index: usize) -> &TwinServed {
+    run.served[index].as_ref().expect("served")
+}
+
+#[test]
+fn a_lone_request_takes_its_prefill_then_one_decode_step_a_token() {
+    let run = cluster(1, 65).serve(&[request(0, 0, 1, 4, 0, 3)], TwinArrivals::Open);
+    let one = served(&run, 0);
+    // 128 tokens prefilled at 1 ms each; the first token comes with that step.
+    assert_eq!(one.ttft, Duration::from_millis(128));
+    // Two more tokens, one 10 ms decode step each.
+    assert_eq!(one.itl, Some(Duration::from_millis(10)));
+    assert_eq!(one.e2e, Duration::from_millis(148));
+    assert_eq!(run.steps, 3);
+    assert_eq!(run.makespan, Duration::from_millis(148));
+}
+
+#[test]
+fn a_shared_prefix_goes_back_to_the_engine_holding_it_and_is_found_cached() {
+    // Far apart in time: each request is alone, so only the prefix decides.
+    let requests: Vec<TwinRequest> = (0..6)
+        .map(|i| request(i, i as u64 * 10_000, (i % 2) as u64, 8, 1, 2))
+        .collect();
+    let run = cluster(2, 65).serve(&requests, TwinArrivals::Open);
+    for i in 2..6 {
+        assert_eq!(
+            served(&run, i).worker,
+            served(&run, i % 2).worker,
+            "request {i}"
+        );
+        assert_eq!(served(&run, i).overlap_blocks, 8, "request {i}");
+        assert_eq!(served(&run, i).cached_tokens, 8 * BLOCK, "request {i}");
+    }
+    assert_eq!(served(&run, 0).cached_tokens, 0);
+    // The second family found nothing of its own anywhere: the engine the first family
+    // did not load is cheaper (its blocks count against the first engine only while its
+    // request runs, and it ran alone, so the tie-break decided; both ways keep affinity).
+    assert_eq!(run.requests_per_worker().values().sum::<u64>(), 6);
+}
+
+#[test]
+fn simultaneous_fresh_prompts_spread_by_the_load_the_router_holds() {
+    // Four fresh prompts at the same instant: each dispatch adds its blocks to its
+    // engine's load, so the next goes to the other one.
+    let requests: Vec<TwinRequest> = (0..4)
+        .map(|i| request(i, 0, 10 + i as u64, 4, 0, 4))
+        .collect();
+    let run = cluster(2, 65).serve(&requests, TwinArrivals::Open);
+    let counts = run.requests_per_worker();
+    assert_eq!(counts.values().copied().collect::<Vec<_>>(), vec![2, 2]);
+    // Each engine starts its first step on the first prompt it gets (128 ms); the
+    // second joins its next step beside the first one's decode (128 + 10 ms).
+    for i in 0..2 {
+        assert_eq!(
+            served(&run, i).ttft,
+            Duration::from_millis(128),
+            "request {i}"
+        );
+    }
+    for i in 2..4 {
+        assert_eq!(
+            served(&run, i).ttft,
+            Duration::from_millis(128 + 138),
+            "request {i}"
+        );
+    }
+}
+
+#[test]
+fn a_request_arriving_mid_step_waits_for_the_next_one() {
+    let requests = vec![request(0, 0, 1, 4, 0, 2), request(1, 50, 2, 2, 0, 1)];
+    let run = cluster(1, 65).serve(&requests, TwinArrivals::Open);
+    // The first step (128 ms) is under way at 50 ms; the second request joins the next
+    // step, beside the first request's decode: 64 ms of prefill and a 10 ms decode.
+    assert_eq!(
+        served(&run, 1).ttft,
+        Duration::from_millis(128 - 50 + 64 + 10)
+    );
+}
+
+#[test]
+fn one_trace_gives_one_run() {
+    let requests: Vec<TwinRequest> = (0..40)
+        .map(|i| {
+            request(
+                i,
+                (i as u64 * 37) % 400,
+                (i % 5) as u64,
+                6,
+                (i % 3) as u64,
+                8,
+            )
+        })
+        .collect();
+    let a = cluster(2, 33).serve(&requests, TwinArrivals::Open);
+    let b = cluster(2, 33).serve(&requests, TwinArrivals::Open);
+    assert_eq!(a, b);
+    assert!(a.served.iter().all(Option::is_some));
+}
+
+#[test]
+fn a_prompt_longer_than_the_cache_is_never_served_and_the_run_still_ends() {
+    // First come first served: the prompt that can never fit holds the head of the
+    // waiting queue, and the one behind it waits with it, as in vLLM's scheduler.
+    let requests = vec![request(0, 0, 1, 40, 0, 2), request(1, 5, 2, 2, 0, 2)];
+    let run = cluster(1, 17).serve(&requests, TwinArrivals::Open);
+    assert_eq!(run.served, vec![None, None]);
+    // On two engines the router sends the second one elsewhere (the first's blocks
+    // count as load), where it is served.
+    let run = cluster(2, 17).serve(&requests, TwinArrivals::Open);
+    assert!(run.served[0].is_none());
+    assert!(run.served[1].is_some());
+}
+
+#[test]
+fn a_closed_loop_sends_each_next_request_when_an_answer_is_in() {
+    // Two clients, four requests all dated 0: the third and fourth come only as the
+    // first two end (each alone on an engine: 128 ms of prefill, one 10 ms decode).
+    let requests: Vec<TwinRequest> = (0..4)
+        .map(|i| request(i, 0, 20 + i as u64, 4, 0, 2))
+        .collect();
+    let closed = TwinArrivals::Closed {
+        clients: 2,
+        think: Duration::from_millis(1),
+    };
+    let run = cluster(2, 65).serve(&requests, closed);
+    for i in 0..4 {
+        // Each request finds an idle engine and waits for nobody.
+        assert_eq!(
+            served(&run, i).ttft,
+            Duration::from_millis(128),
+            "request {i}"
+        );
+        assert_eq!(
+            served(&run, i).e2e,
+            Duration::from_millis(138),
+            "request {i}"
+        );
+    }
+    // Two rounds of 138 ms and the 1 ms between them.
+    assert_eq!(run.makespan, Duration::from_millis(138 + 1 + 138));
+    // Open, all four come at once and two wait behind the others' steps.
+    let open = cluster(2, 65).serve(&requests, TwinArrivals::Open);
+    assert!(open
+        .served
+        .iter()
+        .flatten()
+        .any(|s| s.ttft > Duration::from_millis(128)));
+}
