@@ -280,16 +280,7 @@ fn two_real_engines_behind_the_router() {
     std::thread::sleep(Duration::from_secs(1));
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("served.jsonl");
-    let mut args: Vec<String> = vec!["router".into()];
-    for engine in &cluster.engines {
-        args.push("--engine".into());
-        args.push(format!("{}={}", engine.id, engine.url));
-        args.push("--zmq".into());
-        args.push(format!(
-            "{}={},replay={}",
-            engine.id, engine.events_endpoint, engine.replay_endpoint
-        ));
-    }
+    let mut args = router_args(&cluster);
     args.extend(
         [
             "--block-size",
@@ -570,16 +561,7 @@ fn the_twin_of_both_engines(cluster: &Cluster, test: &str) {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let mut args: Vec<String> = vec!["router".into()];
-    for engine in &cluster.engines {
-        args.push("--engine".into());
-        args.push(format!("{}={}", engine.id, engine.url));
-        args.push("--zmq".into());
-        args.push(format!(
-            "{}={},replay={}",
-            engine.id, engine.events_endpoint, engine.replay_endpoint
-        ));
-    }
+    let mut args = router_args(cluster);
     args.extend(["--block-size", "32", "--listen", "127.0.0.1:0"].map(String::from));
     let router = Process::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let address = listening_on(&router);
@@ -659,6 +641,21 @@ fn the_twin_of_both_engines(cluster: &Cluster, test: &str) {
         );
     }
     drop(router);
+}
+
+/// `kvtwin router` fronting every engine of `cluster`: its `--engine` and `--zmq` flags.
+fn router_args(cluster: &Cluster) -> Vec<String> {
+    let mut args: Vec<String> = vec!["router".into()];
+    for engine in &cluster.engines {
+        args.push("--engine".into());
+        args.push(format!("{}={}", engine.id, engine.url));
+        args.push("--zmq".into());
+        args.push(format!(
+            "{}={},replay={}",
+            engine.id, engine.events_endpoint, engine.replay_endpoint
+        ));
+    }
+    args
 }
 
 /// A completion of `prompt` (token ids) asked of the engine itself; the answer.
