@@ -227,9 +227,7 @@ pub(crate) fn validate_engine(
 
 /// The engines the router fronts (`GET /v1/workers`, rank 0 rows with an `engine`).
 async fn engines_of(client: &EngineClient, router: &str) -> Result<Vec<Engine>> {
-    let body = get_ok(client, router, "/v1/workers", 16 << 20).await?;
-    let workers: Value =
-        serde_json::from_slice(&body).with_context(|| format!("{router}/v1/workers: not JSON"))?;
+    let workers = router_workers(client, router).await?;
     let mut engines: Vec<Engine> = workers["workers"]
         .as_array()
         .into_iter()
@@ -252,6 +250,12 @@ async fn engines_of(client: &EngineClient, router: &str) -> Result<Vec<Engine>> 
         );
     }
     Ok(engines)
+}
+
+/// The router's `GET /v1/workers`, parsed.
+async fn router_workers(client: &EngineClient, router: &str) -> Result<Value> {
+    let body = get_ok(client, router, "/v1/workers", 16 << 20).await?;
+    serde_json::from_slice(&body).with_context(|| format!("{router}/v1/workers: not JSON"))
 }
 
 /// The engines' model and cache, which the twin models as one: they must agree.
@@ -309,9 +313,7 @@ async fn reset_caches(
         post(client, &engine.url, "/v1/completions", flush.to_string()).await?;
     }
     loop {
-        let body = get_ok(client, router, "/v1/workers", 16 << 20).await?;
-        let workers: Value = serde_json::from_slice(&body)
-            .with_context(|| format!("{router}/v1/workers: not JSON"))?;
+        let workers = router_workers(client, router).await?;
         let held: u64 = workers["workers"]
             .as_array()
             .into_iter()
