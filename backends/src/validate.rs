@@ -11,7 +11,7 @@
 //! `transfer_workers` should match [`HostConfig::DEFAULT_WORKER_THREADS`]; calibration
 //! writes it so).
 
-use crate::calibrate::{calibrate, CalibrateError, CalibrateOptions};
+use crate::calibrate::{calibrate, gpu_description, CalibrateError, CalibrateOptions};
 use crate::host::{DiskIoMode, HostConfig, HostError, HostHardware};
 use kvtwin::manager::Manager;
 use kvtwin_sim::hardware::HardwareProfile;
@@ -52,10 +52,19 @@ pub struct HostArm {
 }
 
 impl HostArm {
-    /// A manager for `script` on host hardware with its disk tier in `dir`.
-    pub fn new(script: &ValidationScenario, dir: &Path) -> Result<Self, ValidateError> {
+    /// A manager for `script` on host hardware with its disk tier in `dir` and its device
+    /// tier in GPU `cuda_device`'s memory (the host tier pinned for it), or emulated in
+    /// host memory when `None`.
+    pub fn new(
+        script: &ValidationScenario,
+        dir: &Path,
+        cuda_device: Option<u32>,
+    ) -> Result<Self, ValidateError> {
         let config = script.manager_config();
-        let hardware = HostHardware::new(HostConfig::for_manager(&config, Some(dir)))?;
+        let hardware = HostHardware::new(HostConfig {
+            cuda_device,
+            ..HostConfig::for_manager(&config, Some(dir))
+        })?;
         let manager =
             Manager::new(Timed::new(hardware), config).map_err(|source| ValidateError::Script {
                 arm: "real",
@@ -120,6 +129,8 @@ pub struct Validation {
     pub disk_io: Option<DiskIoMode>,
     /// The real backend's worker threads.
     pub worker_threads: usize,
+    /// What the real arm's device tier was: a GPU's memory (named) or host memory.
+    pub device_tier: String,
 }
 
 /// Where the simulator's profile comes from.
@@ -142,8 +153,9 @@ pub enum Stage {
     Running(usize),
 }
 
-/// Runs `script` `repeat` times (at least once) on host hardware (disk files in `dir`)
-/// and on the simulator with the profile `source` gives for that repeat, and
+/// Runs `script` `repeat` times (at least once) on host hardware (disk files in `dir`,
+/// the device tier in GPU `cuda_device`'s memory or emulated when `None`) and on the
+/// simulator with the profile `source` gives for that repeat, and
 /// summarises the repeats: each metric's median real and simulated figures, the range
 /// of its error, and the real figure's own spread, which on a shared, noisy machine can
 /// exceed the error being judged. `on_stage` hears of each step.
@@ -151,6 +163,7 @@ pub fn validate(
     script: &ValidationScenario,
     source: ProfileSource<'_>,
     dir: &Path,
+    cuda_device: Option<u32>,
     repeat: usize,
     mut on_stage: impl FnMut(Stage),
 ) -> Result<Validation, ValidateError> {
@@ -174,7 +187,7 @@ pub fn validate(
             }
         };
         on_stage(Stage::Running(n));
-        let mut host = HostArm::new(script, dir)?;
+        let mut host = HostArm::new(script, dir, cuda_device)?;
         let real = run_script(&mut host, script).map_err(|source| ValidateError::Script {
             arm: "real",
             source: Box::new(source),
@@ -194,6 +207,7 @@ pub fn validate(
         profiles,
         disk_io,
         worker_threads,
+        device_tier: gpu_description(cuda_device),
     })
 }
 

@@ -26,13 +26,8 @@ pub(crate) struct CalibrateArgs {
     /// A few seconds in all: fewer sizes and bytes per point.
     #[arg(long)]
     quick: bool,
-    /// The GPU whose memory is the device tier (needs a build with `--features cuda`);
-    /// by default GPU 0 when the build has the feature and the GPU opens.
-    #[arg(long, conflicts_with = "no_gpu")]
-    gpu: Option<u32>,
-    /// Emulate the device tier in host memory even when a GPU is present.
-    #[arg(long)]
-    no_gpu: bool,
+    #[command(flatten)]
+    gpu: GpuArgs,
     /// Your block size in bytes: the points with many transfers in flight, which fit
     /// each link's aggregate rate and servers, move blocks of this size (default 4 MiB;
     /// 1 MiB with --quick), and when given, one transfer's rate is taken at this shape
@@ -45,6 +40,30 @@ pub(crate) struct CalibrateArgs {
     blocks_per_transfer: u64,
 }
 
+/// Which GPU's memory is the device tier, for `calibrate` and `validate`.
+#[derive(Args, Debug)]
+pub(crate) struct GpuArgs {
+    /// The GPU whose memory is the device tier, with the host tier pinned for it (needs
+    /// a build with `--features cuda`); by default GPU 0 when the build has the feature
+    /// and the GPU opens.
+    #[arg(long, conflicts_with = "no_gpu")]
+    gpu: Option<u32>,
+    /// Emulate the device tier in host memory even when a GPU is present.
+    #[arg(long)]
+    no_gpu: bool,
+}
+
+impl GpuArgs {
+    /// The GPU asked for, or the default (GPU 0 if this build can open it).
+    fn device(&self) -> Option<u32> {
+        match (self.gpu, self.no_gpu) {
+            (_, true) => None,
+            (Some(ordinal), false) => Some(ordinal),
+            (None, false) => cal::first_gpu(),
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub(crate) struct ValidateArgs {
     /// The validation script (RON): the simulator against the host backend.
@@ -55,7 +74,7 @@ pub(crate) struct ValidateArgs {
     /// `--prefixes`, ..., or `--trace`) goes through it to the real engines and through
     /// the twin (their cache and block size from their metrics, `--compute` their
     /// measured profile); each repeat starts from empty caches.
-    #[arg(long, value_name = "ROUTER_URL", conflicts_with_all = ["profile", "calibrate", "quick", "dir"])]
+    #[arg(long, value_name = "ROUTER_URL", conflicts_with_all = ["profile", "calibrate", "quick", "dir", "gpu", "no_gpu"])]
     engine: Option<String>,
     #[command(flatten)]
     engine_args: crate::validate_engine::EngineValidateArgs,
@@ -77,6 +96,9 @@ pub(crate) struct ValidateArgs {
     /// Where the disk tier's files go (default: the system's temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// The real arm's device tier (calibration measures the same links).
+    #[command(flatten)]
+    gpu: GpuArgs,
     /// Prints one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -88,18 +110,12 @@ pub(crate) struct ValidateArgs {
 
 pub(crate) fn calibrate(args: &CalibrateArgs) -> Result<()> {
     let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
-    let defaults = CalibrateOptions::new(&dir);
-    let cuda_device = match (args.gpu, args.no_gpu) {
-        (_, true) => None,
-        (Some(ordinal), false) => Some(ordinal),
-        (None, false) => defaults.cuda_device,
-    };
     let options = CalibrateOptions {
         quick: args.quick,
-        cuda_device,
+        cuda_device: args.gpu.device(),
         aggregate_block_bytes: args.aggregate_bytes,
         blocks_per_transfer: args.blocks_per_transfer as usize,
-        ..defaults
+        ..CalibrateOptions::new(&dir)
     };
     eprintln!(
         "calibrating{} (disk files in {})...",
@@ -149,10 +165,11 @@ pub(crate) fn validate(args: &ValidateArgs) -> Result<()> {
         Some(path) => Some(load_profile(path)?),
         None => None,
     };
+    let cuda_device = args.gpu.device();
     let options = CalibrateOptions {
         quick: args.quick,
-        // The real arm's device tier is host memory: calibrate the same links.
-        cuda_device: None,
+        // Calibrate the links the real arm uses: its GPU's, or the emulated device's.
+        cuda_device,
         // The script's transfers are its chains: calibrate the links loaded with those,
         // one I/O per block as the backend does them.
         aggregate_block_bytes: Some(script.worker.bytes_per_block),
@@ -171,7 +188,7 @@ pub(crate) fn validate(args: &ValidateArgs) -> Result<()> {
     };
     let bar = crate::progress::bar(steps, "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}");
     let mut started = 0;
-    let outcome = validate::validate(&script, source, &dir, repeats, |stage| {
+    let outcome = validate::validate(&script, source, &dir, cuda_device, repeats, |stage| {
         let line = match stage {
             Stage::Calibrating(n) => format!("repeat {n}/{repeats}: calibrating"),
             Stage::Running(n) => format!("repeat {n}/{repeats}: running the script"),
@@ -199,6 +216,7 @@ pub(crate) fn validate(args: &ValidateArgs) -> Result<()> {
             "profile": profile_name,
             "disk_io": format!("{:?}", outcome.disk_io),
             "worker_threads": outcome.worker_threads,
+            "device_tier": outcome.device_tier,
             "repeat": repeats,
             "metrics": outcome.metrics,
             "profiles": outcome.profiles.iter().map(link_rates).collect::<Vec<_>>(),
@@ -236,6 +254,7 @@ fn table(script: &str, profile: &str, outcome: &Validation) -> String {
         "{script}: real backend (HostHardware, {} workers, disk {:?}) vs simulator (profile {profile}); {repeats} repeat(s), medians",
         outcome.worker_threads, outcome.disk_io
     );
+    let _ = writeln!(out, "real device tier: {}", outcome.device_tier);
     if let Some(p) = outcome
         .profiles
         .iter()

@@ -143,6 +143,12 @@ fn validate_without_a_profile_calibrates_before_every_repeat_and_prints_the_spre
     )
     .unwrap();
     assert_eq!(json["repeat"], 2);
+    // No GPU was asked for (and this test build may have none): the device is emulated.
+    let device_tier = json["device_tier"].as_str().unwrap();
+    assert!(
+        device_tier.contains("emulated in host memory"),
+        "{device_tier}"
+    );
     // Each repeat has its own calibration.
     let profiles = json["profiles"].as_array().unwrap();
     assert_eq!(profiles.len(), 2);
@@ -208,4 +214,16 @@ fn validate_without_a_profile_calibrates_before_every_repeat_and_prints_the_spre
     // A given profile and a calibration per repeat exclude each other.
     let stderr = kvtwin_fails(&["validate", script, "--profile", "p.ron", "--calibrate"]);
     assert!(stderr.contains("--calibrate"), "{stderr}");
+}
+
+/// A build without feature `cuda` asked for a GPU device tier says why it cannot, before
+/// anything is measured; the same build with `--no-gpu` is the emulated default.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn validate_on_a_gpu_needs_the_cuda_feature() {
+    let script = "scenarios/validate_gpu_host_disk.ron";
+    let stderr = kvtwin_fails(&["validate", script, "--gpu", "0", "--quick", "--repeat", "1"]);
+    assert!(stderr.contains("feature `cuda`"), "{stderr}");
+    let stderr = kvtwin_fails(&["validate", script, "--gpu", "0", "--no-gpu"]);
+    assert!(stderr.contains("--no-gpu"), "{stderr}");
 }

@@ -101,7 +101,7 @@ impl CalibrateOptions {
 }
 
 /// GPU 0 if this build can use it.
-fn first_gpu() -> Option<u32> {
+pub fn first_gpu() -> Option<u32> {
     #[cfg(feature = "cuda")]
     if crate::cuda::CudaDevice::open(0).is_ok() {
         return Some(0);
@@ -109,8 +109,9 @@ fn first_gpu() -> Option<u32> {
     None
 }
 
-/// What the calibration says about the GPU it measured, or why it measured none.
-fn gpu_description(cuda_device: Option<u32>) -> String {
+/// What the calibration (or a validation's real arm) says about the GPU whose memory is
+/// its device tier, or why there is none.
+pub fn gpu_description(cuda_device: Option<u32>) -> String {
     #[cfg(feature = "cuda")]
     {
         match cuda_device.map(crate::cuda::CudaDevice::open) {
