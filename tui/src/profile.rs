@@ -26,9 +26,11 @@ pub(crate) struct ProfileArgs {
     /// (`http://HOST:PORT`; a vLLM engine, whose metrics give its cache's size and block
     /// size). Prefill time by prompt length and decode step time by batch and context,
     /// each `--repeats` times; also writes `compute.ron` (the `Table` compute model) and
-    /// `engine_profile.json` (every repeat).
+    /// `engine_profile.json` (every repeat). Repeated, the engines of one cluster are
+    /// measured together, each point on all of them at once: engines sharing a
+    /// machine's cores slow each other, and their twin should step at that speed.
     #[arg(long, value_name = "URL", conflicts_with_all = ["set", "kv_usage"])]
-    engine: Option<String>,
+    engine: Vec<String>,
     /// With --engine: times each point is measured (the median is kept, the spread
     /// printed and recorded) [default: 3].
     #[arg(long)]
@@ -67,7 +69,7 @@ pub(crate) struct ProfileArgs {
 
 /// `kvtwin profile`.
 pub(crate) fn profile(args: &ProfileArgs) -> Result<()> {
-    if let Some(url) = &args.engine {
+    if !args.engine.is_empty() {
         let as_tokens = |list: &Option<Vec<usize>>| {
             list.as_ref()
                 .map(|list| list.iter().map(|&n| n as u64).collect())
@@ -79,7 +81,7 @@ pub(crate) fn profile(args: &ProfileArgs) -> Result<()> {
             osl: args.osl.unwrap_or(32),
             repeats: args.repeats.unwrap_or(3),
         };
-        return crate::profile_engine::profile_engine(url, &grid, &args.out);
+        return crate::profile_engine::profile_engine(&args.engine, &grid, &args.out);
     }
     if args.repeats.is_some() || args.batch.is_some() || args.osl.is_some() {
         anyhow::bail!(

@@ -11,20 +11,27 @@
 //!   time is the median gap between output chunks while every sequence of the batch is
 //!   decoding (after the last first token, before the first last token), so neither
 //!   prefill nor a shrinking batch blurs it;
-//! - each point `--repeats` times, the median kept and the spread (min, max) beside it.
+//! - each point `--repeats` times, the median kept and the spread (min, max) beside it;
+//! - with several engines (`--engine` repeated, the engines of one cluster), each point
+//!   on all of them at once, every engine's figure a sample of the point: engines that
+//!   share a machine's cores (the local cluster of `scripts/engines`) slow each other,
+//!   and the twin of that cluster should step at the speed they reach together, not at
+//!   the speed of one engine alone.
 //!
 //! Writes into `--out`: Dynamo's planner tables (`write_profiles`: the npz and JSON
 //! files of its `--profile-results-dir`), `compute.ron` (the `Table` compute model a
 //! scenario's hardware or `kvtwin estimate --compute` takes) and `engine_profile.json`
 //! (every repeat of every point, the engine and the grid).
-//! Never: simulate anything, or run two points at once (each is alone on the engine);
-//! it does leave the engine's cache full of its own prompts.
+//! The engines' prefix caches are emptied first (vLLM's `POST /reset_prefix_cache`):
+//! prompts are fresh within a run, the same across runs.
+//! Never: simulate anything, or run two points at once (each is alone on its engine);
+//! it does leave the engines' caches full of its own prompts.
 
 use anyhow::{bail, Context, Result};
 use kvtwin_plane::bench::serve::request::{send, Target};
 use kvtwin_plane::bench::serve::workload::{block_tokens, PlannedRequest};
 use kvtwin_plane::bench::serve::RequestRecord;
-use kvtwin_plane::service::frontend::engine_client::{EngineClient, EngineTimeouts};
+use kvtwin_plane::service::frontend::engine_client::{BodyReader, EngineClient, EngineTimeouts};
 use kvtwin_sim::autoscale::profile::{
     table_from_profiles, write_profiles, DecodeProfile, PrefillProfile,
 };
@@ -106,25 +113,61 @@ impl Repeats {
     }
 }
 
-/// `kvtwin profile --engine URL --out DIR`.
-pub(crate) fn profile_engine(url: &str, grid: &EngineGrid, out: &Path) -> Result<()> {
+/// `kvtwin profile --engine URL [--engine URL ...] --out DIR`.
+pub(crate) fn profile_engine(urls: &[String], grid: &EngineGrid, out: &Path) -> Result<()> {
     if grid.repeats == 0 {
         bail!("--repeats must be at least 1");
     }
     if grid.osl < 2 {
         bail!("--osl must be at least 2: a decode step is the gap between two outputs");
     }
-    let url = url.trim_end_matches('/').to_string();
+    if urls.is_empty() {
+        bail!("--engine URL: no engine to measure");
+    }
+    let urls: Vec<String> = urls
+        .iter()
+        .map(|url| url.trim_end_matches('/').to_string())
+        .collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(measure_and_write(&url, grid, out))
+    runtime.block_on(measure_and_write(&urls, grid, out))
 }
 
-async fn measure_and_write(url: &str, grid: &EngineGrid, out: &Path) -> Result<()> {
+/// The engines measured together must serve the same model with the same block size;
+/// the smallest cache and the shortest prompt limit bound the grid.
+fn common_info(urls: &[String], infos: Vec<EngineInfo>) -> Result<EngineInfo> {
+    let mut engines = urls.iter().zip(infos);
+    let Some((first_url, mut common)) = engines.next() else {
+        bail!("no engine to measure");
+    };
+    for (url, info) in engines {
+        if info.model != common.model || info.block_size != common.block_size {
+            bail!(
+                "{url} serves {} with blocks of {} tokens, {first_url} {} with {}: engines \
+                 profiled together must be alike",
+                info.model,
+                info.block_size,
+                common.model,
+                common.block_size
+            );
+        }
+        common.num_gpu_blocks = common.num_gpu_blocks.min(info.num_gpu_blocks);
+        common.max_model_len = common.max_model_len.min(info.max_model_len);
+    }
+    Ok(common)
+}
+
+async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Result<()> {
     let client = EngineClient::new(EngineTimeouts::default());
-    let info = engine_info(&client, url).await?;
+    let mut infos = Vec::with_capacity(urls.len());
+    for url in urls {
+        infos.push(engine_info(&client, url).await?);
+    }
+    let info = common_info(urls, infos)?;
+    let url = urls.join(", ");
+    let url = url.as_str();
     let max_kv = info.max_kv_tokens();
     let limit = max_kv.min(info.max_model_len.saturating_sub(1));
     let isls: Vec<u64> = match &grid.isl {
@@ -148,33 +191,67 @@ async fn measure_and_write(url: &str, grid: &EngineGrid, out: &Path) -> Result<(
         .batches
         .clone()
         .unwrap_or_else(|| vec![1, 2, 4, 8, 16, 32]);
-    let target = Target {
-        url: url.to_string(),
-        model: info.model.clone(),
-        stream: true,
-        timeout: Duration::from_secs(600),
-    };
+    let targets: Vec<Target> = urls
+        .iter()
+        .map(|url| Target {
+            url: url.clone(),
+            model: info.model.clone(),
+            stream: true,
+            timeout: Duration::from_secs(600),
+        })
+        .collect();
     eprintln!(
-        "kvtwin profile: {url} serves {} ({} blocks of {} tokens: {max_kv} KV tokens; \
-         prompts up to {} tokens); {} repeats a point",
-        info.model, info.num_gpu_blocks, info.block_size, info.max_model_len, grid.repeats
+        "kvtwin profile: {url} serve{} {} ({} blocks of {} tokens: {max_kv} KV tokens; \
+         prompts up to {} tokens); {} repeats a point{}",
+        if targets.len() == 1 { "s" } else { "" },
+        info.model,
+        info.num_gpu_blocks,
+        info.block_size,
+        info.max_model_len,
+        grid.repeats,
+        if targets.len() == 1 {
+            String::new()
+        } else {
+            format!(", on all {} engines at once", targets.len())
+        }
     );
     let mut prompts = Prompts {
         next: 0,
         block_size: info.block_size,
     };
+    // Prompts are fresh within a run, not across runs: an earlier profile's may still be
+    // cached, and a prefill that hits is not a prefill.
+    for target in &targets {
+        if let Err(error) = reset_prefix_cache(&client, &target.url, Duration::from_secs(15)).await
+        {
+            eprintln!(
+                "kvtwin profile: could not empty {}'s prefix cache ({error:#}); prompts of an \
+                 earlier profile may be found cached",
+                target.url
+            );
+        }
+    }
     // The first request of an engine pays for what it sets up on first use.
-    let warm_up = prompts.planned(info.block_size, 2);
-    check(send(&client, &target, warm_up, Instant::now()).await, url)?;
+    for target in &targets {
+        let warm_up = prompts.planned(info.block_size, 2);
+        check(
+            send(&client, target, warm_up, Instant::now()).await,
+            &target.url,
+        )?;
+    }
 
     let mut prefill_points = Vec::new();
     for &isl in &isls {
-        let mut repeats = Vec::with_capacity(grid.repeats);
+        let mut repeats = Vec::with_capacity(grid.repeats * targets.len());
         for _ in 0..grid.repeats {
-            let planned = prompts.planned(isl, 1);
-            let record = check(send(&client, &target, planned, Instant::now()).await, url)?;
-            let ttft = record.ttft.context("an answer without output")?;
-            repeats.push(ttft.as_secs_f64() * 1e3);
+            let batches = targets
+                .iter()
+                .map(|target| (target, vec![prompts.planned(isl, 1)]))
+                .collect();
+            for (_, records) in together(&client, batches).await? {
+                let ttft = records[0].ttft.context("an answer without output")?;
+                repeats.push(ttft.as_secs_f64() * 1e3);
+            }
         }
         let repeats = Repeats(repeats);
         eprintln!(
@@ -195,25 +272,25 @@ async fn measure_and_write(url: &str, grid: &EngineGrid, out: &Path) -> Result<(
                 skipped.push(format!("{batch}×{context}"));
                 continue;
             }
-            let mut repeats = Vec::with_capacity(grid.repeats);
+            let mut repeats = Vec::with_capacity(grid.repeats * targets.len());
             for _ in 0..grid.repeats {
-                let planned: Vec<PlannedRequest> = (0..batch)
-                    .map(|_| prompts.planned(context, grid.osl))
+                let batches = targets
+                    .iter()
+                    .map(|target| {
+                        let planned: Vec<PlannedRequest> = (0..batch)
+                            .map(|_| prompts.planned(context, grid.osl))
+                            .collect();
+                        (target, planned)
+                    })
                     .collect();
-                let origin = Instant::now();
-                let records = futures::future::join_all(
-                    planned
-                        .into_iter()
-                        .map(|planned| send(&client, &target, planned, origin)),
-                )
-                .await;
-                let records = records
-                    .into_iter()
-                    .map(|record| check(record, url))
-                    .collect::<Result<Vec<_>>>()?;
-                repeats.push(step_ms(&records).with_context(|| {
-                    format!("batch {batch} at context {context}: no output gaps")
-                })?);
+                for (target, records) in together(&client, batches).await? {
+                    repeats.push(step_ms(&records).with_context(|| {
+                        format!(
+                            "{}: batch {batch} at context {context}: no output gaps",
+                            target.url
+                        )
+                    })?);
+                }
             }
             let repeats = Repeats(repeats);
             eprintln!(
@@ -268,6 +345,8 @@ async fn measure_and_write(url: &str, grid: &EngineGrid, out: &Path) -> Result<(
     written.push(compute);
     let raw = json!({
         "engine": url,
+        // Each point's `ms`: repeat by repeat, every engine's figure in this order.
+        "engines": urls,
         "model": info.model,
         "block_size": info.block_size,
         "num_gpu_blocks": info.num_gpu_blocks,
@@ -292,11 +371,19 @@ async fn measure_and_write(url: &str, grid: &EngineGrid, out: &Path) -> Result<(
     write(&raw_path, &(serde_json::to_string_pretty(&raw)? + "\n"))?;
     written.push(raw_path);
 
+    let (on_each, engines) = if targets.len() == 1 {
+        ("", String::new())
+    } else {
+        (
+            " on each engine",
+            format!(", on {} engines at once", targets.len()),
+        )
+    };
     println!(
-        "{}: {max_kv} KV tokens, measured {} times a point (median; min to max)",
+        "{}: {max_kv} KV tokens, measured {} times a point{engines} (median; min to max)",
         info.model, grid.repeats
     );
-    println!("\nprefill: one request alone, a prompt nothing caches");
+    println!("\nprefill: one request alone{on_each}, a prompt nothing caches");
     println!("{:>8}  {:>10}  {:>19}", "ISL", "TTFT ms", "spread ms");
     for (isl, r) in &prefill_points {
         println!(
@@ -307,7 +394,7 @@ async fn measure_and_write(url: &str, grid: &EngineGrid, out: &Path) -> Result<(
         );
     }
     println!(
-        "\ndecode: a batch streaming together, {} outputs each",
+        "\ndecode: a batch streaming together{on_each}, {} outputs each",
         grid.osl
     );
     println!(
@@ -363,6 +450,33 @@ impl Prompts {
     }
 }
 
+/// Every engine's batch sent at once (each request of a batch at once too); each
+/// engine's records, in the order given, or the first failure.
+async fn together<'a>(
+    client: &EngineClient,
+    batches: Vec<(&'a Target, Vec<PlannedRequest>)>,
+) -> Result<Vec<(&'a Target, Vec<RequestRecord>)>> {
+    let origin = Instant::now();
+    let sent = batches.into_iter().map(|(target, planned)| async move {
+        let records = futures::future::join_all(
+            planned
+                .into_iter()
+                .map(|planned| send(client, target, planned, origin)),
+        )
+        .await;
+        (target, records)
+    });
+    let mut answered = Vec::new();
+    for (target, records) in futures::future::join_all(sent).await {
+        let records = records
+            .into_iter()
+            .map(|record| check(record, &target.url))
+            .collect::<Result<Vec<_>>>()?;
+        answered.push((target, records));
+    }
+    Ok(answered)
+}
+
 /// The record, or why the engine failed it.
 fn check(record: RequestRecord, url: &str) -> Result<RequestRecord> {
     if let Some(failure) = &record.failure {
@@ -377,8 +491,25 @@ fn check(record: RequestRecord, url: &str) -> Result<RequestRecord> {
 
 /// The median gap between output chunks while every request of the batch decodes.
 /// Falls back on every gap after each first token when that window holds none (a
-/// batch whose members never all decode at once).
+/// batch whose members never all decode at once). When an answer came in fewer chunks
+/// than tokens (a busy API server merges outputs into one chunk: on the 2-core VM with
+/// two engines busy, all 8 of a lone request's tokens came in one), gaps are not steps:
+/// then the median over the batch of each request's time per token after its first.
 fn step_ms(records: &[RequestRecord]) -> Option<f64> {
+    let merged = records
+        .iter()
+        .any(|record| (record.itl.len() as u64) + 1 < record.output_tokens);
+    if merged {
+        let per_token: Vec<f64> = records
+            .iter()
+            .filter_map(|record| {
+                let after_first = record.output_tokens.checked_sub(1).filter(|n| *n > 0)?;
+                let decoding = record.e2e.checked_sub(record.ttft?)?;
+                Some(decoding.as_secs_f64() * 1e3 / after_first as f64)
+            })
+            .collect();
+        return (!per_token.is_empty()).then(|| Repeats(per_token).median());
+    }
     // Each request's chunk times, from the batch's origin.
     let times: Vec<Vec<Duration>> = records
         .iter()
@@ -474,6 +605,59 @@ pub(crate) async fn get_ok(
     Ok(body.to_vec())
 }
 
+/// `POST url path` with a JSON `body`; the answer's JSON, or an error naming the URL
+/// (a 404 from /reset_prefix_cache says the engine runs without its dev endpoints).
+pub(crate) async fn post(
+    client: &EngineClient,
+    url: &str,
+    path: &str,
+    body: String,
+) -> Result<Value> {
+    let response = client
+        .post_json(url, path, body.into(), &[])
+        .await
+        .with_context(|| format!("POST {url}{path}"))?;
+    let status = response.status();
+    let idle = client.timeouts().idle;
+    let body = BodyReader::new(response.into_body(), idle, 1 << 20)
+        .read_all()
+        .await
+        .with_context(|| format!("POST {url}{path}: the answer"))?;
+    if !status.is_success() {
+        let hint = if path == "/reset_prefix_cache" {
+            ": the engine must run with VLLM_SERVER_DEV_MODE=1 (scripts/engines/cluster.py sets it) so that each repeat starts from an empty cache"
+        } else {
+            ""
+        };
+        bail!("POST {url}{path} answered {status}{hint}");
+    }
+    serde_json::from_slice(&body).with_context(|| format!("POST {url}{path}: not JSON"))
+}
+
+/// Empties vLLM's prefix cache at `url` (`POST /reset_prefix_cache`, a dev endpoint).
+/// vLLM refuses while blocks are held (`{"success": false}`: requests still finishing),
+/// so a refusal is retried for up to `within`.
+pub(crate) async fn reset_prefix_cache(
+    client: &EngineClient,
+    url: &str,
+    within: Duration,
+) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let answer = post(client, url, "/reset_prefix_cache", String::new()).await?;
+        if answer["success"] == Value::Bool(true) {
+            return Ok(());
+        }
+        if start.elapsed() > within {
+            bail!(
+                "POST {url}/reset_prefix_cache answered {answer} for {}s: its blocks stay held",
+                within.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// The value of label `name` in a Prometheus sample line (`name="value"`, the name
 /// whole: `hash_block_size` is not `block_size`).
 fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
@@ -542,6 +726,25 @@ mod tests {
         // One request alone: its own gaps.
         assert_eq!(step_ms(&[record(0, 10, &[7, 9, 8])]), Some(8.0));
         assert_eq!(step_ms(&[record(0, 10, &[])]), None);
+    }
+
+    #[test]
+    fn merged_chunks_give_the_time_per_token_instead_of_the_gaps() {
+        // 8 tokens in 3 chunks: gaps of 100 and 40 ms are not steps; 140 ms over the 7
+        // tokens after the first is 20 ms a token.
+        let mut merged = record(0, 10, &[100, 40]);
+        merged.output_tokens = 8;
+        merged.e2e = Duration::from_millis(150);
+        assert_eq!(step_ms(&[merged.clone()]), Some(20.0));
+        // All in one chunk: no gap at all, still a time per token.
+        let mut one = record(0, 10, &[]);
+        one.output_tokens = 8;
+        one.e2e = Duration::from_millis(80);
+        assert_eq!(step_ms(&[merged, one]), Some(15.0));
+        // Every token its own chunk: the gaps, as before.
+        let mut whole = record(0, 10, &[7, 9, 8]);
+        whole.output_tokens = 4;
+        assert_eq!(step_ms(&[whole]), Some(8.0));
     }
 
     #[test]

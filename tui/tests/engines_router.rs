@@ -543,7 +543,9 @@ fn the_twin_of_both_engines(cluster: &Cluster, test: &str) {
     let dir = tempfile::tempdir().unwrap();
     let profile = dir.path().join("profile");
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_kvtwin"))
-        .args(["profile", "--engine", &cluster.engines[0].url, "--out"])
+        // Both engines measured together: they share this machine's cores.
+        .args(["profile", "--engine", &cluster.engines[0].url])
+        .args(["--engine", &cluster.engines[1].url, "--out"])
         .arg(&profile)
         .args([
             "--isl",
@@ -561,6 +563,15 @@ fn the_twin_of_both_engines(cluster: &Cluster, test: &str) {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    let raw: Value = serde_json::from_str(
+        &std::fs::read_to_string(profile.join("engine_profile.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(raw["engines"].as_array().map(Vec::len), Some(2), "{raw}");
+    // Each point: one figure per engine per repeat.
+    for point in raw["prefill"].as_array().unwrap() {
+        assert_eq!(point["ms"].as_array().map(Vec::len), Some(2), "{point}");
+    }
     let mut args = router_args(cluster);
     args.extend(["--block-size", "32", "--listen", "127.0.0.1:0"].map(String::from));
     let router = Process::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
