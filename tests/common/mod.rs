@@ -89,7 +89,7 @@ pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
     ),
     (
         "vllm-cpu-tiny.ron",
-        "8a7221a5dee53eec83fe1bec3b1db6c2d300825986ebbea5eb28296981e4e3d0",
+        "1584b56605202da48693204839d3cc918a755ebb1de3ec9241de7ddaf7d8e3a8",
     ),
 ];
 
