@@ -395,9 +395,17 @@ fn stop_on_signal() -> Result<watch::Sender<bool>> {
         #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
         tracing::info!("stopping");
-        let _ = sender.send(true);
+        signal_stop(&sender);
     });
     Ok(stop)
+}
+
+/// Turns the stop watch true, whether or not anything listens yet: a signal can come
+/// before the first `stopped` subscribes (right after the router says it listens), and
+/// `watch::Sender::send` with no receiver leaves the value as it was, which had left a
+/// router interrupted at that moment running forever.
+fn signal_stop(stop: &watch::Sender<bool>) {
+    stop.send_replace(true);
 }
 
 fn stopped(stop: &watch::Sender<bool>) -> impl std::future::Future<Output = ()> + Send + 'static {
@@ -563,7 +571,7 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
                 STOP_GRACE.as_secs()
             ),
         }
-        let _ = stop.send(true);
+        signal_stop(&stop);
         if let Some(task) = nats_task {
             let stats = task
                 .await
@@ -709,6 +717,24 @@ fn stats_json(stats: &RelayStats) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stop_signalled_before_anything_listens_still_stops_later_listeners() {
+        let (stop, first) = watch::channel(false);
+        drop(first);
+        signal_stop(&stop);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let late = runtime.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(5), stopped(&stop)).await
+        });
+        assert!(
+            late.is_ok(),
+            "a listener subscribed after the signal never stopped"
+        );
+    }
 
     #[test]
     fn zmq_sources_parse_with_and_without_replay() {
