@@ -54,12 +54,13 @@ pub(crate) struct GpuArgs {
 }
 
 impl GpuArgs {
-    /// The GPU asked for, or the default (GPU 0 if this build can open it).
-    fn device(&self) -> Option<u32> {
+    /// The GPU asked for, or `default` (`CalibrateOptions::new`'s: GPU 0 if this build
+    /// can open it, found once).
+    fn device(&self, default: Option<u32>) -> Option<u32> {
         match (self.gpu, self.no_gpu) {
             (_, true) => None,
             (Some(ordinal), false) => Some(ordinal),
-            (None, false) => cal::first_gpu(),
+            (None, false) => default,
         }
     }
 }
@@ -110,12 +111,13 @@ pub(crate) struct ValidateArgs {
 
 pub(crate) fn calibrate(args: &CalibrateArgs) -> Result<()> {
     let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let defaults = CalibrateOptions::new(&dir);
     let options = CalibrateOptions {
         quick: args.quick,
-        cuda_device: args.gpu.device(),
+        cuda_device: args.gpu.device(defaults.cuda_device),
         aggregate_block_bytes: args.aggregate_bytes,
         blocks_per_transfer: args.blocks_per_transfer as usize,
-        ..CalibrateOptions::new(&dir)
+        ..defaults
     };
     eprintln!(
         "calibrating{} (disk files in {})...",
@@ -165,7 +167,8 @@ pub(crate) fn validate(args: &ValidateArgs) -> Result<()> {
         Some(path) => Some(load_profile(path)?),
         None => None,
     };
-    let cuda_device = args.gpu.device();
+    let defaults = CalibrateOptions::new(&dir);
+    let cuda_device = args.gpu.device(defaults.cuda_device);
     let options = CalibrateOptions {
         quick: args.quick,
         // Calibrate the links the real arm uses: its GPU's, or the emulated device's.
@@ -174,7 +177,7 @@ pub(crate) fn validate(args: &ValidateArgs) -> Result<()> {
         // one I/O per block as the backend does them.
         aggregate_block_bytes: Some(script.worker.bytes_per_block),
         blocks_per_transfer: script.chain_blocks.max(1),
-        ..CalibrateOptions::new(&dir)
+        ..defaults
     };
     let source = match &given {
         Some(profile) => ProfileSource::Given(profile),

@@ -496,17 +496,11 @@ fn check(record: RequestRecord, url: &str) -> Result<RequestRecord> {
 /// two engines busy, all 8 of a lone request's tokens came in one), gaps are not steps:
 /// then the median over the batch of each request's time per token after its first.
 fn step_ms(records: &[RequestRecord]) -> Option<f64> {
-    let merged = records
-        .iter()
-        .any(|record| (record.itl.len() as u64) + 1 < record.output_tokens);
-    if merged {
+    if records.iter().any(RequestRecord::merged_chunks) {
         let per_token: Vec<f64> = records
             .iter()
-            .filter_map(|record| {
-                let after_first = record.output_tokens.checked_sub(1).filter(|n| *n > 0)?;
-                let decoding = record.e2e.checked_sub(record.ttft?)?;
-                Some(decoding.as_secs_f64() * 1e3 / after_first as f64)
-            })
+            .filter_map(RequestRecord::time_per_output_token)
+            .map(|tpot| tpot.as_secs_f64() * 1e3)
             .collect();
         return (!per_token.is_empty()).then(|| Repeats(per_token).median());
     }

@@ -33,7 +33,6 @@ use kvtwin::ids::WorkerId;
 use kvtwin::router::scheduler::SchedulerConfig;
 use kvtwin::stats::nearest_rank;
 use kvtwin::tokens::{compute_local_hashes, HashSeed};
-use kvtwin_plane::bench::serve::request::ITL_SAMPLES_MAX;
 use kvtwin_plane::bench::serve::workload::RequestSource;
 use kvtwin_plane::bench::serve::{
     run_serve_bench, Arrivals, RequestRecord, ServeConfig, Synthetic, Workload,
@@ -466,23 +465,14 @@ fn metrics(run: &Repeat, engines: &[Engine]) -> Vec<Metric> {
     out
 }
 
-/// A request's time per output token after the first, ms: (end − first token) /
-/// (tokens − 1), vLLM's benchmark's TPOT, which is what the twin's `itl` is. Not the
-/// mean gap between chunks: a busy API server merges several tokens into one chunk (41
-/// of 300 requests at concurrency 4 on the 2-core VM, some all 8 tokens in one), which
-/// leaves fewer, longer gaps and inflates a mean over chunks.
+/// A request's time per output token after the first, ms (vLLM's TPOT, which is what the
+/// twin's `itl` is). Not the mean gap between chunks: a busy API server merges several
+/// tokens into one chunk (41 of 300 requests at concurrency 4 on the 2-core VM, some all
+/// 8 tokens in one), which leaves fewer, longer gaps and inflates a mean over chunks.
 fn per_token_itl_ms(record: &RequestRecord) -> Option<f64> {
-    let ttft = record.ttft?;
-    let after_first = record.output_tokens.checked_sub(1).filter(|n| *n > 0)?;
-    Some(record.e2e.saturating_sub(ttft).as_secs_f64() * 1e3 / after_first as f64)
-}
-
-/// Whether a request's answer came in fewer chunks than tokens (as far as its gaps were
-/// kept).
-fn merged_chunks(record: &RequestRecord) -> bool {
-    record.succeeded()
-        && record.itl.len() < ITL_SAMPLES_MAX
-        && (record.itl.len() as u64) + 1 < record.output_tokens
+    record
+        .time_per_output_token()
+        .map(|tpot| tpot.as_secs_f64() * 1e3)
 }
 
 fn percentile(values: &[f64], q: f64) -> Option<f64> {
@@ -591,7 +581,11 @@ fn table(
         if differences.len() > 5 {
             let _ = write!(out, "; ...");
         }
-        let merged = run.records.iter().filter(|r| merged_chunks(r)).count();
+        let merged = run
+            .records
+            .iter()
+            .filter(|r| r.succeeded() && r.merged_chunks())
+            .count();
         if merged > 0 {
             let _ = write!(out, "; {merged} answered with several tokens in a chunk");
         }

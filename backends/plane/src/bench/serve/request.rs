@@ -132,6 +132,21 @@ impl RequestRecord {
         self.failure.is_none()
     }
 
+    /// Its time per output token after the first: (end − first token) / (tokens − 1),
+    /// vLLM's benchmark's TPOT. Unlike a mean over [`Self::itl`] it stays right when the
+    /// server merged several tokens into one chunk ([`Self::merged_chunks`]).
+    pub fn time_per_output_token(&self) -> Option<Duration> {
+        let after_first = self.output_tokens.checked_sub(1).filter(|n| *n > 0)?;
+        let decoding = self.e2e.checked_sub(self.ttft?)?;
+        decoding.checked_div(u32::try_from(after_first).ok()?)
+    }
+
+    /// Whether its answer came in fewer chunks than tokens, as far as its gaps were kept:
+    /// a busy API server merges outputs into one chunk, so its gaps are not steps.
+    pub fn merged_chunks(&self) -> bool {
+        self.itl.len() < ITL_SAMPLES_MAX && (self.itl.len() as u64) + 1 < self.output_tokens
+    }
+
     /// Its `--out` line: times in ms, `null` where unknown.
     pub fn to_json(&self) -> Value {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
