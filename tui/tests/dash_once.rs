@@ -3,6 +3,7 @@
 //! - A simulation recorded with `--record` replays (`--replay`) to the simulation's own
 //!   last frame, every time; `--at` seeks to the same earlier frame every time. (The
 //!   tmux test plays one at a speed and finds the same last frame.)
+//! - A simulation plays to its end however short `--timeout` (live sources only).
 //! - A router that is not there gives a frame whose status line says so and that it
 //!   retries; the process still exits cleanly.
 //! - A replica (`--zmq`) fed by a seeded engine shows the blocks the engine holds; so
@@ -66,6 +67,16 @@ fn a_recording_replays_to_the_runs_frames_and_seeks() {
         "{}",
         frames[0]
     );
+}
+
+#[test]
+fn a_simulation_plays_to_its_end_whatever_the_live_sources_timeout() {
+    // --timeout is how long --once waits for a live source; a simulation that takes
+    // longer (3 s here, more on a busy machine) still prints its last frame.
+    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/default.ron");
+    let frame = kvtwin(&["dash", "--sim", scenario, "--once", "--timeout", "0.001"]);
+    assert!(frame.contains("finished:"), "{frame}");
+    assert!(frame.contains("0 in flight"), "{frame}");
 }
 
 #[test]

@@ -100,7 +100,8 @@ pub(crate) struct DashArgs {
     /// Frame height for --once.
     #[arg(long, default_value_t = 48)]
     height: u16,
-    /// How long --once waits for a live source, seconds.
+    /// How long --once waits for a live source (a router, a replica), seconds; a
+    /// simulation or a recording plays to its end.
     #[arg(long, default_value_t = 10.0)]
     timeout: f64,
     /// A worker with no event for this long is stale, seconds.

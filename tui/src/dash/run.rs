@@ -147,8 +147,8 @@ pub(crate) enum OnceUntil {
     Deadline,
 }
 
-/// Folds what the source says until `until` (or `timeout`), then returns one frame as
-/// plain text of `width` × `height`.
+/// Folds what the source says until `until` (or, for a live source, `timeout`), then
+/// returns one frame as plain text of `width` × `height`.
 pub(crate) async fn once(
     mut source: Box<dyn Source>,
     config: LoopConfig,
@@ -176,7 +176,9 @@ pub(crate) async fn once(
                 SourceEvent::Rewind => app = app.rewound(),
                 SourceEvent::End => break,
             },
-            _ = &mut deadline => break,
+            // A simulation or a recording plays to its end however long that takes (a
+            // busy machine once cut a simulation short at the live sources' 10 s).
+            _ = &mut deadline, if until != OnceUntil::End => break,
         }
     }
     if !app_config.kind.is_played() {
