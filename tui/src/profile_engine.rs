@@ -12,6 +12,10 @@
 //!   decoding (after the last first token, before the first last token), so neither
 //!   prefill nor a shrinking batch blurs it;
 //! - each point `--repeats` times, the median kept and the spread (min, max) beside it;
+//! - single steps: every decode gap that is one step (an answer whose chunks are its
+//!   tokens) over its point's median, pooled over the points, as the table's
+//!   `step_spread` (percentiles): how much the engine's steps stray from its figures,
+//!   which the twin draws from so that its engines fall out of phase as real ones do;
 //! - with several engines (`--engine` repeated, the engines of one cluster), each point
 //!   on all of them at once, every engine's figure a sample of the point: engines that
 //!   share a machine's cores (the local cluster of `scripts/engines`) slow each other,
@@ -268,6 +272,8 @@ async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Re
     }
 
     let mut decode_points = Vec::new();
+    // Each single step over its point's median, every point pooled.
+    let mut step_ratios: Vec<f64> = Vec::new();
     let mut skipped = Vec::new();
     for &context in &contexts {
         for &batch in &batches {
@@ -277,6 +283,7 @@ async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Re
                 continue;
             }
             let mut repeats = Vec::with_capacity(grid.repeats * targets.len());
+            let mut single_steps = Vec::new();
             for _ in 0..grid.repeats {
                 let batches = targets
                     .iter()
@@ -288,15 +295,21 @@ async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Re
                     })
                     .collect();
                 for (target, records) in together(&client, batches).await? {
-                    repeats.push(step_ms(&records).with_context(|| {
+                    let (step, singles) = step_ms(&records).with_context(|| {
                         format!(
                             "{}: batch {batch} at context {context}: no output gaps",
                             target.url
                         )
-                    })?);
+                    })?;
+                    repeats.push(step);
+                    single_steps.extend(singles);
                 }
             }
             let repeats = Repeats(repeats);
+            let median = repeats.median();
+            if median > 0.0 {
+                step_ratios.extend(single_steps.iter().map(|ms| ms / median));
+            }
             eprintln!(
                 "  decode  batch {batch:>3} × {context:>6} tokens: {:>8.2} ms a step (min {:.2}, max {:.2})",
                 repeats.median(),
@@ -339,6 +352,8 @@ async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Re
     let name = format!("{} measured at {url}", info.model);
     let mut table = table_from_profiles(&name, &prefill, &decode).context("the measured table")?;
     table.max_kv_tokens = max_kv;
+    let step_spread = percentiles(&step_ratios);
+    table.step_spread = step_spread.clone();
 
     std::fs::create_dir_all(out).with_context(|| format!("--out {}", out.display()))?;
     let mut written = write_profiles(out, &prefill, &decode)?;
@@ -370,6 +385,10 @@ async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Re
             point
         }).collect::<Vec<_>>(),
         "decode_skipped": skipped,
+        // Single decode steps over their point's median, pooled: how many, and their
+        // percentiles (the table's `step_spread`; empty with fewer than MIN_SINGLE_STEPS).
+        "single_steps": step_ratios.len(),
+        "step_spread": step_spread,
     });
     let raw_path = out.join("engine_profile.json");
     write(&raw_path, &(serde_json::to_string_pretty(&raw)? + "\n"))?;
@@ -419,6 +438,22 @@ async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Re
             "(not measured, more than the cache holds: {})",
             skipped.join(", ")
         );
+    }
+    match step_spread.as_slice() {
+        [] => println!(
+            "\nsingle steps: {} seen (answers merged into chunks hide them), fewer than {MIN_SINGLE_STEPS}: no step_spread, the twin's steps take the figures",
+            step_ratios.len()
+        ),
+        spread => println!(
+            "\nsingle steps over their point's median ({} steps, the table's step_spread): fastest {:.2}, p5 {:.2}, p50 {:.2}, p95 {:.2}, p99 {:.2}, slowest {:.2}",
+            step_ratios.len(),
+            spread[0],
+            spread[5],
+            spread[50],
+            spread[95],
+            spread[99],
+            spread[100]
+        ),
     }
     for path in written {
         println!("wrote {}", path.display());
@@ -493,54 +528,105 @@ fn check(record: RequestRecord, url: &str) -> Result<RequestRecord> {
     Ok(record)
 }
 
-/// The median gap between output chunks while every request of the batch decodes.
+/// Single steps a spread needs at least: fewer say little about its tails.
+const MIN_SINGLE_STEPS: usize = 20;
+
+/// The 101 percentiles of `ratios` (0 to 100, linear between order statistics), or none
+/// with fewer than [`MIN_SINGLE_STEPS`] of them.
+fn percentiles(ratios: &[f64]) -> Vec<f64> {
+    let mut sorted: Vec<f64> = ratios
+        .iter()
+        .copied()
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .collect();
+    if sorted.len() < MIN_SINGLE_STEPS {
+        return Vec::new();
+    }
+    sorted.sort_by(f64::total_cmp);
+    let last = (sorted.len() - 1) as f64;
+    (0..=100)
+        .map(|percent| {
+            let at = f64::from(percent) / 100.0 * last;
+            let lower = at.floor() as usize;
+            let upper = (lower + 1).min(sorted.len() - 1);
+            sorted[lower] + (sorted[upper] - sorted[lower]) * (at - lower as f64)
+        })
+        .collect()
+}
+
+/// A gap shorter than this share of its request's median gap is a burst: chunks the API
+/// server held back and then sent at once (seen on the 2-core VM with both engines
+/// busy: gaps of 0.02 ms between 15 ms steps). The burst and the gap before it (which
+/// holds the steps the burst brings) are not single steps.
+const BURST_SHARE: f64 = 0.25;
+
+/// The step time of a batch and the single steps it saw: the median gap between output
+/// chunks while every request of the batch decodes, and those gaps, bursts left out.
 /// Falls back on every gap after each first token when that window holds none (a
 /// batch whose members never all decode at once). When an answer came in fewer chunks
 /// than tokens (a busy API server merges outputs into one chunk: on the 2-core VM with
-/// two engines busy, all 8 of a lone request's tokens came in one), gaps are not steps:
-/// then the median over the batch of each request's time per token after its first.
-fn step_ms(records: &[RequestRecord]) -> Option<f64> {
-    if records.iter().any(RequestRecord::merged_chunks) {
+/// two engines busy, all 8 of a lone request's tokens came in one), or bursts leave no
+/// gap, gaps are not steps: then the median over the batch of each request's time per
+/// token after its first, and no single steps.
+fn step_ms(records: &[RequestRecord]) -> Option<(f64, Vec<f64>)> {
+    let per_token = || {
         let per_token: Vec<f64> = records
             .iter()
             .filter_map(RequestRecord::time_per_output_token)
             .map(|tpot| tpot.as_secs_f64() * 1e3)
             .collect();
-        return (!per_token.is_empty()).then(|| Repeats(per_token).median());
+        (!per_token.is_empty()).then(|| (Repeats(per_token).median(), Vec::new()))
+    };
+    if records.iter().any(RequestRecord::merged_chunks) {
+        return per_token();
     }
-    // Each request's chunk times, from the batch's origin.
-    let times: Vec<Vec<Duration>> = records
+    // Each request's first token and last chunk, from the batch's origin.
+    let spans: Vec<(Duration, Duration)> = records
         .iter()
         .filter_map(|record| {
             let first = record.started + record.ttft?;
-            let mut at = first;
-            let mut times = vec![first];
-            for gap in &record.itl {
-                at += *gap;
-                times.push(at);
-            }
-            Some(times)
+            Some((first, first + record.itl.iter().sum::<Duration>()))
         })
         .collect();
-    let all_decoding = times.iter().filter_map(|t| t.first()).max()?;
-    let one_done = times.iter().filter_map(|t| t.last()).min()?;
-    let mut inside: Vec<f64> = times
+    let all_decoding = spans.iter().map(|(first, _)| *first).max()?;
+    let one_done = spans.iter().map(|(_, last)| *last).min()?;
+    let steps: Vec<(Duration, Duration)> = records.iter().flat_map(single_steps).collect();
+    let ms = |(from, to): &(Duration, Duration)| (*to - *from).as_secs_f64() * 1e3;
+    let mut inside: Vec<f64> = steps
         .iter()
-        .flat_map(|t| t.windows(2))
-        .filter(|pair| pair[0] >= *all_decoding && pair[1] <= *one_done)
-        .map(|pair| (pair[1] - pair[0]).as_secs_f64() * 1e3)
+        .filter(|(from, to)| *from >= all_decoding && *to <= one_done)
+        .map(ms)
         .collect();
     if inside.is_empty() {
-        inside = times
-            .iter()
-            .flat_map(|t| t.windows(2))
-            .map(|pair| (pair[1] - pair[0]).as_secs_f64() * 1e3)
-            .collect();
+        inside = steps.iter().map(ms).collect();
     }
     if inside.is_empty() {
-        return None;
+        return per_token();
     }
-    Some(Repeats(inside).median())
+    let step = Repeats(inside.clone()).median();
+    Some((step, inside))
+}
+
+/// A streamed answer's gaps that are single steps, as (from, to) since the batch's
+/// origin: every gap after its first token but the bursts and the gaps before them
+/// ([`BURST_SHARE`]).
+fn single_steps(record: &RequestRecord) -> Vec<(Duration, Duration)> {
+    let Some(ttft) = record.ttft else {
+        return Vec::new();
+    };
+    let median = Repeats(record.itl.iter().map(Duration::as_secs_f64).collect()).median();
+    // At most, so that answers of nothing but bursts (a median of 0) are all bursts.
+    let burst = |gap: &Duration| gap.as_secs_f64() <= BURST_SHARE * median;
+    let mut at = record.started + ttft;
+    let mut steps = Vec::with_capacity(record.itl.len());
+    for (i, gap) in record.itl.iter().enumerate() {
+        let next_is_burst = record.itl.get(i + 1).is_some_and(burst);
+        if !burst(gap) && !next_is_burst {
+            steps.push((at, at + *gap));
+        }
+        at += *gap;
+    }
+    steps
 }
 
 /// The model, its cache's block size and blocks, and the longest prompt it takes.
@@ -717,12 +803,16 @@ mod tests {
     #[test]
     fn the_step_time_is_read_where_the_whole_batch_decodes() {
         // The second request's prefill (a 50 ms gap in the first's stream) and the
-        // first's last steps alone (5 ms) fall outside the window [60, 120].
-        let first = record(0, 10, &[50, 20, 20, 20, 5, 5]);
+        // first's last steps alone (5 ms) fall outside the window [60, 120]; the three
+        // gaps of each inside it are single steps.
+        let first = record(0, 10, &[50, 20, 20, 20, 8, 8]);
         let second = record(0, 60, &[20, 20, 20]);
-        assert_eq!(step_ms(&[first, second]), Some(20.0));
-        // One request alone: its own gaps.
-        assert_eq!(step_ms(&[record(0, 10, &[7, 9, 8])]), Some(8.0));
+        assert_eq!(step_ms(&[first, second]), Some((20.0, vec![20.0; 6])));
+        // One request alone: its own gaps, each a single step.
+        assert_eq!(
+            step_ms(&[record(0, 10, &[7, 9, 8])]),
+            Some((8.0, vec![7.0, 9.0, 8.0]))
+        );
         assert_eq!(step_ms(&[record(0, 10, &[])]), None);
     }
 
@@ -733,16 +823,53 @@ mod tests {
         let mut merged = record(0, 10, &[100, 40]);
         merged.output_tokens = 8;
         merged.e2e = Duration::from_millis(150);
-        assert_eq!(step_ms(&[merged.clone()]), Some(20.0));
+        // Merged answers show no single step.
+        assert_eq!(step_ms(&[merged.clone()]), Some((20.0, Vec::new())));
         // All in one chunk: no gap at all, still a time per token.
         let mut one = record(0, 10, &[]);
         one.output_tokens = 8;
         one.e2e = Duration::from_millis(80);
-        assert_eq!(step_ms(&[merged, one]), Some(15.0));
+        assert_eq!(step_ms(&[merged, one]), Some((15.0, Vec::new())));
         // Every token its own chunk: the gaps, as before.
         let mut whole = record(0, 10, &[7, 9, 8]);
         whole.output_tokens = 4;
-        assert_eq!(step_ms(&[whole]), Some(8.0));
+        assert_eq!(step_ms(&[whole]), Some((8.0, vec![7.0, 9.0, 8.0])));
+    }
+
+    #[test]
+    fn bursts_and_the_gaps_that_held_them_are_not_single_steps() {
+        // 20 ms steps, then a 40 ms gap that held two steps and a burst of the second
+        // (0 ms), then 20 ms steps again.
+        let bursty = record(0, 10, &[20, 20, 40, 0, 20, 20]);
+        assert_eq!(
+            single_steps(&bursty)
+                .iter()
+                .map(|(from, to)| (from.as_millis(), to.as_millis()))
+                .collect::<Vec<_>>(),
+            vec![(10, 30), (30, 50), (90, 110), (110, 130)]
+        );
+        assert_eq!(step_ms(&[bursty]), Some((20.0, vec![20.0; 4])));
+        // Nothing but bursts: the time per token instead.
+        let mut all_at_once = record(0, 10, &[0, 0, 0]);
+        all_at_once.output_tokens = 4;
+        all_at_once.e2e = Duration::from_millis(40);
+        assert_eq!(step_ms(&[all_at_once]), Some((10.0, Vec::new())));
+    }
+
+    #[test]
+    fn single_steps_give_101_percentiles_or_none() {
+        // 21 ratios 0.5, 0.55, ..., 1.5: percentile p is 0.5 + p / 100.
+        let ratios: Vec<f64> = (0..21).rev().map(|i| 0.5 + f64::from(i) * 0.05).collect();
+        let spread = percentiles(&ratios);
+        assert_eq!(spread.len(), 101);
+        for (p, q) in spread.iter().enumerate() {
+            assert!((q - (0.5 + p as f64 / 100.0)).abs() < 1e-9, "p{p}: {q}");
+        }
+        // Too few steps, or steps of no time, make no spread.
+        assert!(percentiles(&ratios[..MIN_SINGLE_STEPS - 1]).is_empty());
+        let mut zeros = ratios[..MIN_SINGLE_STEPS - 1].to_vec();
+        zeros.push(0.0);
+        assert!(percentiles(&zeros).is_empty());
     }
 
     #[test]

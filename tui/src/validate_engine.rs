@@ -143,6 +143,8 @@ pub(crate) fn validate_engine(
             ..SchedulerConfig::default()
         },
         compute,
+        // Each repeat's twin draws its steps anew (a table with a measured spread).
+        seed: workload.seed,
     };
     let config = ServeConfig {
         url: router.to_string(),
@@ -185,7 +187,11 @@ pub(crate) fn validate_engine(
             .block_on(run_serve_bench(&config, &mut observer))
             .context("sending the workload through the router")?;
         let (requests, twin_index) = twin_requests(&records, &prompts, info.block_size)?;
-        let twin = TwinCluster::new(twin_config.clone()).serve(&requests, arrivals);
+        let twin = TwinCluster::new(TwinClusterConfig {
+            seed: twin_config.seed.wrapping_add(repeat as u64),
+            ..twin_config.clone()
+        })
+        .serve(&requests, arrivals);
         runs.push(Repeat {
             records,
             twin,
@@ -222,6 +228,11 @@ pub(crate) fn validate_engine(
         "{}",
         table(router, &engines, &info, prompts.len(), &runs, &summary)
     );
+    if !twin_config.compute.steps_vary() {
+        println!(
+            "the profile has no step_spread: every twin step takes its figure, and closed-loop clients stay in phase (profile again with kvtwin profile --engine)"
+        );
+    }
     Ok(())
 }
 

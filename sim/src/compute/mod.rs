@@ -355,6 +355,21 @@ pub struct PassTime {
 }
 
 impl ComputeModel {
+    /// Whether single steps stray from the model's figures: a measured table with a
+    /// [`table::TableModel::step_spread`]. Only then does [`Self::step_factor`] read its draw.
+    pub fn steps_vary(&self) -> bool {
+        matches!(self, ComputeModel::Table(table) if table.step_spread.len() >= 2)
+    }
+
+    /// What one step takes over [`Self::pass`]'s figure for a uniform draw `u` in [0, 1)
+    /// ([`table::TableModel::step_factor`]); 1 for a model whose steps do not vary.
+    pub fn step_factor(&self, u: f64) -> f64 {
+        match self {
+            ComputeModel::Table(table) => table.step_factor(u),
+            _ => 1.0,
+        }
+    }
+
     /// The time of one batched pass on a device that caches `capacity_tokens` tokens.
     ///
     /// Roofline: the whole pass is one sum of rooflines (weights read once, every token's

@@ -15,6 +15,12 @@
 //! A prefill chunk of `T` tokens after `C` cached costs `P(C + T) − P(C)`, where `P` is
 //! the measured prompt time with `P(0)` the intercept of its first two points (the fixed
 //! cost of a pass): one pass pays that once, however many chunks it holds.
+//!
+//! A table may also carry how much single steps stray from its figures
+//! ([`TableModel::step_spread`], measured by `kvtwin profile --engine`): quantiles of a
+//! step's time over the figure. The interpolation never uses them; a driver that wants
+//! steps to vary as the engine's did draws from them with its own seeded RNG
+//! ([`TableModel::step_factor`]). Without them every step takes the figure.
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -43,6 +49,12 @@ pub struct TableModel {
     pub prefill_ms: Vec<f64>,
     /// Decode step times, one curve per context length, contexts ascending.
     pub decode: Vec<DecodeCurve>,
+    /// How single steps stray from the figures above: the quantiles of a measured
+    /// step's time over its point's median, at evenly spaced probabilities from 0 (the
+    /// fastest step seen) to 1 (the slowest), ascending. Empty (the default): every step
+    /// takes the figure.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub step_spread: Vec<f64>,
 }
 
 /// Decode step times at one context length.
@@ -115,7 +127,47 @@ impl TableModel {
         if self.gpus == 0 {
             return Err(error("gpus", "must be at least 1".to_string()));
         }
+        if self.step_spread.len() == 1 {
+            return Err(error(
+                "step_spread",
+                "needs at least two quantiles (the fastest and the slowest step), or none"
+                    .to_string(),
+            ));
+        }
+        if let Some(at) = self
+            .step_spread
+            .iter()
+            .position(|q| !q.is_finite() || *q <= 0.0)
+        {
+            return Err(error(
+                "step_spread",
+                format!(
+                    "quantile {at} is {} (must be a positive finite ratio)",
+                    self.step_spread[at]
+                ),
+            ));
+        }
+        if let Some(pair) = self.step_spread.windows(2).find(|pair| pair[1] < pair[0]) {
+            return Err(error(
+                "step_spread",
+                format!("quantiles must ascend ({} then {})", pair[0], pair[1]),
+            ));
+        }
         Ok(())
+    }
+
+    /// What a step takes over the table's figure when `u` (in [0, 1)) is drawn uniformly:
+    /// the inverse of [`Self::step_spread`]'s distribution, linear between quantiles; 1
+    /// without a spread.
+    pub fn step_factor(&self, u: f64) -> f64 {
+        let quantiles = &self.step_spread;
+        if quantiles.len() < 2 {
+            return 1.0;
+        }
+        let at = u.clamp(0.0, 1.0) * (quantiles.len() - 1) as f64;
+        let lower = (at.floor() as usize).min(quantiles.len() - 2);
+        let fraction = at - lower as f64;
+        quantiles[lower] + (quantiles[lower + 1] - quantiles[lower]) * fraction
     }
 
     /// One pass's prefill chunks `(new, cached)`: the fixed cost once, plus each chunk's
@@ -240,6 +292,7 @@ mod tests {
                     ms: vec![7.0, 13.0],
                 },
             ],
+            step_spread: Vec::new(),
         }
     }
 
@@ -346,5 +399,47 @@ mod tests {
         assert!(table.validate().is_ok());
         // One decode point: the same step at every batch and context.
         assert_eq!(table.decode_step(64, 64 * 8000), Duration::from_millis(6));
+    }
+
+    #[test]
+    fn a_step_factor_is_the_inverse_of_the_measured_spread() {
+        let mut measured = table();
+        // Without a spread every step takes the figure.
+        assert_eq!(measured.step_factor(0.0), 1.0);
+        assert_eq!(measured.step_factor(0.7), 1.0);
+        // Quantiles at 0, 1/2 and 1: linear between them.
+        measured.step_spread = vec![0.5, 1.0, 3.0];
+        assert_eq!(measured.validate(), Ok(()));
+        assert_eq!(measured.step_factor(0.0), 0.5);
+        assert!((measured.step_factor(0.25) - 0.75).abs() < 1e-12);
+        assert_eq!(measured.step_factor(0.5), 1.0);
+        assert!((measured.step_factor(0.75) - 2.0).abs() < 1e-12);
+        // The slowest step seen is the most a draw gives.
+        assert_eq!(measured.step_factor(1.0), 3.0);
+        assert!(measured.step_factor(0.999_999_9) <= 3.0);
+    }
+
+    #[test]
+    fn a_spread_that_is_not_a_distribution_is_refused_by_name() {
+        for (spread, says) in [
+            (vec![1.0], "at least two quantiles"),
+            (vec![0.5, 0.0], "quantile 1 is 0"),
+            (vec![0.5, f64::NAN], "quantile 1 is NaN"),
+            (vec![1.2, 0.9], "must ascend (1.2 then 0.9)"),
+        ] {
+            let mut measured = table();
+            measured.step_spread = spread;
+            let error = measured.validate().expect_err("refused");
+            assert_eq!(error.field, "step_spread");
+            assert!(error.reason.contains(says), "{}", error.reason);
+        }
+    }
+
+    #[test]
+    fn a_table_without_a_spread_writes_no_spread_and_reads_as_before() {
+        let text = ron::to_string(&table()).expect("writes");
+        assert!(!text.contains("step_spread"), "{text}");
+        let back: TableModel = ron::from_str(&text).expect("reads");
+        assert_eq!(back, table());
     }
 }

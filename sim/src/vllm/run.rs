@@ -10,7 +10,8 @@
 //! more, its null block); its timing is the hardware's compute model (a `Table` that
 //! `kvtwin profile --engine` measured, say); the router's weights, temperature and seed
 //! are `cluster.scheduler` as given, not mixed with the run's seed, so a twin of a
-//! `kvtwin router` (seed 0) tie-breaks as it does.
+//! `kvtwin router` (seed 0) tie-breaks as it does; the run's seed seeds the steps'
+//! draws from a measured table's spread.
 //! Never: read a clock or touch the kvtwin worker's `Cluster`.
 
 use super::cache::VllmCacheConfig;
@@ -154,6 +155,7 @@ pub fn simulate(scenario: &Scenario, spec: &VllmEngineSpec, requests: &[Request]
             .hardware
             .compute_model()
             .expect("Scenario::load checked the compute profile"),
+        seed: scenario.seed,
     };
     let twin_requests: Vec<TwinRequest> = requests
         .iter()

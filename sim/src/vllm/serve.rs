@@ -12,7 +12,13 @@
 //! to its last token. An engine schedules a step as soon as the last one ends and it
 //! has work (vLLM's busy loop, `EngineCore.step`); a step's outputs (sampled tokens,
 //! finished requests, KV events) land when it ends, its duration
-//! [`ComputeModel::pass`] of what it scheduled. A request's time to first token runs
+//! [`ComputeModel::pass`] of what it scheduled, times a factor drawn (one seeded ChaCha
+//! stream for the cluster, one draw a step, in the order steps start) from how the
+//! engine's single steps strayed from its profile's figures when a profile measured it
+//! (`TableModel::step_spread`). Without that spread the twin is a lockstep machine: two
+//! closed-loop clients whose answers end in one step send again at one instant and stay
+//! in phase for the whole run, where the real engines' step-to-step jitter pulls them
+//! apart and mixes prefills into others' decodes. A request's time to first token runs
 //! from its arrival to the end of the step that samples its first token; the measured
 //! prefill times already hold the HTTP and tokenizer time of a lone request.
 //! Never: read a clock (time is the trace's and the model's), talk to an engine, or
@@ -28,6 +34,8 @@ use kvtwin::ids::LocalBlockHash;
 use kvtwin::ids::{RequestId, WorkerId, WorkerWithDpRank};
 use kvtwin::router::indexer::KvIndexer;
 use kvtwin::router::scheduler::{Scheduler, SchedulerConfig};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
@@ -45,6 +53,8 @@ pub struct TwinClusterConfig {
     pub routing: SchedulerConfig,
     /// What a step takes.
     pub compute: ComputeModel,
+    /// Seeds the draws of step times from the profile's spread (unused without one).
+    pub seed: u64,
 }
 
 /// One request as it reaches the router.
@@ -224,12 +234,15 @@ pub struct TwinCluster {
     indexer: KvIndexer,
     router: Scheduler,
     steps: u64,
+    /// Draws each step's factor; see the module documentation.
+    step_draws: ChaCha8Rng,
 }
 
 impl TwinCluster {
     /// Idle engines with empty caches, every one routable.
     pub fn new(config: TwinClusterConfig) -> Self {
         let mut router = Scheduler::new(config.routing);
+        let step_draws = ChaCha8Rng::seed_from_u64(config.seed);
         let engines = config
             .workers
             .iter()
@@ -250,6 +263,7 @@ impl TwinCluster {
             indexer: KvIndexer::new(),
             router,
             steps: 0,
+            step_draws,
         }
     }
 
@@ -368,7 +382,11 @@ impl TwinCluster {
                 pass.decode_context += scheduled.context + scheduled.tokens;
             }
         }
-        let took = self.config.compute.pass(&pass, capacity_tokens).total;
+        let mut took = self.config.compute.pass(&pass, capacity_tokens).total;
+        if self.config.compute.steps_vary() {
+            let u: f64 = self.step_draws.gen();
+            took = took.mul_f64(self.config.compute.step_factor(u));
+        }
         self.steps += 1;
         // At least a nanosecond: time moves on even under a profile that says 0.
         self.engines[engine].in_flight = Some((now + nanos(took).max(1), outcome));

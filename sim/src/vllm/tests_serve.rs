@@ -24,6 +24,7 @@ fn cluster(engines: u64, num_gpu_blocks: u32) -> TwinCluster {
         cache,
         routing: SchedulerConfig::default(),
         compute: linear(),
+        seed: 0,
     })
 }
 
@@ -199,4 +200,76 @@ fn a_closed_loop_sends_each_next_request_when_an_answer_is_in() {
         .iter()
         .flatten()
         .any(|s| s.ttft > Duration::from_millis(128)));
+}
+
+/// A measured table (prefill 1 ms a token from 64 ms, decode 10 ms a step at any batch)
+/// whose single steps strayed from its figures by `step_spread`.
+fn measured(step_spread: Vec<f64>) -> ComputeModel {
+    ComputeModel::Table(crate::compute::table::TableModel {
+        name: "measured".into(),
+        gpus: 1,
+        kv_bytes_per_token: 0,
+        max_kv_tokens: 0,
+        prefill_isl: vec![64, 128],
+        prefill_ms: vec![128.0, 192.0],
+        decode: vec![crate::compute::table::DecodeCurve {
+            context: 128,
+            batch: vec![1, 4],
+            ms: vec![10.0, 10.0],
+        }],
+        step_spread,
+    })
+}
+
+/// Two closed-loop clients on one engine, 40 alike requests, each request's ITL.
+fn two_clients(compute: ComputeModel, seed: u64) -> (TwinRun, Vec<Duration>) {
+    let (scheduler, cache) = configs(2048, 65);
+    let twin = TwinCluster::new(TwinClusterConfig {
+        workers: vec![WorkerId::new(1)],
+        scheduler,
+        cache,
+        routing: SchedulerConfig::default(),
+        compute,
+        seed,
+    });
+    let requests: Vec<TwinRequest> = (0..40).map(|i| request(i, 0, 1, 4, 1, 8)).collect();
+    let run = twin.serve(
+        &requests,
+        TwinArrivals::Closed {
+            clients: 2,
+            think: Duration::ZERO,
+        },
+    );
+    let itls = run.served.iter().flatten().filter_map(|s| s.itl).collect();
+    (run, itls)
+}
+
+#[test]
+fn steps_drawn_from_the_measured_spread_pull_closed_loop_clients_out_of_phase() {
+    // Without a spread the two clients stay in phase: every answer sees the same steps,
+    // so there are at most a few distinct ITLs, and the run never changes with the seed.
+    let (fixed, itls) = two_clients(measured(Vec::new()), 1);
+    let mut distinct = itls.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert!(distinct.len() <= 3, "{distinct:?}");
+    assert_eq!(two_clients(measured(Vec::new()), 2).0, fixed);
+    // With one, every step takes 0.5 to 1.5 times its figure: ITLs spread out, each
+    // within those bounds of the figures, the same seed gives the same run, another
+    // seed another.
+    let spread = || measured(vec![0.5, 1.0, 1.5]);
+    let (varied, itls) = two_clients(spread(), 1);
+    let mut distinct = itls.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert!(distinct.len() > 20, "{} distinct ITLs", distinct.len());
+    assert_eq!(two_clients(spread(), 1).0, varied);
+    assert_ne!(two_clients(spread(), 2).0, varied);
+    assert!(varied.served.iter().all(Option::is_some));
+    // A step's time stays between half and 1.5 times the slowest figure (a prefill of
+    // the 32-token tail beside a decode: 64 + 32 + 10 = 106 ms).
+    for itl in itls {
+        assert!(itl >= Duration::from_millis(5), "{itl:?}");
+        assert!(itl <= Duration::from_millis(159), "{itl:?}");
+    }
 }

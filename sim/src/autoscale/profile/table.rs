@@ -73,6 +73,8 @@ pub fn table_from_profiles(
                 ms: points.values().copied().collect(),
             })
             .collect(),
+        // Dynamo's profiles keep no single steps.
+        step_spread: Vec::new(),
     };
     table.validate()?;
     Ok(table)
