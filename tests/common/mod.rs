@@ -89,7 +89,7 @@ pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
     ),
     (
         "vllm-cpu-tiny.ron",
-        "1584b56605202da48693204839d3cc918a755ebb1de3ec9241de7ddaf7d8e3a8",
+        "179950e6d925149d9ab16a398660bdfc5fc41c5ab9e4c35d00c2dae8057d6aab",
     ),
 ];
 
