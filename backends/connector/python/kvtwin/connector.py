@@ -1,0 +1,308 @@
+"""kvtwin as vLLM's KV cache tier: the ``KVConnectorBase_V1`` vLLM loads.
+
+Start vLLM with::
+
+    --kv-transfer-config '{"kv_connector": "KvtwinConnector",
+      "kv_connector_module_path": "kvtwin.connector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"host_bytes": 1073741824,
+                                    "disk_bytes": 4294967296, "disk_dir": "/var/tmp/kvtwin"}}'
+
+Two halves in two processes, as vLLM runs them:
+
+- The scheduler side (engine core) keeps a mirror of which blocks the store holds,
+  named by kvtwin's sequence hashes of the prompt's full blocks (the router's and
+  Dynamo's scheme). It answers how many prompt tokens beyond the engine's own prefix
+  hit the store holds (a leading run, leaving the last prompt token to compute), plans
+  their loads into the blocks vLLM allocated, and plans saves of every prompt block
+  that becomes full in a step. Loads are synchronous: vLLM runs them before the step's
+  forward pass.
+- The worker side owns the store (``kvtwin._native.Store``: host memory written
+  through to disk, BLAKE3 per block) and the engine's KV tensors as a layout; it runs
+  the loads before the forward pass and the saves after it, reports blocks whose load
+  failed (vLLM recomputes them) and sends the store's changes (blocks newly held, blocks
+  evicted) back to the scheduler side's mirror through the worker metadata.
+
+Never: decide what vLLM schedules, or hold a block's bytes on the scheduler side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+)
+from vllm.logger import init_logger
+
+from kvtwin._native import Store, block_identities
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+# Under vLLM's logger, so its handlers (and VLLM_LOGGING_LEVEL) apply.
+logger = init_logger(f"vllm.{__name__}")
+
+# A save's block: (engine block id, position, sequence hash, local hash, parent hash).
+SaveBlock = tuple[int, int, int, int, "int | None"]
+
+
+@dataclass
+class KvtwinMetadata(KVConnectorMetadata):
+    """What the worker does this step: loads before the forward pass, saves after."""
+
+    # Per request: [(engine block id, sequence hash)], a chain, parent first.
+    loads: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)
+    # Chains of prompt blocks that became full this step.
+    saves: list[list[SaveBlock]] = field(default_factory=list)
+
+
+@dataclass
+class KvtwinWorkerMetadata(KVConnectorWorkerMetadata):
+    """The store's changes since the last step, for the scheduler side's mirror."""
+
+    held: list[int] = field(default_factory=list)
+    gone: list[int] = field(default_factory=list)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, KvtwinWorkerMetadata)
+        return KvtwinWorkerMetadata(self.held + other.held, self.gone + other.gone)
+
+
+@dataclass
+class _Tracked:
+    """A request the scheduler side follows until it finishes."""
+
+    identities: list[tuple[int, int]]  # (sequence, local) of the prompt's full blocks
+    block_ids: list[int] = field(default_factory=list)
+    saved_upto: int = 0  # prompt blocks planned for saving so far
+
+
+class KvtwinConnector(KVConnectorBase_V1):
+    """kvtwin's tiers behind vLLM's KV connector API; see the module documentation."""
+
+    def __init__(
+        self,
+        vllm_config: "VllmConfig",
+        role: KVConnectorRole,
+        kv_cache_config: "KVCacheConfig | None" = None,
+    ):
+        super().__init__(
+            vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config
+        )
+        self._block_size = vllm_config.cache_config.block_size
+        extra = self._kv_transfer_config
+        self._host_bytes = int(extra.get_from_extra_config("host_bytes", 1 << 30))
+        self._disk_bytes = int(extra.get_from_extra_config("disk_bytes", 0))
+        self._disk_dir = extra.get_from_extra_config("disk_dir", None)
+        if self._disk_bytes > 0 and not self._disk_dir:
+            raise ValueError(
+                "kvtwin connector: kv_connector_extra_config has disk_bytes but no disk_dir"
+            )
+        # Scheduler side.
+        self._mirror: set[int] = set()
+        self._tracked: dict[str, _Tracked] = {}
+        self._local_hits: dict[str, int] = {}
+        self._loads: dict[str, list[tuple[int, int]]] = {}
+        # Worker side.
+        self._store: Store | None = None
+        self._kv_caches: dict[str, "torch.Tensor"] = {}
+        self._load_errors: set[int] = set()
+
+    # ------------------------------------------------------------------ scheduler side
+
+    def _identities(self, request: "Request") -> list[tuple[int, int]]:
+        tracked = self._tracked.get(request.request_id)
+        if tracked is not None:
+            return tracked.identities
+        lora = request.lora_request.lora_name if request.lora_request else None
+        identities = block_identities(
+            list(request.prompt_token_ids or []),
+            self._block_size,
+            lora,
+            request.cache_salt,
+        )
+        self._tracked[request.request_id] = _Tracked(identities)
+        return identities
+
+    def get_num_new_matched_tokens(
+        self, request: "Request", num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        identities = self._identities(request)
+        prompt = len(request.prompt_token_ids or [])
+        # The last prompt token is always computed: it samples the first output.
+        usable = max(prompt - 1, 0) // self._block_size
+        run = 0
+        for sequence, _ in identities[:usable]:
+            if sequence not in self._mirror:
+                break
+            run += 1
+        external = run * self._block_size - num_computed_tokens
+        if external <= 0:
+            return 0, False
+        self._local_hits[request.request_id] = num_computed_tokens
+        return external, False
+
+    def update_state_after_alloc(
+        self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int
+    ) -> None:
+        if num_external_tokens <= 0:
+            return
+        local = self._local_hits.pop(request.request_id, 0)
+        first = local // self._block_size
+        count = num_external_tokens // self._block_size
+        block_ids = blocks.get_block_ids()[0]
+        identities = self._identities(request)
+        self._loads[request.request_id] = [
+            (block_ids[first + i], identities[first + i][0]) for i in range(count)
+        ]
+
+    def build_connector_meta(
+        self, scheduler_output: "SchedulerOutput"
+    ) -> KVConnectorMetadata:
+        meta = KvtwinMetadata(loads=list(self._loads.items()))
+        self._loads.clear()
+        scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            tracked = self._tracked.get(new.req_id)
+            if tracked is None:
+                continue
+            tracked.block_ids = list(new.block_ids[0])
+            self._plan_saves(meta, tracked, new.num_computed_tokens + scheduled.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            tracked = self._tracked.get(req_id)
+            if tracked is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                # Preempted and back: its blocks were freed and allocated anew.
+                tracked.block_ids = list(new_ids[0]) if new_ids else []
+            elif new_ids:
+                tracked.block_ids.extend(new_ids[0])
+            computed = cached.num_computed_tokens[i] + scheduled.get(req_id, 0)
+            self._plan_saves(meta, tracked, computed)
+        return meta
+
+    def _plan_saves(self, meta: KvtwinMetadata, tracked: _Tracked, computed: int) -> None:
+        """Saves the prompt blocks that are full once this step's tokens are computed."""
+        full = min(computed // self._block_size, len(tracked.identities), len(tracked.block_ids))
+        if full <= tracked.saved_upto:
+            return
+        chain: list[SaveBlock] = []
+        for position in range(tracked.saved_upto, full):
+            sequence, local = tracked.identities[position]
+            parent = tracked.identities[position - 1][0] if position > 0 else None
+            chain.append((tracked.block_ids[position], position, sequence, local, parent))
+        tracked.saved_upto = full
+        meta.saves.append(chain)
+
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, KvtwinWorkerMetadata):
+            self._mirror.update(meta.held)
+            self._mirror.difference_update(meta.gone)
+
+    def request_finished(
+        self, request: "Request", block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        self._tracked.pop(request.request_id, None)
+        self._local_hits.pop(request.request_id, None)
+        self._loads.pop(request.request_id, None)
+        return False, None
+
+    # --------------------------------------------------------------------- worker side
+
+    def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
+        tensors = list(kv_caches.values())
+        if not tensors:
+            raise ValueError("kvtwin connector: the engine registered no KV cache")
+        num_blocks = tensors[0].shape[0]
+        for name, tensor in kv_caches.items():
+            if not tensor.is_contiguous() or tensor.shape[0] != num_blocks:
+                raise ValueError(
+                    f"kvtwin connector: layer {name}'s KV cache {tuple(tensor.shape)} is not "
+                    f"{num_blocks} contiguous blocks (vLLM's CPU layout, ../shared/ENGINES.md)"
+                )
+        page_bytes = tensors[0][0].numel() * tensors[0].element_size()
+        block_bytes = page_bytes * len(tensors)
+        memory_blocks = max(self._host_bytes // block_bytes, 1)
+        disk_blocks = self._disk_bytes // block_bytes
+        self._store = Store(
+            block_bytes,
+            self._block_size,
+            memory_blocks,
+            disk_blocks,
+            self._disk_dir if disk_blocks else None,
+        )
+        self._store.register_layout([t.data_ptr() for t in tensors], num_blocks, page_bytes)
+        # The store copies to and from these addresses: keep the tensors alive with it.
+        self._kv_caches = dict(kv_caches)
+        logger.info(
+            "kvtwin connector: %d layers, blocks of %d bytes; %d in host memory, %d on disk",
+            len(tensors),
+            block_bytes,
+            memory_blocks,
+            disk_blocks,
+        )
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvtwinMetadata)
+        if self._store is None:
+            return
+        for req_id, blocks in meta.loads:
+            loaded, error = self._store.load(blocks)
+            if error is not None:
+                failed = [block for block, _ in blocks[loaded:]]
+                self._load_errors.update(failed)
+                logger.warning(
+                    "kvtwin connector: request %s loaded %d of %d blocks: %s",
+                    req_id,
+                    loaded,
+                    len(blocks),
+                    error,
+                )
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        # Loads are whole blocks, all layers, before the forward pass.
+        return
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        # Saves are whole blocks, all layers, after the forward pass (wait_for_save).
+        return
+
+    def wait_for_save(self) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvtwinMetadata)
+        if self._store is None:
+            return
+        for chain in meta.saves:
+            self._store.save(chain)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        failed, self._load_errors = self._load_errors, set()
+        return failed
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        if self._store is None:
+            return None
+        held, gone = self._store.take_held_changes()
+        if not held and not gone:
+            return None
+        return KvtwinWorkerMetadata(held, gone)
+
+    def get_kv_connector_stats(self):
+        return None

@@ -1,0 +1,210 @@
+//! The Python extension module `kvtwin._native` (feature `python`, built by maturin):
+//! what the connector's Python side (`python/kvtwin/connector.py`, the class vLLM
+//! loads) calls into.
+//!
+//! Owns: `block_identities` (kvtwin's hashes of a prompt's full blocks: the router's
+//! and Dynamo's scheme, so events and lookups name blocks alike everywhere) and the class
+//! `Store` (a [`TierStore`] and the engine's [`EngineLayout`]: saves gather engine blocks
+//! into the store, loads scatter them back). Never: hold a torch tensor (Python passes
+//! addresses and keeps the tensors alive), or decide what to save or load (the
+//! scheduler side does, in Python).
+
+use crate::layout::EngineLayout;
+use crate::store::{HeldChange, StoreConfig, TierStore};
+use kvtwin::block::BlockIdentity;
+use kvtwin::ids::{LocalBlockHash, SequenceHash};
+use kvtwin::tokens::{compute_local_hashes, HashSeed};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `(sequence hash, local hash)` of each full block of `tokens`, first first, with the
+/// hash seed of LoRA adapter `lora` and cache salt `salt` (neither: the default seed),
+/// as the router hashes a request.
+#[pyfunction]
+#[pyo3(signature = (tokens, block_size, lora=None, salt=None))]
+fn block_identities(
+    tokens: Vec<u32>,
+    block_size: usize,
+    lora: Option<&str>,
+    salt: Option<&str>,
+) -> Vec<(u64, u64)> {
+    let seed = HashSeed::for_request(lora, salt);
+    let locals = compute_local_hashes(&tokens, block_size, seed);
+    BlockIdentity::chain(&locals)
+        .iter()
+        .map(|id| (id.sequence_hash.get(), id.local_hash.get()))
+        .collect()
+}
+
+/// A save's block: `(engine block, position, sequence hash, local hash, parent)`.
+type SaveBlock = (usize, u32, u64, u64, Option<u64>);
+
+/// The connector's tiers and the engine's KV cache.
+#[pyclass(unsendable, module = "kvtwin._native")]
+struct Store {
+    store: TierStore,
+    layout: Option<EngineLayout>,
+}
+
+fn value_error(e: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+#[pymethods]
+impl Store {
+    /// Host memory of `memory_blocks` blocks of `block_bytes`, written through to
+    /// `disk_blocks` on disk in `disk_dir`.
+    #[new]
+    #[pyo3(signature = (block_bytes, block_size_tokens, memory_blocks, disk_blocks=0, disk_dir=None))]
+    fn new(
+        block_bytes: usize,
+        block_size_tokens: usize,
+        memory_blocks: usize,
+        disk_blocks: usize,
+        disk_dir: Option<PathBuf>,
+    ) -> PyResult<Self> {
+        let store = TierStore::new(StoreConfig {
+            block_bytes,
+            block_size_tokens,
+            memory_blocks,
+            disk_blocks,
+            disk_dir,
+        })
+        .map_err(value_error)?;
+        Ok(Self {
+            store,
+            layout: None,
+        })
+    }
+
+    /// The engine's KV cache: per layer the address of its first block's page, each
+    /// layer `num_blocks` pages of `page_bytes`. The caller keeps the tensors alive for
+    /// as long as this store lives.
+    fn register_layout(
+        &mut self,
+        addresses: Vec<usize>,
+        num_blocks: usize,
+        page_bytes: usize,
+    ) -> PyResult<()> {
+        // SAFETY: the Python side holds the engine's tensors for the store's life and
+        // calls save and load only between forward passes (see `EngineLayout::from_raw`).
+        let layout = unsafe { EngineLayout::from_raw(&addresses, num_blocks, page_bytes) }
+            .map_err(value_error)?;
+        if layout.block_bytes() != self.store.block_bytes() {
+            return Err(PyValueError::new_err(format!(
+                "the engine's blocks are {} bytes ({} layers × {page_bytes}), the store's {}",
+                layout.block_bytes(),
+                layout.layers(),
+                self.store.block_bytes()
+            )));
+        }
+        self.layout = Some(layout);
+        Ok(())
+    }
+
+    /// The leading run of `hashes` held: `(in memory, only on disk)`.
+    fn lookup(&mut self, hashes: Vec<u64>) -> (usize, usize) {
+        let hashes: Vec<SequenceHash> = hashes.into_iter().map(SequenceHash::new).collect();
+        let found = self.store.lookup(&hashes);
+        (found.memory, found.disk)
+    }
+
+    /// Saves engine blocks (a chain, parent first) the store does not hold yet; how many
+    /// were saved.
+    fn save(&mut self, blocks: Vec<SaveBlock>) -> PyResult<usize> {
+        let Self { store, layout } = self;
+        let layout = layout.as_ref().ok_or_else(no_layout)?;
+        let chain: Vec<BlockIdentity> = blocks
+            .iter()
+            .map(|&(_, position, sequence, local, parent)| BlockIdentity {
+                sequence_hash: SequenceHash::new(sequence),
+                local_hash: LocalBlockHash::new(local),
+                parent: parent.map(SequenceHash::new),
+                position,
+            })
+            .collect();
+        let engine_blocks: Vec<usize> = blocks.iter().map(|b| b.0).collect();
+        store
+            .save(&chain, |i, out| layout.gather(engine_blocks[i], out))
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// Loads `(engine block, sequence hash)` pairs, a chain parent first, into the
+    /// engine's blocks: `(blocks loaded, why the rest were not or None)`.
+    fn load(&mut self, blocks: Vec<(usize, u64)>) -> PyResult<(usize, Option<String>)> {
+        let Self { store, layout } = self;
+        let layout = layout.as_ref().ok_or_else(no_layout)?;
+        let hashes: Vec<SequenceHash> = blocks.iter().map(|b| SequenceHash::new(b.1)).collect();
+        let mut failed = None;
+        let result = store.load(&hashes, |i, bytes| {
+            if let Err(e) = layout.scatter(blocks[i].0, bytes) {
+                failed.get_or_insert(e.to_string());
+            }
+        });
+        if let Some(e) = failed {
+            return Err(PyRuntimeError::new_err(e));
+        }
+        Ok(match result {
+            // Fewer than asked: the rest were evicted before the lookup found them.
+            Ok(loaded) if loaded < blocks.len() => (
+                loaded,
+                Some(format!(
+                    "{} of {} blocks no longer held",
+                    blocks.len() - loaded,
+                    blocks.len()
+                )),
+            ),
+            Ok(loaded) => (loaded, None),
+            Err((loaded, e)) => (loaded, Some(e.to_string())),
+        })
+    }
+
+    /// Blocks that became held by the store and blocks no longer held, since the last
+    /// call: `(held, gone)` sequence hashes, for the scheduler side's mirror.
+    fn take_held_changes(&mut self) -> (Vec<u64>, Vec<u64>) {
+        let (mut held, mut gone) = (Vec::new(), Vec::new());
+        for change in self.store.take_held_changes() {
+            match change {
+                HeldChange::Held(hash) => held.push(hash.get()),
+                HeldChange::Gone(hash) => gone.push(hash.get()),
+            }
+        }
+        (held, gone)
+    }
+
+    /// Waits at most `seconds` for the copies to disk; whether they all landed.
+    fn flush(&mut self, seconds: f64) -> bool {
+        self.store
+            .flush(Duration::from_secs_f64(seconds.clamp(0.0, 3600.0)))
+    }
+
+    /// The counters, by name.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.store.stats();
+        let dict = PyDict::new(py);
+        dict.set_item("saved_blocks", stats.saved_blocks)?;
+        dict.set_item("already_held_blocks", stats.already_held_blocks)?;
+        dict.set_item("loaded_memory_blocks", stats.loaded_memory_blocks)?;
+        dict.set_item("loaded_disk_blocks", stats.loaded_disk_blocks)?;
+        dict.set_item("corrupt_blocks", stats.corrupt_blocks)?;
+        dict.set_item("missing_blocks", stats.missing_blocks)?;
+        dict.set_item("dropped_events", stats.dropped_events)?;
+        dict.set_item("held_blocks", self.store.held_blocks())?;
+        Ok(dict)
+    }
+}
+
+fn no_layout() -> PyErr {
+    PyRuntimeError::new_err("register_layout first: the store has no engine KV cache")
+}
+
+/// The module.
+#[pymodule]
+fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_function(wrap_pyfunction!(block_identities, module)?)?;
+    module.add_class::<Store>()?;
+    Ok(())
+}
