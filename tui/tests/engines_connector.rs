@@ -18,7 +18,7 @@
 mod common;
 
 use common::engines::{Cluster, EngineOptions};
-use common::http;
+use common::{http, Draw};
 use serde_json::{json, Value};
 
 const PROMPTS: usize = 10;
@@ -26,30 +26,15 @@ const PREFIX_TOKENS: usize = 640;
 const OWN_TOKENS: usize = 20;
 const REQUESTS: usize = 100;
 
-/// Token ids in [1, 30000) from a seeded LCG: the same workload for both engines.
-struct Tokens(u64);
-
-impl Tokens {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        1 + ((self.0 >> 33) % 29_999) as u32
-    }
-
-    fn take(&mut self, count: usize) -> Vec<u32> {
-        (0..count).map(|_| self.next()).collect()
-    }
-}
-
 fn workload() -> Vec<Vec<u32>> {
-    let mut tokens = Tokens(31);
-    let prefixes: Vec<Vec<u32>> = (0..PROMPTS).map(|_| tokens.take(PREFIX_TOKENS)).collect();
+    let mut draw = Draw(31);
+    let prefixes: Vec<Vec<u32>> = (0..PROMPTS)
+        .map(|_| draw.tokens(PREFIX_TOKENS as u64))
+        .collect();
     (0..REQUESTS)
         .map(|i| {
             let mut prompt = prefixes[i % PROMPTS].clone();
-            prompt.extend(tokens.take(OWN_TOKENS));
+            prompt.extend(draw.tokens(OWN_TOKENS as u64));
             prompt
         })
         .collect()

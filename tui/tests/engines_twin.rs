@@ -25,7 +25,7 @@
 mod common;
 
 use common::engines::{Cluster, EngineOptions};
-use common::http;
+use common::{http, Draw};
 use kvtwin_plane::wire::engine::{EngineDecoder, EngineEvent};
 use kvtwin_plane::zmq::{SubscriberConfig, SubscriberItem, ZmqSubscriber};
 use kvtwin_sim::vllm::compare::{self, ServedRequest};
@@ -45,28 +45,6 @@ const BLOCK: usize = 32;
 const TOKEN_BUDGET: u64 = 128;
 /// vLLM's default `max_num_seqs` for its API server on CPU (`EngineArgs`).
 const MAX_NUM_SEQS: usize = 128;
-
-/// A small deterministic generator (SplitMix64): the workload is the same every run.
-struct Draw(u64);
-
-impl Draw {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `low..=high`.
-    fn between(&mut self, low: u64, high: u64) -> u64 {
-        low + self.next() % (high - low + 1)
-    }
-
-    fn tokens(&mut self, n: u64) -> Vec<u32> {
-        (0..n).map(|_| self.between(10, 31_000) as u32).collect()
-    }
-}
 
 /// What one request sends: its prompt and its output count.
 fn workload() -> Vec<(Vec<u32>, u64)> {

@@ -270,3 +270,27 @@ pub(crate) fn mooncake_trace(test: &str) -> Option<std::path::PathBuf> {
     }
     Some(shared.join("data/mooncake/conversation_trace.jsonl"))
 }
+
+/// A small deterministic generator (SplitMix64): a test's workload is the same every run.
+pub(crate) struct Draw(pub(crate) u64);
+
+impl Draw {
+    /// The next 64 random bits.
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `low..=high`.
+    pub(crate) fn between(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next() % (high - low + 1)
+    }
+
+    /// `n` token ids in 10..=31,000 (the tiny Llama's vocabulary holds them all).
+    pub(crate) fn tokens(&mut self, n: u64) -> Vec<u32> {
+        (0..n).map(|_| self.between(10, 31_000) as u32).collect()
+    }
+}
