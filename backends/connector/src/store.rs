@@ -17,9 +17,10 @@
 use kvtwin::block::BlockIdentity;
 use kvtwin::events::{KvCacheEvent, KvCacheEventData};
 use kvtwin::hardware::{Clock, Hardware};
-use kvtwin::ids::{SequenceHash, Timestamp, WorkerId};
+use kvtwin::ids::{BlockId, SequenceHash, Timestamp, WorkerId};
 use kvtwin::manager::{
-    Manager, ManagerConfig, ManagerConfigError, OffloadPolicy, OnboardPolicy, TierConfig,
+    LookupPlan, Manager, ManagerConfig, ManagerConfigError, OffloadPolicy, OnboardPolicy,
+    TierConfig,
 };
 use kvtwin::pool::{AllocError, EvictionPolicyKind};
 use kvtwin::tier::Tier;
@@ -150,7 +151,6 @@ struct Held {
 /// The connector's tiers; see the module documentation.
 pub struct TierStore {
     manager: Manager<HostHardware>,
-    block_bytes: usize,
     held: BTreeMap<SequenceHash, Held>,
     events: VecDeque<KvCacheEvent>,
     /// Blocks that became held (in some tier) or stopped being held since the last
@@ -209,7 +209,6 @@ impl TierStore {
         let manager = Manager::new(hardware, manager_config)?;
         Ok(Self {
             manager,
-            block_bytes: config.block_bytes,
             held: BTreeMap::new(),
             events: VecDeque::new(),
             changes: VecDeque::new(),
@@ -219,7 +218,7 @@ impl TierStore {
 
     /// Bytes of one block.
     pub fn block_bytes(&self) -> usize {
-        self.block_bytes
+        self.manager.hardware().block_bytes()
     }
 
     /// The counters.
@@ -239,11 +238,10 @@ impl TierStore {
         chain: &[BlockIdentity],
         mut fill: impl FnMut(usize, &mut [u8]) -> Result<(), E>,
     ) -> Result<usize, StoreError> {
-        self.pump();
         let hashes: Vec<SequenceHash> = chain.iter().map(|id| id.sequence_hash).collect();
         let start = self.lookup(&hashes).blocks();
         self.stats.already_held_blocks += start as u64;
-        let mut buffer = vec![0u8; self.block_bytes];
+        let mut buffer = vec![0u8; self.block_bytes()];
         let capacity = self.manager.device().capacity().max(1);
         let mut saved = 0;
         // No more blocks at once than host memory holds: each run is registered (and
@@ -280,34 +278,25 @@ impl TierStore {
 
     /// The leading run of `hashes` the store holds, by tier.
     pub fn lookup(&mut self, hashes: &[SequenceHash]) -> Found {
-        self.pump();
-        let now = self.now();
-        let plan = self.manager.lookup(hashes, now);
-        let mut found = Found {
-            memory: plan.device_blocks().len(),
-            disk: 0,
-        };
-        for block in plan.onboard_blocks() {
-            match block.tier() {
-                Tier::Disk => found.disk += 1,
-                _ => found.memory += 1,
-            }
+        let (_plan, sources) = self.held_run(hashes);
+        let disk = sources.iter().filter(|s| s.0 == Tier::Disk).count();
+        Found {
+            memory: sources.len() - disk,
+            disk,
         }
-        found
     }
 
-    /// Loads the leading run of `hashes` the store holds, each block's bytes handed to
-    /// `sink(i, bytes)` once its digest checks. How many were loaded; a load that stops
-    /// before the run's end says why, with the blocks before it in place.
-    pub fn load(
+    /// The manager's plan for the leading run of `hashes` held (which keeps every block
+    /// it names from eviction while it lives) and, per block, the tier it is read from,
+    /// its id there and its sequence hash.
+    fn held_run(
         &mut self,
         hashes: &[SequenceHash],
-        mut sink: impl FnMut(usize, &[u8]),
-    ) -> Result<usize, (usize, LoadError)> {
+    ) -> (LookupPlan, Vec<(Tier, BlockId, SequenceHash)>) {
         self.pump();
         let now = self.now();
         let plan = self.manager.lookup(hashes, now);
-        let sources: Vec<(Tier, kvtwin::ids::BlockId, SequenceHash)> = plan
+        let sources = plan
             .device_blocks()
             .block_ids()
             .zip(plan.device_blocks().sequence_hashes())
@@ -318,8 +307,20 @@ impl TierStore {
                     .map(|b| (b.tier(), b.block_id(), b.sequence_hash())),
             )
             .collect();
+        (plan, sources)
+    }
+
+    /// Loads the leading run of `hashes` the store holds, each block's bytes handed to
+    /// `sink(i, bytes)` once its digest checks. How many were loaded; a load that stops
+    /// before the run's end says why, with the blocks before it in place.
+    pub fn load(
+        &mut self,
+        hashes: &[SequenceHash],
+        mut sink: impl FnMut(usize, &[u8]),
+    ) -> Result<usize, (usize, LoadError)> {
+        let (plan, sources) = self.held_run(hashes);
         let count = sources.len();
-        let mut buffer = vec![0u8; self.block_bytes];
+        let mut buffer = vec![0u8; self.block_bytes()];
         for (position, (tier, id, hash)) in sources.into_iter().enumerate() {
             let corrupt = |reason: String| LoadError::Corrupt {
                 position,
@@ -419,11 +420,7 @@ impl TierStore {
     }
 
     fn change(&mut self, change: HeldChange) {
-        if self.changes.len() == EVENT_QUEUE_BOUND {
-            self.changes.pop_front();
-            self.stats.dropped_events += 1;
-        }
-        self.changes.push_back(change);
+        push_bounded(&mut self.changes, change, &mut self.stats.dropped_events);
     }
 
     fn now(&self) -> Timestamp {
@@ -470,13 +467,19 @@ impl TierStore {
                     }
                 }
             }
-            if self.events.len() == EVENT_QUEUE_BOUND {
-                self.events.pop_front();
-                self.stats.dropped_events += 1;
-            }
-            self.events.push_back(event);
+            push_bounded(&mut self.events, event, &mut self.stats.dropped_events);
         }
     }
+}
+
+/// Appends `item`, dropping (and counting in `dropped`) the oldest when `queue` holds
+/// [`EVENT_QUEUE_BOUND`] already.
+fn push_bounded<T>(queue: &mut VecDeque<T>, item: T, dropped: &mut u64) {
+    if queue.len() == EVENT_QUEUE_BOUND {
+        queue.pop_front();
+        *dropped += 1;
+    }
+    queue.push_back(item);
 }
 
 fn tier_bit(tier: Tier) -> u8 {
