@@ -204,8 +204,8 @@ pub fn http_route(data: &[u8]) {
 }
 
 /// What the front door reads from outside: a client's OpenAI request body (for both
-/// endpoints; one it accepts is forwarded as a JSON object with the client's fields, a
-/// stream asking for its usage), and an engine's answer or stream chunk (usage, tokens).
+/// endpoints; one it accepts is forwarded as a JSON object with the client's fields but
+/// the router's own `nvext`, a stream asking for its usage), and an engine's answer or stream chunk (usage, tokens).
 pub fn openai_request(data: &[u8]) {
     use kvtwin_plane::service::frontend::openai::{chunk_tokens, parse, usage_of, Endpoint};
     for endpoint in [Endpoint::Completions, Endpoint::ChatCompletions] {
@@ -219,8 +219,9 @@ pub fn openai_request(data: &[u8]) {
         else {
             panic!("a request body is an object");
         };
+        assert!(!forwarded.contains_key("nvext"), "nvext reached the engine");
         for (field, value) in original {
-            if field != "stream_options" {
+            if field != "stream_options" && field != "nvext" {
                 assert_eq!(forwarded.get(field), Some(value), "{field} changed");
             }
         }

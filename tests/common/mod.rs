@@ -89,7 +89,7 @@ pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
     ),
     (
         "vllm-cpu-tiny.ron",
-        "179950e6d925149d9ab16a398660bdfc5fc41c5ab9e4c35d00c2dae8057d6aab",
+        "41d622803831ea1b74865befa075ab59effada674a54d7190a5891f3fe374354",
     ),
 ];
 

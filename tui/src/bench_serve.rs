@@ -44,6 +44,10 @@ pub(crate) struct ServeArgs {
     /// Each request's deadline in seconds, from sending to its answer's end.
     #[arg(long, default_value_t = 120.0)]
     timeout_s: f64,
+    /// Behind `kvtwin router` (or Dynamo's frontend): the engine, by its worker id, that
+    /// serves every request (`nvext.backend_instance_id`) instead of the router's choice.
+    #[arg(long, value_name = "ID")]
+    worker: Option<u64>,
     /// Write one JSON line per request to this file (outcome, status, TTFT, ITL, end to
     /// end, tokens, cached tokens, worker), in the order they end.
     #[arg(long, value_name = "FILE")]
@@ -146,6 +150,7 @@ pub(crate) fn run(args: &ServeArgs) -> Result<()> {
         stream: !args.no_stream,
         concurrency: args.workload.concurrency,
         timeout: Duration::from_secs_f64(args.timeout_s),
+        pinned: args.worker,
         seed: args.workload.seed,
         workload: args.workload.workload(),
     };

@@ -31,6 +31,12 @@ pub(crate) struct ProfileArgs {
     /// machine's cores slow each other, and their twin should step at that speed.
     #[arg(long, value_name = "URL", conflicts_with_all = ["set", "kv_usage"])]
     engine: Vec<String>,
+    /// With --engine: sends every measuring request through this router (`kvtwin router`
+    /// fronting the engines), pinned to the engine it measures (Dynamo's
+    /// `nvext.backend_instance_id`), so the router's own work shares the machine as it
+    /// does while serving. The engines' ids are read from the router's `/v1/engines`.
+    #[arg(long, value_name = "URL", requires = "engine")]
+    router: Option<String>,
     /// With --engine: times each point is measured (the median is kept, the spread
     /// printed and recorded) [default: 3].
     #[arg(long)]
@@ -81,7 +87,12 @@ pub(crate) fn profile(args: &ProfileArgs) -> Result<()> {
             osl: args.osl.unwrap_or(32),
             repeats: args.repeats.unwrap_or(3),
         };
-        return crate::profile_engine::profile_engine(&args.engine, &grid, &args.out);
+        return crate::profile_engine::profile_engine(
+            &args.engine,
+            args.router.as_deref(),
+            &grid,
+            &args.out,
+        );
     }
     if args.repeats.is_some() || args.batch.is_some() || args.osl.is_some() {
         anyhow::bail!(

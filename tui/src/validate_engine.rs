@@ -153,6 +153,7 @@ pub(crate) fn validate_engine(
         stream: true,
         concurrency: workload.concurrency,
         timeout,
+        pinned: None,
         seed: workload.seed,
         workload: workload.workload(),
     };

@@ -129,6 +129,7 @@ fn config(url: String, workload: Workload) -> ServeConfig {
         stream: true,
         concurrency: 4,
         timeout: Duration::from_secs(10),
+        pinned: None,
         seed: 3,
         workload,
     }

@@ -426,6 +426,54 @@ fn an_engines_own_refusal_is_passed_on_and_not_retried() {
 }
 
 #[test]
+fn a_pinned_request_is_served_by_its_engine_alone_and_never_elsewhere() {
+    let (one, two) = (engine(), engine());
+    let router = router(&[(1, &one), (2, &two)], None);
+    let pinned = |to: u64| {
+        json!({"prompt": prompt(0, 3, 0), "max_tokens": 2,
+        "nvext": {"backend_instance_id": to}})
+    };
+    let (status, head, _) = post(&router, "/v1/completions", &pinned(1));
+    assert_eq!((status, served_by(&head)), (200, 1));
+    wait_until("the router saw engine 1 store the prompt", || {
+        router_blocks(&router, 1) == one.cached_blocks() as u64 && one.cached_blocks() > 0
+    });
+    // Routing alone sends the same prompt where it is cached; the pin overrules it.
+    let (_, head, _) = post(
+        &router,
+        "/v1/completions",
+        &json!({"prompt": prompt(0, 3, 0), "max_tokens": 2}),
+    );
+    assert_eq!(served_by(&head), 1);
+    let (status, head, answer) = post(&router, "/v1/completions", &pinned(2));
+    assert_eq!((status, served_by(&head)), (200, 2));
+    assert_eq!(
+        parse_json(&answer)["usage"]["prompt_tokens_details"]["cached_tokens"],
+        0
+    );
+    assert!(
+        two.requests()
+            .iter()
+            .all(|body| body.get("nvext").is_none()),
+        "nvext is the router's, not the engine's"
+    );
+    let (status, _, answer) = post(&router, "/v1/completions", &pinned(9));
+    assert_eq!(status, 404, "{answer}");
+    assert_eq!(parse_json(&answer)["error"]["type"], "NotFoundError");
+    let bad = json!({"prompt": [1], "nvext": {"backend_instance_id": "one"}});
+    let (status, _, answer) = post(&router, "/v1/completions", &bad);
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("nvext.backend_instance_id"), "{answer}");
+    // A pinned engine's failure is the answer: no other engine is tried.
+    two.set_fault(Fault::Hang);
+    let before = one.served();
+    let (status, _, answer) = post(&router, "/v1/completions", &pinned(2));
+    assert_eq!(status, 502, "{answer}");
+    assert_eq!(one.served(), before);
+    assert_eq!(lock(&router.state).serving().inflight(), 0);
+}
+
+#[test]
 fn a_killed_engine_is_down_within_seconds_and_up_again_after_its_restart() {
     let (one, two) = (engine(), engine());
     let port = one.port();

@@ -361,6 +361,16 @@ impl ComputeModel {
         matches!(self, ComputeModel::Table(table) if table.step_spread.len() >= 2)
     }
 
+    /// What a request spends outside its engine's steps, on its way
+    /// ([`table::TableModel::request_overhead_ms`]); zero for every model but a measured
+    /// table that says.
+    pub fn request_overhead(&self) -> Duration {
+        match self {
+            ComputeModel::Table(table) => table.request_overhead(),
+            _ => Duration::ZERO,
+        }
+    }
+
     /// What one step takes over [`Self::pass`]'s figure for a uniform draw `u` in [0, 1)
     /// ([`table::TableModel::step_factor`]); 1 for a model whose steps do not vary.
     pub fn step_factor(&self, u: f64) -> f64 {
@@ -410,7 +420,13 @@ impl ComputeModel {
                     ComputeModel::Table(table) => table.prefill(&pass.prefills),
                     _ => self.prefill(new, 0),
                 };
-                let decode = self.decode_step(pass.decodes, pass.decode_context, capacity_tokens);
+                let decode = match self {
+                    // One pass, one fixed cost: the prefill's pays it.
+                    ComputeModel::Table(table) if !pass.prefills.is_empty() => {
+                        table.decode_beside_prefill(pass.decodes, pass.decode_context)
+                    }
+                    _ => self.decode_step(pass.decodes, pass.decode_context, capacity_tokens),
+                };
                 PassTime {
                     prefill,
                     total: prefill + decode,
@@ -516,5 +532,36 @@ mod tests {
         assert!(batched.total < alone, "{batched:?} vs {alone:?}");
         assert!(batched.prefill <= batched.total);
         assert_eq!(roofline.pass(&Pass::default(), 1).total, Duration::ZERO);
+        // A measured table: the pass's fixed cost once, in the prefill's `P(0)`.
+        let ComputeModel::Table(table) = ComputeModel::Table(table::TableModel {
+            name: "t".into(),
+            gpus: 1,
+            kv_bytes_per_token: 0,
+            max_kv_tokens: 0,
+            prefill_isl: vec![100, 200],
+            prefill_ms: vec![30.0, 40.0],
+            decode: vec![table::DecodeCurve {
+                context: 500,
+                batch: vec![1, 9],
+                ms: vec![11.0, 19.0],
+            }],
+            step_spread: Vec::new(),
+            request_overhead_ms: 0.0,
+        }) else {
+            unreachable!()
+        };
+        let measured = ComputeModel::Table(table.clone());
+        let time = measured.pass(&pass, 1 << 20);
+        assert_eq!(time.prefill, table.prefill(&pass.prefills));
+        // 8 sequences at batch 8: 18 ms alone, 10 ms at batch 0.
+        assert_eq!(time.total, time.prefill + Duration::from_millis(8));
+        let decodes_only = Pass {
+            prefills: Vec::new(),
+            ..pass
+        };
+        assert_eq!(
+            measured.pass(&decodes_only, 1 << 20).total,
+            Duration::from_millis(18)
+        );
     }
 }

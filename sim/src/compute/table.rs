@@ -55,6 +55,19 @@ pub struct TableModel {
     /// takes the figure.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub step_spread: Vec<f64>,
+    /// Milliseconds a request spends outside the engine's steps on its way through
+    /// (HTTP, a router, the tokenizer, the queues between an engine's processes): a
+    /// lone request's time to first token less the engine's own queue and prefill
+    /// times, as `kvtwin profile --engine` measures it on vLLM. With it, `prefill_ms`
+    /// are the engine's own prefill times; the vLLM twin delays each request's arrival
+    /// at its engine by it (and the cluster simulator, which has no such path, ignores
+    /// it). 0 (the default): the prefills are whole TTFTs.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub request_overhead_ms: f64,
+}
+
+fn is_zero(ms: &f64) -> bool {
+    *ms == 0.0
 }
 
 /// Decode step times at one context length.
@@ -124,6 +137,15 @@ impl TableModel {
             }
             times(&curve.ms).map_err(at)?;
         }
+        if !(self.request_overhead_ms.is_finite() && self.request_overhead_ms >= 0.0) {
+            return Err(error(
+                "request_overhead_ms",
+                format!(
+                    "{} (must be a finite number of milliseconds, 0 or more)",
+                    self.request_overhead_ms
+                ),
+            ));
+        }
         if self.gpus == 0 {
             return Err(error("gpus", "must be at least 1".to_string()));
         }
@@ -170,6 +192,11 @@ impl TableModel {
         quantiles[lower] + (quantiles[lower + 1] - quantiles[lower]) * fraction
     }
 
+    /// What a request spends outside the engine's steps ([`Self::request_overhead_ms`]).
+    pub fn request_overhead(&self) -> Duration {
+        millis(self.request_overhead_ms)
+    }
+
     /// One pass's prefill chunks `(new, cached)`: the fixed cost once, plus each chunk's
     /// share of the prompt curve.
     pub fn prefill(&self, chunks: &[(u64, u64)]) -> Duration {
@@ -198,6 +225,32 @@ impl TableModel {
             .map(|curve| interpolate(&curve.batch, &curve.ms, batch as f64))
             .collect();
         millis(interpolate(&contexts, &at_batch, per_sequence))
+    }
+
+    /// What `batch` decoding sequences (holding `context_tokens` between them) add to a
+    /// pass that also prefills: [`Self::decode_step`] less the fixed cost of a pass, which
+    /// the prefill's `P(0)` pays already. The fixed cost is each curve's intercept at
+    /// batch 0 (its first two points', as `P(0)`; a curve of one point is all fixed
+    /// cost), between contexts as [`Self::decode_step`] goes. Measured on vLLM's CPU
+    /// build: a 48-token prefill beside one decoding sequence took one pass of 57.7 ms,
+    /// about the prefill's alone, where that sequence's steps alone took 12.5 ms.
+    pub fn decode_beside_prefill(&self, batch: u64, context_tokens: u64) -> Duration {
+        if batch == 0 {
+            return Duration::ZERO;
+        }
+        let per_sequence = context_tokens as f64 / batch as f64;
+        let contexts: Vec<u64> = self.decode.iter().map(|curve| curve.context).collect();
+        let fixed: Vec<f64> = self
+            .decode
+            .iter()
+            .map(|curve| {
+                let first = curve.ms.first().copied().unwrap_or(0.0);
+                interpolate(&curve.batch, &curve.ms, 0.0).min(first)
+            })
+            .collect();
+        let fixed = interpolate(&contexts, &fixed, per_sequence);
+        self.decode_step(batch, context_tokens)
+            .saturating_sub(millis(fixed))
     }
 
     /// The prompt curve `P(tokens)`, with `P(0)` the intercept of its first two points.
@@ -293,11 +346,33 @@ mod tests {
                 },
             ],
             step_spread: Vec::new(),
+            request_overhead_ms: 0.0,
         }
     }
 
     fn ms(duration: Duration) -> f64 {
         duration.as_secs_f64() * 1e3
+    }
+
+    #[test]
+    fn decodes_beside_a_prefill_add_their_steps_less_the_fixed_cost_of_a_pass() {
+        let table = table();
+        // At context 1000: 6 ms at batch 1, 9 at 16, so 5.8 ms at batch 0, the fixed
+        // cost; 16 sequences add 3.2 ms to a pass that prefills.
+        assert!((ms(table.decode_beside_prefill(16, 16_000)) - 3.2).abs() < 1e-6);
+        assert!((ms(table.decode_beside_prefill(1, 1000)) - 0.2).abs() < 1e-6);
+        // At context 2000, halfway between the curves' intercepts (5.8 and 6.6 ms).
+        let step = ms(table.decode_step(16, 32_000));
+        assert!((ms(table.decode_beside_prefill(16, 32_000)) - (step - 6.2)).abs() < 1e-6);
+        assert_eq!(table.decode_beside_prefill(0, 0), Duration::ZERO);
+        // A curve of one point is all fixed cost.
+        let mut flat = table.clone();
+        flat.decode = vec![DecodeCurve {
+            context: 1000,
+            batch: vec![4],
+            ms: vec![6.0],
+        }];
+        assert_eq!(flat.decode_beside_prefill(4, 4000), Duration::ZERO);
     }
 
     #[test]
@@ -439,7 +514,24 @@ mod tests {
     fn a_table_without_a_spread_writes_no_spread_and_reads_as_before() {
         let text = ron::to_string(&table()).expect("writes");
         assert!(!text.contains("step_spread"), "{text}");
+        assert!(!text.contains("request_overhead_ms"), "{text}");
         let back: TableModel = ron::from_str(&text).expect("reads");
         assert_eq!(back, table());
+    }
+
+    #[test]
+    fn a_request_overhead_is_milliseconds_or_refused_by_name() {
+        let mut measured = table();
+        assert_eq!(measured.request_overhead(), Duration::ZERO);
+        measured.request_overhead_ms = 48.5;
+        assert_eq!(measured.validate(), Ok(()));
+        assert_eq!(measured.request_overhead(), Duration::from_micros(48_500));
+        let text = ron::to_string(&measured).expect("writes");
+        assert_eq!(ron::from_str::<TableModel>(&text).expect("reads"), measured);
+        for bad in [-1.0, f64::NAN, f64::INFINITY] {
+            measured.request_overhead_ms = bad;
+            let error = measured.validate().expect_err("refused");
+            assert_eq!(error.field, "request_overhead_ms");
+        }
     }
 }

@@ -19,8 +19,11 @@
 //! closed-loop clients whose answers end in one step send again at one instant and stay
 //! in phase for the whole run, where the real engines' step-to-step jitter pulls them
 //! apart and mixes prefills into others' decodes. A request's time to first token runs
-//! from its arrival to the end of the step that samples its first token; the measured
-//! prefill times already hold the HTTP and tokenizer time of a lone request.
+//! from its arrival to the end of the step that samples its first token. Routed on
+//! arrival, it reaches its engine's queue a request overhead later (the profile's
+//! `request_overhead_ms`: HTTP, router, tokenizer and the queues between vLLM's
+//! processes, time its engine does not step for); a profile without one has that time
+//! inside its prefill times instead, and requests reach their engine on arrival.
 //! Never: read a clock (time is the trace's and the model's), talk to an engine, or
 //! iterate anything unordered.
 
@@ -279,6 +282,10 @@ impl TwinCluster {
         let mut released: VecDeque<u64> = VecDeque::new();
         let first_ns = requests.first().map_or(0, |r| nanos(r.arrival));
         let mut now = first_ns;
+        // Requests routed and on their way to their engine: (when they reach it, the
+        // engine, the request), in that order (one delay for all keeps it).
+        let overhead = nanos(self.config.compute.request_overhead());
+        let mut on_the_way: VecDeque<(u64, usize, usize)> = VecDeque::new();
         loop {
             let step_end = self
                 .engines
@@ -293,11 +300,21 @@ impl TwinCluster {
                 }
                 _ => Some(nanos(requests[next_arrival].arrival).max(now)),
             };
-            // A step's outputs land before an arrival at the same instant.
+            // A step's outputs land, then requests reach their engines, then new ones
+            // arrive, at the same instant.
+            if let Some(&(at, engine, index)) = on_the_way.front() {
+                if step_end.is_none_or(|(end, _)| at < end) && arrival.is_none_or(|a| at <= a) {
+                    now = at;
+                    on_the_way.pop_front();
+                    self.deliver(engine, index, &requests[index], now, capacity_tokens);
+                    continue;
+                }
+            }
             let step_first = match (step_end, arrival) {
                 (Some((at, _)), Some(a)) => at <= a,
                 (Some(_), None) => true,
                 (None, Some(_)) => false,
+                // Nothing on the way either: it would have been delivered above.
                 (None, None) => break,
             };
             if let (true, Some((at, engine))) = (step_first, step_end) {
@@ -315,11 +332,12 @@ impl TwinCluster {
                 }
                 let index = next_arrival;
                 next_arrival += 1;
-                let engine = self.dispatch(index, &requests[index], block_size, now);
-                progress[index] = Some(engine.1);
-                let engine = engine.0;
-                if self.engines[engine].in_flight.is_none() {
-                    self.start_step(engine, now, capacity_tokens);
+                let (engine, routed) = self.dispatch(&requests[index], block_size, now);
+                progress[index] = Some(routed);
+                if overhead == 0 {
+                    self.deliver(engine, index, &requests[index], now, capacity_tokens);
+                } else {
+                    on_the_way.push_back((now + overhead, engine, index));
                 }
             }
         }
@@ -330,15 +348,9 @@ impl TwinCluster {
         }
     }
 
-    /// The router's choice for request `index`, arriving at `now` (`choose_engine`, then
+    /// The router's choice for `request`, arriving at `now` (`choose_engine`, then
     /// `dispatch`'s load): the engine, and the request's progress from here.
-    fn dispatch(
-        &mut self,
-        index: usize,
-        request: &TwinRequest,
-        block_size: u64,
-        now: u64,
-    ) -> (usize, Progress) {
+    fn dispatch(&mut self, request: &TwinRequest, block_size: u64, now: u64) -> (usize, Progress) {
         let query = request.query(block_size);
         let overlaps = self.indexer.find_matches(&query, false).workers;
         let candidates = self.router.candidates(query.len(), &overlaps);
@@ -359,13 +371,28 @@ impl TwinCluster {
             load_blocks,
             ..Progress::default()
         };
+        (engine, progress)
+    }
+
+    /// Request `index` reaches `engine` at `now` (routed there a request overhead ago):
+    /// it joins the scheduler's queue, and an idle engine steps at once.
+    fn deliver(
+        &mut self,
+        engine: usize,
+        index: usize,
+        request: &TwinRequest,
+        now: u64,
+        capacity_tokens: u64,
+    ) {
         self.engines[engine].scheduler.add_request(VllmRequest::new(
             RequestId::new(index as u64),
             request.blocks.clone(),
             request.prompt_tokens,
             request.output_tokens.max(1),
         ));
-        (engine, progress)
+        if self.engines[engine].in_flight.is_none() {
+            self.start_step(engine, now, capacity_tokens);
+        }
     }
 
     /// Schedules `engine`'s next step at `now`, if it has one.

@@ -218,6 +218,7 @@ fn measured(step_spread: Vec<f64>) -> ComputeModel {
             ms: vec![10.0, 10.0],
         }],
         step_spread,
+        request_overhead_ms: 0.0,
     })
 }
 
@@ -272,4 +273,70 @@ fn steps_drawn_from_the_measured_spread_pull_closed_loop_clients_out_of_phase() 
         assert!(itl >= Duration::from_millis(5), "{itl:?}");
         assert!(itl <= Duration::from_millis(159), "{itl:?}");
     }
+}
+
+/// [`measured`] with its prefills `overhead_ms` shorter and that time a request overhead
+/// instead: the same lone request, less of it on the engine.
+fn split(overhead_ms: f64) -> ComputeModel {
+    let ComputeModel::Table(mut table) = measured(Vec::new()) else {
+        unreachable!("measured is a table")
+    };
+    for ms in &mut table.prefill_ms {
+        *ms -= overhead_ms;
+    }
+    table.request_overhead_ms = overhead_ms;
+    ComputeModel::Table(table)
+}
+
+fn closed_loop(compute: ComputeModel, clients: usize) -> TwinRun {
+    let (scheduler, cache) = configs(2048, 65);
+    let twin = TwinCluster::new(TwinClusterConfig {
+        workers: vec![WorkerId::new(1)],
+        scheduler,
+        cache,
+        routing: SchedulerConfig::default(),
+        compute,
+        seed: 1,
+    });
+    let requests: Vec<TwinRequest> = (0..24).map(|i| request(i, 0, 1, 4, 1, 8)).collect();
+    twin.serve(
+        &requests,
+        TwinArrivals::Closed {
+            clients,
+            think: Duration::ZERO,
+        },
+    )
+}
+
+#[test]
+fn a_request_overhead_delays_requests_on_their_way_but_not_their_engines_steps() {
+    // One client: every request sees an idle engine; moving 40 ms of each prefill onto
+    // the way there changes no TTFT and no end to end time.
+    let whole = closed_loop(measured(Vec::new()), 1);
+    let halves = closed_loop(split(40.0), 1);
+    let ttfts = |run: &TwinRun| -> Vec<(Duration, Duration)> {
+        run.served
+            .iter()
+            .flatten()
+            .map(|s| (s.ttft, s.e2e))
+            .collect()
+    };
+    assert_eq!(ttfts(&whole), ttfts(&halves));
+    assert_eq!(whole.makespan, halves.makespan);
+    assert!(ttfts(&halves)
+        .iter()
+        .all(|(ttft, _)| *ttft >= Duration::from_millis(40)));
+    // Four clients: while one request is on its way the engine steps for the others,
+    // so the same work ends sooner.
+    let whole = closed_loop(measured(Vec::new()), 4);
+    let halves = closed_loop(split(40.0), 4);
+    assert!(
+        halves.makespan < whole.makespan,
+        "{:?} then {:?}",
+        whole.makespan,
+        halves.makespan
+    );
+    assert_eq!(halves.served.iter().flatten().count(), 24);
+    // No overhead is the run as before, exactly.
+    assert_eq!(closed_loop(split(0.0), 4), whole);
 }

@@ -320,7 +320,7 @@ async fn route(State(state): State<SharedState>, body: Bytes) -> Response {
         if router.serving().has_engines() {
             // A front door answers as it would dispatch: engines up only, load weighed.
             answer.worker = router
-                .choose_engine(&query, None, &[])
+                .choose_engine(&query, None, &[], None)
                 .ok()
                 .map(|(chosen, _)| chosen.worker);
         }

@@ -75,6 +75,7 @@ pub fn table_from_profiles(
             .collect(),
         // Dynamo's profiles keep no single steps.
         step_spread: Vec::new(),
+        request_overhead_ms: 0.0,
     };
     table.validate()?;
     Ok(table)

@@ -48,6 +48,9 @@ pub struct ServeConfig {
     pub concurrency: usize,
     /// Each request's deadline, sending to the answer's end.
     pub timeout: Duration,
+    /// Behind a router, the engine (worker id) every request is pinned to
+    /// (`nvext.backend_instance_id`); `None` lets the router choose.
+    pub pinned: Option<u64>,
     /// Seeds the prompts and arrivals.
     pub seed: u64,
     /// What is sent and when.

@@ -39,6 +39,10 @@ pub struct Target {
     pub stream: bool,
     /// Each request's deadline, from sending to the answer's end.
     pub timeout: Duration,
+    /// The engine every request is pinned to behind a router (Dynamo's
+    /// `nvext.backend_instance_id`, which `kvtwin router` honours); `None` lets the
+    /// router choose.
+    pub pinned: Option<u64>,
 }
 
 /// Why a request failed.
@@ -181,6 +185,9 @@ pub fn body(target: &Target, planned: &PlannedRequest) -> Bytes {
     });
     if target.stream {
         body["stream_options"] = json!({"include_usage": true});
+    }
+    if let Some(worker) = target.pinned {
+        body["nvext"] = json!({"backend_instance_id": worker});
     }
     Bytes::from(body.to_string())
 }
@@ -343,6 +350,7 @@ mod tests {
             model: "tiny".into(),
             stream: true,
             timeout: Duration::from_secs(1),
+            pinned: None,
         };
         let planned = PlannedRequest {
             index: 0,

@@ -65,6 +65,7 @@ pub async fn run_serve_bench(
         model: model.clone(),
         stream: config.stream,
         timeout: config.timeout,
+        pinned: config.pinned,
     });
     let info = RunInfo {
         url,

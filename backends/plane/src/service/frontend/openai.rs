@@ -1,13 +1,15 @@
 //! The parts of OpenAI's completions API the front door reads and writes: the request's
 //! model, prompt (text, token ids, or chat messages), streaming, cache salt and
-//! special-token flag; the answer's usage; errors in the shape vLLM answers with.
+//! special-token flag, and Dynamo's `nvext.backend_instance_id` (the engine a request is
+//! pinned to); the answer's usage; errors in the shape vLLM answers with.
 //!
 //! Owns: [`Endpoint`], [`Prompt`], [`ProxyRequest`] (a parsed body, and the body to
 //! forward), [`Usage`] ([`usage_of`]), [`RequestError`] and [`error_json`].
 //! Invariants: the body forwarded is the client's, field for field, except that a
 //! streamed request always asks the engine for its usage (`stream_options.include_usage`:
 //! the router needs the cached tokens it reports); [`ProxyRequest::client_wants_usage`]
-//! says whether the client's stream shows that chunk.
+//! says whether the client's stream shows that chunk; and `nvext`, the router's own
+//! field, stays with the router.
 //! Never: tokenize (`tokenizer` does) or talk to an engine.
 
 use bytes::Bytes;
@@ -106,6 +108,10 @@ pub struct ProxyRequest {
     /// `add_special_tokens`, if the client set it (vLLM: true for completions, false for
     /// chat, whose template writes them).
     pub add_special_tokens: Option<bool>,
+    /// `nvext.backend_instance_id`: the engine (its worker id) the request must be served
+    /// by, as Dynamo's frontend reads it: no routing decision, no retry elsewhere. What a
+    /// profile through the router needs to time each engine as it serves.
+    pub pinned: Option<u64>,
     /// The whole object, to forward.
     body: Map<String, Value>,
 }
@@ -206,9 +212,26 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ProxyRequest, RequestErr
             })
         }
     };
+    let pinned = match body.get("nvext") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(nvext)) => match nvext.get("backend_instance_id") {
+            None | Some(Value::Null) => None,
+            Some(id) => Some(id.as_u64().ok_or(RequestError::BadField {
+                field: "nvext.backend_instance_id",
+                expected: "a worker id (an unsigned integer)",
+            })?),
+        },
+        Some(_) => {
+            return Err(RequestError::BadField {
+                field: "nvext",
+                expected: "an object",
+            })
+        }
+    };
     Ok(ProxyRequest {
         endpoint,
         model: string_field(&body, "model")?,
+        pinned,
         stream: bool_field(&body, "stream")?.unwrap_or(false),
         client_wants_usage,
         cache_salt: string_field(&body, "cache_salt")?.filter(|salt| !salt.is_empty()),
@@ -223,6 +246,8 @@ impl ProxyRequest {
     /// its usage chunk.
     pub fn forward_body(&self) -> Bytes {
         let mut body = self.body.clone();
+        // Dynamo's extensions are the front door's; vLLM would only warn about them.
+        body.remove("nvext");
         if self.stream {
             let options = body
                 .entry("stream_options")
@@ -410,6 +435,34 @@ mod tests {
         )
         .unwrap();
         assert!(asked.client_wants_usage);
+    }
+
+    #[test]
+    fn a_pinned_request_names_its_engine_and_nvext_stays_with_the_router() {
+        let body = br#"{"prompt":[1],"nvext":{"backend_instance_id":7,"greed_sampling":true}}"#;
+        let request = parse(Endpoint::Completions, body).unwrap();
+        assert_eq!(request.pinned, Some(7));
+        let forwarded: Value = serde_json::from_slice(&request.forward_body()).unwrap();
+        assert_eq!(forwarded, json!({"prompt":[1]}));
+        let unpinned = parse(Endpoint::Completions, br#"{"prompt":[1],"nvext":{}}"#).unwrap();
+        assert_eq!(unpinned.pinned, None);
+        for (bad, field) in [
+            (
+                r#"{"prompt":[1],"nvext":{"backend_instance_id":-1}}"#,
+                "nvext.backend_instance_id",
+            ),
+            (
+                r#"{"prompt":[1],"nvext":{"backend_instance_id":"a"}}"#,
+                "nvext.backend_instance_id",
+            ),
+            (r#"{"prompt":[1],"nvext":3}"#, "nvext"),
+        ] {
+            let error = parse(Endpoint::Completions, bad.as_bytes()).unwrap_err();
+            assert!(
+                matches!(error, RequestError::BadField { field: named, .. } if named == field),
+                "{bad}: {error:?}"
+            );
+        }
     }
 
     #[test]

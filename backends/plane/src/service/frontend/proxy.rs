@@ -331,6 +331,7 @@ async fn handle(
             prepared.prompt_tokens,
             prepared.request.model.as_deref(),
             &tried,
+            prepared.request.pinned.map(WorkerId::new),
         );
         let dispatch = match dispatched {
             Ok(dispatch) => dispatch,
@@ -386,7 +387,7 @@ fn refused(front: &Frontend, why: DispatchError, failures: &[String]) -> Respons
         message = format!("{message}; tried: {}", failures.join("; "));
     }
     let status = match why {
-        DispatchError::UnknownModel(_) => StatusCode::NOT_FOUND,
+        DispatchError::UnknownModel(_) | DispatchError::UnknownEngine(_) => StatusCode::NOT_FOUND,
         _ if !failures.is_empty() => StatusCode::BAD_GATEWAY,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };

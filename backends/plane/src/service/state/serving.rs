@@ -238,6 +238,10 @@ pub enum DispatchError {
     /// `max_inflight` requests are in flight.
     #[error("the router has {0} requests in flight, its limit")]
     AtCapacity(usize),
+    /// The request is pinned (`nvext.backend_instance_id`) to an engine the router does
+    /// not know.
+    #[error("no engine has the id {0} (nvext.backend_instance_id)")]
+    UnknownEngine(u64),
 }
 
 fn describe_down(down: &[(u64, String)]) -> String {
@@ -258,6 +262,7 @@ impl DispatchError {
             DispatchError::NoEngineUp(_) => "no_engine_up",
             DispatchError::UnknownModel(_) => "unknown_model",
             DispatchError::AtCapacity(_) => "at_capacity",
+            DispatchError::UnknownEngine(_) => "unknown_engine",
         }
     }
 }
@@ -626,14 +631,30 @@ impl RouterState {
     /// Chooses the engine for a prompt whose full blocks hash to `query` (with the
     /// request's adapter and salt), among the engines up that serve `model` (any, when
     /// `None` or when no engine has said what it serves) and are not in `exclude`
-    /// (engines already tried). The decision and every candidate weighed; changes only
+    /// (engines already tried); with `pinned`, that engine alone (Dynamo's
+    /// `backend_instance_id`). The decision and every candidate weighed; changes only
     /// the scheduler's tie-breaking RNG.
     pub fn choose_engine(
         &mut self,
         query: &[LocalBlockHash],
         model: Option<&str>,
         exclude: &[WorkerId],
+        pinned: Option<WorkerId>,
     ) -> Result<(Candidate, Vec<Candidate>), DispatchError> {
+        if let Some(pinned) = pinned {
+            match self.serving.engines.get(&pinned) {
+                None => return Err(DispatchError::UnknownEngine(pinned.get())),
+                Some(engine) if engine.health != EngineHealth::Up || exclude.contains(&pinned) => {
+                    let why = match &engine.health {
+                        EngineHealth::Down { reason } => reason.clone(),
+                        EngineHealth::Up => "it failed this request".to_string(),
+                        other => other.name().to_string(),
+                    };
+                    return Err(DispatchError::NoEngineUp(vec![(pinned.get(), why)]));
+                }
+                Some(_) => {}
+            }
+        }
         let serves = |engine: &Engine| {
             model.is_none_or(|model| {
                 engine.models.is_empty()
@@ -646,7 +667,9 @@ impl RouterState {
             .engines
             .iter()
             .filter(|(worker, engine)| {
-                engine.health == EngineHealth::Up && !exclude.contains(worker)
+                engine.health == EngineHealth::Up
+                    && !exclude.contains(worker)
+                    && pinned.is_none_or(|pinned| **worker == pinned)
             })
             .map(|(worker, _)| *worker)
             .collect();
@@ -714,11 +737,12 @@ impl RouterState {
         prompt_tokens: u64,
         model: Option<&str>,
         exclude: &[WorkerId],
+        pinned: Option<WorkerId>,
     ) -> Result<Dispatch, DispatchError> {
         if self.serving.inflight.len() >= self.serving.max_inflight {
             return Err(DispatchError::AtCapacity(self.serving.max_inflight));
         }
-        let (chosen, candidates) = self.choose_engine(query, model, exclude)?;
+        let (chosen, candidates) = self.choose_engine(query, model, exclude, pinned)?;
         let key = chosen.worker;
         let block_size = self.block_size().unwrap_or(0);
         let prompt_blocks = blocks_of(prompt_tokens, block_size);

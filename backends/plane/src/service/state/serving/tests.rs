@@ -46,7 +46,7 @@ fn fresh_prompts_spread_over_engines_whose_caches_are_full() {
         let query: Vec<LocalBlockHash> = (0..8)
             .map(|b| LocalBlockHash::new(1000 * prompt + b))
             .collect();
-        let dispatch = state.dispatch(&query, 32, None, &[]).unwrap();
+        let dispatch = state.dispatch(&query, 32, None, &[], None).unwrap();
         *per_worker.entry(dispatch.worker.worker.get()).or_insert(0) += 1;
         running.push(dispatch.request);
         // Four in flight at a time.
@@ -67,11 +67,11 @@ fn overlap_wins_over_a_small_load_and_load_wins_over_a_small_overlap() {
     let mut state = state_with_engines(2);
     state.apply_batch(&[stored(1, 0, None, &[(0x11, 10), (0x12, 20), (0x13, 30)])]);
     let query: Vec<LocalBlockHash> = [10, 20, 30, 40].map(LocalBlockHash::new).to_vec();
-    let first = state.dispatch(&query, 16, None, &[]).unwrap();
+    let first = state.dispatch(&query, 16, None, &[], None).unwrap();
     assert_eq!(first.worker.worker, w(1), "3 blocks cached there");
     assert_eq!(first.overlap_blocks, 3);
     // Worker 1 now runs 4 blocks: 1 left to prefill + 4 there against 4 + 0 on 2.
-    let second = state.dispatch(&query, 16, None, &[]).unwrap();
+    let second = state.dispatch(&query, 16, None, &[], None).unwrap();
     assert_eq!(second.worker.worker, w(2));
     let summary = state.serving().engine(w(1)).unwrap();
     assert_eq!((summary.active_requests, summary.active_blocks), (1, 4));
@@ -106,7 +106,7 @@ fn a_down_engine_takes_nothing_and_a_gone_one_loses_its_blocks_without_a_restart
     );
     for _ in 0..10 {
         let dispatch = state
-            .dispatch(&[LocalBlockHash::new(10)], 8, None, &[])
+            .dispatch(&[LocalBlockHash::new(10)], 8, None, &[], None)
             .unwrap();
         assert_eq!(dispatch.worker.worker, w(2));
         state.finish_request(dispatch.request, &served(8, 0));
@@ -118,7 +118,7 @@ fn a_down_engine_takes_nothing_and_a_gone_one_loses_its_blocks_without_a_restart
             reason: "timed out".into(),
         },
     );
-    let error = state.dispatch(&[], 8, None, &[]).unwrap_err();
+    let error = state.dispatch(&[], 8, None, &[], None).unwrap_err();
     assert_eq!(error.reason(), "no_engine_up");
     assert!(error.to_string().contains("connection refused"), "{error}");
     let why = state.readiness().unwrap_err();
@@ -126,7 +126,11 @@ fn a_down_engine_takes_nothing_and_a_gone_one_loses_its_blocks_without_a_restart
     // Up again: routed to again.
     state.set_engine_health(w(1), EngineHealth::Up);
     assert_eq!(
-        state.dispatch(&[], 8, None, &[]).unwrap().worker.worker,
+        state
+            .dispatch(&[], 8, None, &[], None)
+            .unwrap()
+            .worker
+            .worker,
         w(1)
     );
 }
@@ -139,15 +143,21 @@ fn engines_already_tried_and_engines_without_the_model_are_left_out() {
     assert!(state.is_adapter("adapter-a"));
     assert!(!state.is_adapter("base"));
     for _ in 0..5 {
-        let dispatch = state.dispatch(&[], 8, Some("adapter-a"), &[]).unwrap();
+        let dispatch = state
+            .dispatch(&[], 8, Some("adapter-a"), &[], None)
+            .unwrap();
         assert_eq!(dispatch.worker.worker, w(1));
         state.finish_request(dispatch.request, &served(8, 0));
     }
-    let error = state.dispatch(&[], 8, Some("other"), &[]).unwrap_err();
+    let error = state
+        .dispatch(&[], 8, Some("other"), &[], None)
+        .unwrap_err();
     assert_eq!(error.reason(), "unknown_model");
-    let retry = state.dispatch(&[], 8, Some("base"), &[w(1)]).unwrap();
+    let retry = state.dispatch(&[], 8, Some("base"), &[w(1)], None).unwrap();
     assert_eq!(retry.worker.worker, w(2));
-    let error = state.dispatch(&[], 8, None, &[w(1), w(2)]).unwrap_err();
+    let error = state
+        .dispatch(&[], 8, None, &[w(1), w(2)], None)
+        .unwrap_err();
     assert_eq!(error.reason(), "no_engine_up");
 }
 
@@ -159,10 +169,10 @@ fn the_inflight_bound_refuses_and_finishing_frees_the_load() {
         ..ServingConfig::default()
     });
     state.set_engine_health(w(1), EngineHealth::Up);
-    let a = state.dispatch(&[], 64, None, &[]).unwrap();
-    let b = state.dispatch(&[], 64, None, &[]).unwrap();
+    let a = state.dispatch(&[], 64, None, &[], None).unwrap();
+    let b = state.dispatch(&[], 64, None, &[], None).unwrap();
     assert_eq!(
-        state.dispatch(&[], 64, None, &[]).unwrap_err(),
+        state.dispatch(&[], 64, None, &[], None).unwrap_err(),
         DispatchError::AtCapacity(2)
     );
     state.note_output(a.request, 5);

@@ -6,7 +6,12 @@
 //! metric: the model, the block size, the cache's blocks), the grid and what fits it,
 //! the measurements, their spread over repeats, and the files:
 //! - prefill: one request alone, a fresh prompt of each length (no prefix hit) and one
-//!   output token; its time to first token;
+//!   output token; its time to first token, and (vLLM's request histograms, read
+//!   before and after: `engine_time`) the engine's part of it, queued to first token.
+//!   The rest (HTTP, the router, the tokenizer, the queues between vLLM's processes)
+//!   is time the engine does not step for: `compute.ron`'s prefills are the engine's
+//!   part and its `request_overhead_ms` the median rest, which the twin adds to each
+//!   request on its way, not to its engine's steps; Dynamo's tables keep the TTFTs;
 //! - decode: a batch of fresh prompts of one context length streamed together; the step
 //!   time is the median gap between output chunks while every sequence of the batch is
 //!   decoding (after the last first token, before the first last token), so neither
@@ -20,7 +25,10 @@
 //!   on all of them at once, every engine's figure a sample of the point: engines that
 //!   share a machine's cores (the local cluster of `scripts/engines`) slow each other,
 //!   and the twin of that cluster should step at the speed they reach together, not at
-//!   the speed of one engine alone.
+//!   the speed of one engine alone;
+//! - with `--router`, every request through that router, pinned to the engine it
+//!   measures (`nvext.backend_instance_id`): the router's proxying shares the cores as it
+//!   does while the cluster serves, which the twin of a cluster behind it should carry.
 //!
 //! Writes into `--out`: Dynamo's planner tables (`write_profiles`: the npz and JSON
 //! files of its `--profile-results-dir`), `compute.ron` (the `Table` compute model a
@@ -31,7 +39,10 @@
 //! Never: simulate anything, or run two points at once (each is alone on its engine);
 //! it does leave the engines' caches full of its own prompts.
 
+mod engine_time;
+
 use anyhow::{bail, Context, Result};
+use engine_time::EngineClock;
 use kvtwin_plane::bench::serve::request::{send, Target};
 use kvtwin_plane::bench::serve::workload::{block_tokens, PlannedRequest};
 use kvtwin_plane::bench::serve::RequestRecord;
@@ -118,7 +129,12 @@ impl Repeats {
 }
 
 /// `kvtwin profile --engine URL [--engine URL ...] --out DIR`.
-pub(crate) fn profile_engine(urls: &[String], grid: &EngineGrid, out: &Path) -> Result<()> {
+pub(crate) fn profile_engine(
+    urls: &[String],
+    router: Option<&str>,
+    grid: &EngineGrid,
+    out: &Path,
+) -> Result<()> {
     if grid.repeats == 0 {
         bail!("--repeats must be at least 1");
     }
@@ -136,7 +152,8 @@ pub(crate) fn profile_engine(urls: &[String], grid: &EngineGrid, out: &Path) -> 
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(measure_and_write(&urls, grid, out))
+    let router = router.map(|url| url.trim_end_matches('/').to_string());
+    runtime.block_on(measure_and_write(&urls, router.as_deref(), grid, out))
 }
 
 /// The engines measured together must serve the same model with the same block size;
@@ -163,13 +180,40 @@ fn common_info(urls: &[String], infos: Vec<EngineInfo>) -> Result<EngineInfo> {
     Ok(common)
 }
 
-async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Result<()> {
+async fn measure_and_write(
+    urls: &[String],
+    router: Option<&str>,
+    grid: &EngineGrid,
+    out: &Path,
+) -> Result<()> {
     let client = EngineClient::new(EngineTimeouts::default());
     let mut infos = Vec::with_capacity(urls.len());
     for url in urls {
         infos.push(engine_info(&client, url).await?);
     }
     let info = common_info(urls, infos)?;
+    let pins: Vec<Option<u64>> = match router {
+        None => vec![None; urls.len()],
+        Some(router) => {
+            let ids = router_engine_ids(&client, router).await?;
+            urls.iter()
+                .map(|url| {
+                    ids.iter()
+                        .find(|(_, engine)| engine == url)
+                        .map(|(id, _)| Some(*id))
+                        .with_context(|| {
+                            format!(
+                                "--router {router}: {url} is not one of its engines up ({})",
+                                ids.iter()
+                                    .map(|(id, engine)| format!("{id}: {engine}"))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            )
+                        })
+                })
+                .collect::<Result<_>>()?
+        }
+    };
     let url = urls.join(", ");
     let url = url.as_str();
     let max_kv = info.max_kv_tokens();
@@ -195,13 +239,17 @@ async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Re
         .batches
         .clone()
         .unwrap_or_else(|| vec![1, 2, 4, 8, 16, 32]);
+    // Each engine's requests go to it, or through the router pinned to it; `names`
+    // says which in messages, in the targets' order.
     let targets: Vec<Target> = urls
         .iter()
-        .map(|url| Target {
-            url: url.clone(),
+        .zip(&pins)
+        .map(|(url, pinned)| Target {
+            url: router.map_or_else(|| url.clone(), str::to_string),
             model: info.model.clone(),
             stream: true,
             timeout: Duration::from_secs(600),
+            pinned: *pinned,
         })
         .collect();
     eprintln!(
@@ -219,57 +267,86 @@ async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Re
             format!(", on all {} engines at once", targets.len())
         }
     );
+    if let Some(router) = router {
+        eprintln!("kvtwin profile: every request through {router}, pinned to its engine");
+    }
     let mut prompts = Prompts {
         next: 0,
         block_size: info.block_size,
     };
     // Prompts are fresh within a run, not across runs: an earlier profile's may still be
     // cached, and a prefill that hits is not a prefill.
-    for target in &targets {
-        if let Err(error) = reset_prefix_cache(&client, &target.url, Duration::from_secs(15)).await
-        {
+    for url in urls {
+        if let Err(error) = reset_prefix_cache(&client, url, Duration::from_secs(15)).await {
             eprintln!(
-                "kvtwin profile: could not empty {}'s prefix cache ({error:#}); prompts of an \
-                 earlier profile may be found cached",
-                target.url
+                "kvtwin profile: could not empty {url}'s prefix cache ({error:#}); prompts of an \
+                 earlier profile may be found cached"
             );
         }
     }
     // The first request of an engine pays for what it sets up on first use.
     for target in &targets {
         let warm_up = prompts.planned(info.block_size, 2);
-        check(
-            send(&client, target, warm_up, Instant::now()).await,
-            &target.url,
-        )?;
+        check(send(&client, target, warm_up, Instant::now()).await, target)?;
     }
 
     let mut prefill_points = Vec::new();
+    // Each prefill repeat's time inside the engine (vLLM's own queue and prefill times),
+    // per point; `None` once an engine does not say (then prefills are the clients'
+    // TTFTs, overhead and all).
+    let mut engine_points: Option<Vec<Repeats>> = Some(Vec::new());
+    // A lone request's time outside the engine: its TTFT less the engine's part.
+    let mut overheads = Vec::new();
     for &isl in &isls {
         let mut repeats = Vec::with_capacity(grid.repeats * targets.len());
+        let mut inside = Vec::with_capacity(grid.repeats * targets.len());
         for _ in 0..grid.repeats {
+            let clocks = engine_clocks(&client, urls).await;
             let batches = targets
                 .iter()
                 .map(|target| (target, vec![prompts.planned(isl, 1)]))
                 .collect();
-            for (_, records) in together(&client, batches).await? {
+            let answered = together(&client, batches).await?;
+            let later = engine_clocks(&client, urls).await;
+            for (i, (_, records)) in answered.into_iter().enumerate() {
                 // One output token: its answer's end is its first token. A sampled token
                 // whose text is empty (the tiny model's random weights pick such tokens)
                 // streams a chunk that counts no token, and leaves `ttft` unset.
                 let record = &records[0];
-                let ttft = record.ttft.unwrap_or(record.e2e);
-                repeats.push(ttft.as_secs_f64() * 1e3);
+                let ttft = record.ttft.unwrap_or(record.e2e).as_secs_f64() * 1e3;
+                repeats.push(ttft);
+                match (&later[i], &clocks[i]) {
+                    (Some(later), Some(earlier)) => {
+                        if let Some(engine_ms) = later.ms_per_request_since(earlier) {
+                            inside.push(engine_ms);
+                            overheads.push(ttft - engine_ms);
+                        }
+                    }
+                    _ => engine_points = None,
+                }
             }
         }
         let repeats = Repeats(repeats);
         eprintln!(
-            "  prefill {isl:>6} tokens: {:>9.2} ms (min {:.2}, max {:.2})",
+            "  prefill {isl:>6} tokens: {:>9.2} ms (min {:.2}, max {:.2}){}",
             repeats.median(),
             repeats.min(),
-            repeats.max()
+            repeats.max(),
+            if inside.is_empty() {
+                String::new()
+            } else {
+                format!(", {:.2} in the engine", Repeats(inside.clone()).median())
+            }
         );
+        if inside.is_empty() {
+            engine_points = None;
+        }
+        if let Some(points) = &mut engine_points {
+            points.push(Repeats(inside));
+        }
         prefill_points.push((isl, repeats));
     }
+    let overhead = engine_points.is_some().then_some(Repeats(overheads));
 
     let mut decode_points = Vec::new();
     // Each single step over its point's median, every point pooled.
@@ -298,7 +375,7 @@ async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Re
                     let (step, singles) = step_ms(&records).with_context(|| {
                         format!(
                             "{}: batch {batch} at context {context}: no output gaps",
-                            target.url
+                            named(target)
                         )
                     })?;
                     repeats.push(step);
@@ -352,6 +429,13 @@ async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Re
     let name = format!("{} measured at {url}", info.model);
     let mut table = table_from_profiles(&name, &prefill, &decode).context("the measured table")?;
     table.max_kv_tokens = max_kv;
+    // The twin's engines step for the engine's part of a prefill; the rest delays each
+    // request on its way (Dynamo's tables keep the clients' TTFTs: its planner's SLOs
+    // are the clients').
+    if let (Some(points), Some(overhead)) = (&engine_points, &overhead) {
+        table.prefill_ms = points.iter().map(Repeats::median).collect();
+        table.request_overhead_ms = overhead.median().max(0.0);
+    }
     let step_spread = percentiles(&step_ratios);
     table.step_spread = step_spread.clone();
 
@@ -364,6 +448,8 @@ async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Re
     written.push(compute);
     let raw = json!({
         "engine": url,
+        // Set when every request went through this router, pinned to its engine.
+        "router": router,
         // Each point's `ms`: repeat by repeat, every engine's figure in this order.
         "engines": urls,
         "model": info.model,
@@ -373,11 +459,18 @@ async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Re
         "max_model_len": info.max_model_len,
         "repeats": grid.repeats,
         "decode_output_tokens": grid.osl,
-        "prefill": prefill_points.iter().map(|(isl, r)| {
+        "prefill": prefill_points.iter().enumerate().map(|(i, (isl, r))| {
             let mut point = r.to_json();
             point["isl"] = json!(isl);
+            // The engine's own part of each (vLLM's queue and prefill times).
+            if let Some(inside) = engine_points.as_ref().and_then(|points| points.get(i)) {
+                point["engine"] = inside.to_json();
+            }
             point
         }).collect::<Vec<_>>(),
+        // TTFT less the engine's part, every prefill repeat: what the table's
+        // `request_overhead_ms` is the median of.
+        "request_overhead": overhead.as_ref().map(Repeats::to_json),
         "decode": decode_points.iter().map(|(context, batch, r)| {
             let mut point = r.to_json();
             point["context"] = json!(context);
@@ -407,14 +500,34 @@ async fn measure_and_write(urls: &[String], grid: &EngineGrid, out: &Path) -> Re
         info.model, grid.repeats
     );
     println!("\nprefill: one request alone{on_each}, a prompt nothing caches");
-    println!("{:>8}  {:>10}  {:>19}", "ISL", "TTFT ms", "spread ms");
-    for (isl, r) in &prefill_points {
+    println!(
+        "{:>8}  {:>10}  {:>19}  {:>10}",
+        "ISL", "TTFT ms", "spread ms", "engine ms"
+    );
+    for (i, (isl, r)) in prefill_points.iter().enumerate() {
+        let inside = engine_points
+            .as_ref()
+            .and_then(|points| points.get(i))
+            .map_or_else(|| "-".to_string(), |r| format!("{:.2}", r.median()));
         println!(
-            "{isl:>8}  {:>10.2}  {:>8.2} to {:>7.2}",
+            "{isl:>8}  {:>10.2}  {:>8.2} to {:>7.2}  {inside:>10}",
             r.median(),
             r.min(),
             r.max()
         );
+    }
+    match &overhead {
+        Some(overhead) => println!(
+            "a request's time outside the engine (TTFT less vLLM's queue and prefill \
+             times): {:.2} ms ({:.2} to {:.2}); the table's prefills are the engine's",
+            overhead.median(),
+            overhead.min(),
+            overhead.max()
+        ),
+        None => println!(
+            "(the engine does not report its queue and prefill times: the table's prefills \
+             are the TTFTs, the time outside the engine included)"
+        ),
     }
     println!(
         "\ndecode: a batch streaming together{on_each}, {} outputs each",
@@ -509,18 +622,57 @@ async fn together<'a>(
     for (target, records) in futures::future::join_all(sent).await {
         let records = records
             .into_iter()
-            .map(|record| check(record, &target.url))
+            .map(|record| check(record, target))
             .collect::<Result<Vec<_>>>()?;
         answered.push((target, records));
     }
     Ok(answered)
 }
 
+/// Each engine's clock (in `urls`' order), `None` for one that does not keep it or
+/// could not be read: a profile goes on without the split.
+async fn engine_clocks(client: &EngineClient, urls: &[String]) -> Vec<Option<EngineClock>> {
+    let mut clocks = Vec::with_capacity(urls.len());
+    for url in urls {
+        clocks.push(EngineClock::read(client, url).await.ok().flatten());
+    }
+    clocks
+}
+
+/// Where `target`'s requests go, for messages.
+fn named(target: &Target) -> String {
+    match target.pinned {
+        None => target.url.clone(),
+        Some(worker) => format!("{} (pinned to engine {worker})", target.url),
+    }
+}
+
+/// The engines a router fronts that are up: (worker id, URL), from its `/v1/engines`.
+async fn router_engine_ids(client: &EngineClient, router: &str) -> Result<Vec<(u64, String)>> {
+    let body = get_ok(client, router, "/v1/engines", 1 << 20).await?;
+    let listing: Value =
+        serde_json::from_slice(&body).with_context(|| format!("{router}/v1/engines: not JSON"))?;
+    let engines = listing
+        .get("engines")
+        .and_then(Value::as_array)
+        .with_context(|| format!("{router}/v1/engines: no list of engines"))?;
+    Ok(engines
+        .iter()
+        .filter(|engine| engine["health"] == "up")
+        .filter_map(|engine| {
+            let id = engine["id"].as_u64()?;
+            let url = engine["url"].as_str()?.trim_end_matches('/').to_string();
+            Some((id, url))
+        })
+        .collect())
+}
+
 /// The record, or why the engine failed it.
-fn check(record: RequestRecord, url: &str) -> Result<RequestRecord> {
+fn check(record: RequestRecord, target: &Target) -> Result<RequestRecord> {
     if let Some(failure) = &record.failure {
         bail!(
-            "{url}: request {} failed ({failure:?}, status {:?})",
+            "{}: request {} failed ({failure:?}, status {:?})",
+            named(target),
             record.index,
             record.status
         );
@@ -554,7 +706,7 @@ fn percentiles(ratios: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-/// A gap shorter than this share of its request's median gap is a burst: chunks the API
+/// A gap shorter than this share of its batch's median gap is a burst: chunks the API
 /// server held back and then sent at once (seen on the 2-core VM with both engines
 /// busy: gaps of 0.02 ms between 15 ms steps). The burst and the gap before it (which
 /// holds the steps the burst brings) are not single steps.
@@ -590,7 +742,20 @@ fn step_ms(records: &[RequestRecord]) -> Option<(f64, Vec<f64>)> {
         .collect();
     let all_decoding = spans.iter().map(|(first, _)| *first).max()?;
     let one_done = spans.iter().map(|(_, last)| *last).min()?;
-    let steps: Vec<(Duration, Duration)> = records.iter().flat_map(single_steps).collect();
+    // Bursts are judged against the batch's gaps pooled: one answer of 7 gaps may be
+    // mostly bursts (behind a router that fell behind its engine, every other gap was
+    // one), and its own median would call them steps.
+    let pooled = Repeats(
+        records
+            .iter()
+            .flat_map(|record| record.itl.iter().map(Duration::as_secs_f64))
+            .collect(),
+    )
+    .median();
+    let steps: Vec<(Duration, Duration)> = records
+        .iter()
+        .flat_map(|record| single_steps(record, pooled))
+        .collect();
     let ms = |(from, to): &(Duration, Duration)| (*to - *from).as_secs_f64() * 1e3;
     let mut inside: Vec<f64> = steps
         .iter()
@@ -608,13 +773,12 @@ fn step_ms(records: &[RequestRecord]) -> Option<(f64, Vec<f64>)> {
 }
 
 /// A streamed answer's gaps that are single steps, as (from, to) since the batch's
-/// origin: every gap after its first token but the bursts and the gaps before them
-/// ([`BURST_SHARE`]).
-fn single_steps(record: &RequestRecord) -> Vec<(Duration, Duration)> {
+/// origin: every gap after its first token but the bursts (against `median`, the
+/// batch's median gap in seconds) and the gaps before them ([`BURST_SHARE`]).
+fn single_steps(record: &RequestRecord, median: f64) -> Vec<(Duration, Duration)> {
     let Some(ttft) = record.ttft else {
         return Vec::new();
     };
-    let median = Repeats(record.itl.iter().map(Duration::as_secs_f64).collect()).median();
     // At most, so that answers of nothing but bursts (a median of 0) are all bursts.
     let burst = |gap: &Duration| gap.as_secs_f64() <= BURST_SHARE * median;
     let mut at = record.started + ttft;
@@ -766,129 +930,4 @@ fn write(path: &PathBuf, text: &str) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_label_is_found_by_its_whole_name() {
-        let line = r#"vllm:cache_config_info{hash_block_size="64",block_size="32",num_gpu_blocks="65",num_gpu_blocks_override="None"} 1.0"#;
-        assert_eq!(label(line, "block_size"), Some("32"));
-        assert_eq!(label(line, "hash_block_size"), Some("64"));
-        assert_eq!(label(line, "num_gpu_blocks"), Some("65"));
-        assert_eq!(label(line, "num_gpu_blocks_override"), Some("None"));
-        assert_eq!(label(line, "missing"), None);
-        assert_eq!(label("no labels 1.0", "block_size"), None);
-    }
-
-    fn record(started_ms: u64, ttft_ms: u64, gaps_ms: &[u64]) -> RequestRecord {
-        RequestRecord {
-            index: 0,
-            prefix: None,
-            line: None,
-            scheduled: None,
-            started: Duration::from_millis(started_ms),
-            status: Some(200),
-            failure: None,
-            ttft: Some(Duration::from_millis(ttft_ms)),
-            itl: gaps_ms.iter().map(|&g| Duration::from_millis(g)).collect(),
-            e2e: Duration::ZERO,
-            prompt_tokens: 0,
-            output_tokens: 0,
-            cached_tokens: None,
-            worker: None,
-            route_seq: None,
-        }
-    }
-
-    #[test]
-    fn the_step_time_is_read_where_the_whole_batch_decodes() {
-        // The second request's prefill (a 50 ms gap in the first's stream) and the
-        // first's last steps alone (5 ms) fall outside the window [60, 120]; the three
-        // gaps of each inside it are single steps.
-        let first = record(0, 10, &[50, 20, 20, 20, 8, 8]);
-        let second = record(0, 60, &[20, 20, 20]);
-        assert_eq!(step_ms(&[first, second]), Some((20.0, vec![20.0; 6])));
-        // One request alone: its own gaps, each a single step.
-        assert_eq!(
-            step_ms(&[record(0, 10, &[7, 9, 8])]),
-            Some((8.0, vec![7.0, 9.0, 8.0]))
-        );
-        assert_eq!(step_ms(&[record(0, 10, &[])]), None);
-    }
-
-    #[test]
-    fn merged_chunks_give_the_time_per_token_instead_of_the_gaps() {
-        // 8 tokens in 3 chunks: gaps of 100 and 40 ms are not steps; 140 ms over the 7
-        // tokens after the first is 20 ms a token.
-        let mut merged = record(0, 10, &[100, 40]);
-        merged.output_tokens = 8;
-        merged.e2e = Duration::from_millis(150);
-        // Merged answers show no single step.
-        assert_eq!(step_ms(&[merged.clone()]), Some((20.0, Vec::new())));
-        // All in one chunk: no gap at all, still a time per token.
-        let mut one = record(0, 10, &[]);
-        one.output_tokens = 8;
-        one.e2e = Duration::from_millis(80);
-        assert_eq!(step_ms(&[merged, one]), Some((15.0, Vec::new())));
-        // Every token its own chunk: the gaps, as before.
-        let mut whole = record(0, 10, &[7, 9, 8]);
-        whole.output_tokens = 4;
-        assert_eq!(step_ms(&[whole]), Some((8.0, vec![7.0, 9.0, 8.0])));
-    }
-
-    #[test]
-    fn bursts_and_the_gaps_that_held_them_are_not_single_steps() {
-        // 20 ms steps, then a 40 ms gap that held two steps and a burst of the second
-        // (0 ms), then 20 ms steps again.
-        let bursty = record(0, 10, &[20, 20, 40, 0, 20, 20]);
-        assert_eq!(
-            single_steps(&bursty)
-                .iter()
-                .map(|(from, to)| (from.as_millis(), to.as_millis()))
-                .collect::<Vec<_>>(),
-            vec![(10, 30), (30, 50), (90, 110), (110, 130)]
-        );
-        assert_eq!(step_ms(&[bursty]), Some((20.0, vec![20.0; 4])));
-        // Nothing but bursts: the time per token instead.
-        let mut all_at_once = record(0, 10, &[0, 0, 0]);
-        all_at_once.output_tokens = 4;
-        all_at_once.e2e = Duration::from_millis(40);
-        assert_eq!(step_ms(&[all_at_once]), Some((10.0, Vec::new())));
-    }
-
-    #[test]
-    fn single_steps_give_101_percentiles_or_none() {
-        // 21 ratios 0.5, 0.55, ..., 1.5: percentile p is 0.5 + p / 100.
-        let ratios: Vec<f64> = (0..21).rev().map(|i| 0.5 + f64::from(i) * 0.05).collect();
-        let spread = percentiles(&ratios);
-        assert_eq!(spread.len(), 101);
-        for (p, q) in spread.iter().enumerate() {
-            assert!((q - (0.5 + p as f64 / 100.0)).abs() < 1e-9, "p{p}: {q}");
-        }
-        // Too few steps, or steps of no time, make no spread.
-        assert!(percentiles(&ratios[..MIN_SINGLE_STEPS - 1]).is_empty());
-        let mut zeros = ratios[..MIN_SINGLE_STEPS - 1].to_vec();
-        zeros.push(0.0);
-        assert!(percentiles(&zeros).is_empty());
-    }
-
-    #[test]
-    fn repeats_give_their_median_and_spread() {
-        let r = Repeats(vec![3.0, 1.0, 2.0, 10.0]);
-        assert_eq!((r.median(), r.min(), r.max()), (2.5, 1.0, 10.0));
-        assert_eq!(Repeats(vec![4.0, 1.0, 2.0]).median(), 2.0);
-    }
-
-    #[test]
-    fn fresh_prompts_share_no_block() {
-        let mut prompts = Prompts {
-            next: 0,
-            block_size: 32,
-        };
-        let a = prompts.planned(70, 1);
-        let b = prompts.planned(70, 1);
-        assert_eq!(a.prompt.len(), 70);
-        assert_ne!(a.prompt[..32], b.prompt[..32]);
-        assert_ne!(a.prompt[32..64], b.prompt[32..64]);
-    }
-}
+mod tests;
