@@ -52,6 +52,7 @@ fn config(dir: &std::path::Path) -> HostConfig {
         ],
         disk_dir: Some(dir.to_path_buf()),
         disk_io: DiskIo::Auto,
+        disk_persistent: false,
         remote: RemoteTier::Absent,
         worker_threads: 2,
         max_in_flight: 8,

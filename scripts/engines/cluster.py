@@ -206,6 +206,8 @@ def connector_args(config):
         "kv_connector": "KvtwinConnector",
         "kv_connector_module_path": "kvtwin.connector",
         "kv_role": "kv_both",
+        # A block whose bytes fail kvtwin's check is computed again, not a failed request.
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": extra,
     }
     return ["--kv-transfer-config", json.dumps(transfer)]

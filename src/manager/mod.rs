@@ -18,8 +18,9 @@
 //! lower-tier hits up; `offload` takes computed blocks and copies them down
 //! (write-through, write-back); `transfers` tracks what is in flight and acts on
 //! completions; `events` drains outputs and the event stream; `faults` fails, restores
-//! and resets tiers.
+//! and resets tiers; `adopt` takes in what a reopened lower tier's storage holds.
 
+mod adopt;
 mod config;
 mod drive;
 mod events;
@@ -29,6 +30,7 @@ mod onboard;
 mod plan;
 mod transfers;
 
+pub use adopt::{AdoptError, Adopted};
 pub use config::{ManagerConfig, ManagerConfigError, OffloadPolicy, OnboardPolicy, TierConfig};
 pub use drive::{settle, Driver};
 pub use faults::{ClearError, TierFailure, TierFaultError};

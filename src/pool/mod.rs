@@ -89,6 +89,15 @@ pub enum AllocError {
         /// Free plus cached blocks.
         available: usize,
     },
+    /// A block asked for by its id is not free (cached, in use, out of range, or asked
+    /// for twice).
+    #[error("{tier} block {block:?} is not free")]
+    NotFree {
+        /// The pool's tier.
+        tier: Tier,
+        /// The block.
+        block: BlockId,
+    },
 }
 
 /// `reset_cache` refused.
@@ -564,6 +573,37 @@ impl BlockPool {
         Ok(blocks)
     }
 
+    /// Takes the blocks `ids`, in that order and state Reset, each of which must be free
+    /// (neither cached nor in use): for reopening a tier whose bytes outlive its process
+    /// (a disk tier's file), where each block's place is known. All or nothing; evicts
+    /// nothing.
+    pub fn allocate_ids(&self, ids: &[BlockId]) -> Result<Vec<MutableBlock<Reset>>, AllocError> {
+        let mut inner = lock(&self.shared.inner);
+        let mut wanted = vec![false; inner.slots.len()];
+        for &id in ids {
+            let free = inner
+                .slots
+                .get(id.index())
+                .is_some_and(|slot| slot.state == SlotState::Free);
+            if !free || std::mem::replace(&mut wanted[id.index()], true) {
+                inner.stats.failed_allocations += 1;
+                return Err(AllocError::NotFree {
+                    tier: inner.tier,
+                    block: id,
+                });
+            }
+        }
+        inner.touch();
+        inner.free.retain(|id| !wanted[id.index()]);
+        let mut blocks = Vec::with_capacity(ids.len());
+        for &id in ids {
+            inner.slots[id.index()].state = SlotState::Mutable;
+            inner.stats.allocated_blocks += 1;
+            blocks.push(MutableBlock::new(Arc::clone(&self.shared), id));
+        }
+        Ok(blocks)
+    }
+
     /// Takes one block in state Reset (see [`BlockPool::allocate`]).
     pub fn allocate_one(&self) -> Result<MutableBlock<Reset>, AllocError> {
         let mut inner = lock(&self.shared.inner);
@@ -626,6 +666,12 @@ impl BlockPool {
     /// Whether `hash` is registered here (touches nothing).
     pub fn contains(&self, hash: SequenceHash) -> bool {
         lock(&self.shared.inner).registry.contains_key(&hash)
+    }
+
+    /// The block registered under `hash`, if any, touching nothing (no reference, no hit,
+    /// no change of its place in the eviction order): for indexing where blocks lie.
+    pub fn block_id_of(&self, hash: SequenceHash) -> Option<BlockId> {
+        lock(&self.shared.inner).registry.get(&hash).copied()
     }
 
     /// Keeps the identities whose blocks this pool does not have: `contains` for a whole

@@ -104,6 +104,50 @@ fn allocation_is_all_or_nothing() {
 }
 
 #[test]
+fn blocks_are_taken_by_id_only_when_free_and_all_or_nothing() {
+    let pool = pool(4, EvictionPolicyKind::Lru);
+    let ids = |list: &[u32]| list.iter().map(|&i| BlockId::new(i)).collect::<Vec<_>>();
+    let taken = pool.allocate_ids(&ids(&[2, 0])).unwrap();
+    assert_eq!(
+        taken.iter().map(MutableBlock::block_id).collect::<Vec<_>>(),
+        ids(&[2, 0])
+    );
+    // Registered and cached, block 2 is not free; neither is one out of range, or one
+    // asked for twice; a refusal takes nothing.
+    let identities = chain(2);
+    let complete = taken
+        .into_iter()
+        .zip(&identities)
+        .map(|(block, identity)| block.apply_identity(*identity))
+        .collect();
+    drop(pool.register_chain(complete));
+    for refused in [&[1, 2][..], &[9], &[3, 3]] {
+        let error = pool.allocate_ids(&ids(refused)).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                AllocError::NotFree {
+                    tier: Tier::Device,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        assert_eq!(pool.counts().free, 2, "{refused:?} took nothing");
+    }
+    assert_eq!(pool.check_invariants().cached, 2);
+    assert!(pool.contains(identities[1].sequence_hash));
+    // The rest of the free blocks are handed out as before, then the cached ones.
+    let rest = pool.allocate(2).unwrap();
+    assert_eq!(
+        rest.iter().map(MutableBlock::block_id).collect::<Vec<_>>(),
+        ids(&[1, 3])
+    );
+    drop(rest);
+    pool.check_invariants();
+}
+
+#[test]
 fn fills_commits_and_registers_a_block_from_tokens() {
     let pool = pool(2, EvictionPolicyKind::Lru);
     let mut partial = pool

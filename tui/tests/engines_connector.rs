@@ -1,7 +1,8 @@
 //! kvtwin as vLLM's KV cache tier (issue 31): two engines of scripts/engines (65 blocks
 //! of 32 tokens, 64 usable), one started with kvtwin's connector (`cluster.py up
-//! --connector`: 64 MiB of host memory, the package built into the engines' venv first
-//! when its sources changed) and one without, are sent the same 100 greedy requests one
+//! --connector`: 64 MiB of host memory written through to a 128 MiB disk tier that
+//! outlives the engine, the package built into the engines' venv first when its
+//! sources changed) and one without, are sent the same 100 greedy requests one
 //! at a time: 10 prompts of 640 tokens (20 blocks), each request one of them followed by
 //! 20 tokens of its own, the prompts in turn, so each comes back after the other nine
 //! have pushed it out of the engine's own cache (200 blocks between two uses).
@@ -12,6 +13,19 @@
 //!   kvtwin's tiers: its usage counts them cached, and the engine's own metric of
 //!   external hits (`vllm:external_prefix_cache_hits_total`) adds up to 90 × 640.
 //!
+//! Then the connector's engine is killed (SIGKILL, a crash) and, while it is down, one
+//! byte of one block on disk is flipped: the 6th block of the first prompt, found
+//! through the disk tier's journal. Started again on the same directory, its host
+//! memory empty, it is sent each prompt once more with new tokens of its own:
+//! - the nine untouched prompts come back from disk: 640 tokens cached each;
+//! - the first stops at the flipped block: the connector reports its load failed and
+//!   logs why, and vLLM (`kv_load_failure_policy: recompute`, as `cluster.py` starts
+//!   it) says it computed the 15 blocks from there (480 tokens) again; its usage still
+//!   counts the 640 tokens it first found cached, vLLM's account of the request;
+//! - every output token is still the engine's without the connector;
+//! - the bad copy left the disk tier and the recompute saved the block again: the first
+//!   prompt, sent once more, comes back whole.
+//!
 //! Needs the engines' venv (`scripts/engines/cluster.py setup`); skips with the reason
 //! without it, fails instead with `CI=true`.
 
@@ -19,18 +33,34 @@ mod common;
 
 use common::engines::{Cluster, EngineOptions};
 use common::{http, Draw};
+use kvtwin::block::BlockIdentity;
+use kvtwin::tokens::{compute_local_hashes, HashSeed};
+use kvtwin_connector::journal::Journal;
 use serde_json::{json, Value};
+use std::path::Path;
 
 const PROMPTS: usize = 10;
 const PREFIX_TOKENS: usize = 640;
 const OWN_TOKENS: usize = 20;
 const REQUESTS: usize = 100;
+/// The block of the first prompt flipped on disk while the engine is down.
+const FLIPPED_BLOCK: usize = 5;
+/// The disk tier's slot: the block and its trailer, to the next 4 KiB.
+const SLOT_BYTES: usize = 65536 + 4096;
+
+fn prefixes() -> Vec<Vec<u32>> {
+    let mut draw = Draw(31);
+    (0..PROMPTS)
+        .map(|_| draw.tokens(PREFIX_TOKENS as u64))
+        .collect()
+}
 
 fn workload() -> Vec<Vec<u32>> {
     let mut draw = Draw(31);
     let prefixes: Vec<Vec<u32>> = (0..PROMPTS)
         .map(|_| draw.tokens(PREFIX_TOKENS as u64))
         .collect();
+    assert_eq!(prefixes, self::prefixes());
     (0..REQUESTS)
         .map(|i| {
             let mut prompt = prefixes[i % PROMPTS].clone();
@@ -82,11 +112,41 @@ fn external_hits(cluster: &Cluster) -> f64 {
         .unwrap_or_else(|| panic!("no vllm:external_prefix_cache_hits_total in /metrics"))
 }
 
+/// Flips one byte of the data of `prompt`'s block `block` in the disk tier in `dir`
+/// (its slot read from the journal); the extent file's own checksum and the
+/// connector's BLAKE3 both refuse it now.
+fn flip_on_disk(dir: &Path, prompt: &[u32], block: usize) {
+    let locals = compute_local_hashes(prompt, 32, HashSeed::default());
+    let hash = BlockIdentity::chain(&locals)[block].sequence_hash;
+    let (entries, _) = Journal::read(dir, None).expect("the disk tier's journal");
+    let entry = entries
+        .iter()
+        .find(|entry| entry.identity.sequence_hash == hash)
+        .unwrap_or_else(|| {
+            panic!(
+                "block {block} is not in the journal ({} entries)",
+                entries.len()
+            )
+        });
+    let path = dir.join(kvtwin_backends::host::KEPT_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[entry.slot.index() * SLOT_BYTES + 1000] ^= 0xFF;
+    std::fs::write(&path, &bytes).unwrap();
+}
+
 #[test]
 fn outputs_are_the_same_with_the_connector_and_evicted_prefixes_come_back_from_it() {
     let test = "outputs_are_the_same_with_the_connector_and_evicted_prefixes_come_back_from_it";
+    let disk = tempfile::tempdir().unwrap();
     let with = EngineOptions {
-        connector: Some(r#"{"host_bytes": 67108864}"#.to_string()),
+        connector: Some(
+            json!({
+                "host_bytes": 64 << 20,
+                "disk_bytes": 128 << 20,
+                "disk_dir": disk.path(),
+            })
+            .to_string(),
+        ),
         ..EngineOptions::default()
     };
     // Both at once: each start is a minute or two of the same waiting.
@@ -122,4 +182,50 @@ fn outputs_are_the_same_with_the_connector_and_evicted_prefixes_come_back_from_i
     let hits = external_hits(&with_connector);
     assert_eq!(hits, ((REQUESTS - PROMPTS) * PREFIX_TOKENS) as f64);
     assert_eq!(external_hits(&without), 0.0);
+
+    // A crash, a block flipped on disk while the engine is down, a restart.
+    with_connector.kill(1);
+    let prefixes = prefixes();
+    flip_on_disk(disk.path(), &prefixes[0], FLIPPED_BLOCK);
+    with_connector.restart(1);
+    let mut draw = Draw(32);
+    for (p, prefix) in prefixes.iter().enumerate() {
+        let mut prompt = prefix.clone();
+        prompt.extend(draw.tokens(OWN_TOKENS as u64));
+        let (tokens, cached) = complete(&with_connector, &prompt);
+        let (plain_tokens, _) = complete(&without, &prompt);
+        assert_eq!(tokens, plain_tokens, "prompt {p} after the restart");
+        assert_eq!(cached, PREFIX_TOKENS as u64, "prompt {p} after the restart");
+    }
+    let log = std::fs::read_to_string(&with_connector.engine(1).log).unwrap();
+    let recomputed = PREFIX_TOKENS - FLIPPED_BLOCK * 32;
+    assert!(
+        log.contains(&format!("loaded {FLIPPED_BLOCK} of 20 blocks")) && log.contains("corrupt"),
+        "the connector's engine log says nothing of the flipped block"
+    );
+    assert!(
+        log.contains(&format!(
+            "Recovered from KV load failure: 1 request(s) rescheduled ({recomputed} tokens affected)"
+        )),
+        "vLLM did not say it computed the blocks from the flipped one again"
+    );
+    assert!(
+        log.contains("the disk tier in") && log.contains("kept 200 blocks"),
+        "the connector's engine log says nothing of the 200 blocks the disk tier kept"
+    );
+    // The flipped block left the disk tier, and the engine's recompute saved it again:
+    // the first prompt comes back whole.
+    let mut prompt = prefixes[0].clone();
+    prompt.extend(draw.tokens(OWN_TOKENS as u64));
+    let (tokens, cached) = complete(&with_connector, &prompt);
+    assert_eq!(tokens, complete(&without, &prompt).0);
+    assert_eq!(
+        cached, PREFIX_TOKENS as u64,
+        "the first prompt, saved again"
+    );
+    // The restarted engine's own count: vLLM counts a request's external hits when it
+    // schedules it, before any load, so the first prompt's 640 count twice, once for
+    // the failed load and once for the whole one.
+    let hits = external_hits(&with_connector);
+    assert_eq!(hits, ((PROMPTS + 1) * PREFIX_TOKENS) as f64);
 }

@@ -9,10 +9,12 @@
 //! ([`store::TierStore::load`], then [`layout::EngineLayout::scatter`]), every block
 //! checked with BLAKE3.
 //!
-//! Owns: the engine's layout as regions of memory ([`layout`]) and the store of blocks
-//! ([`store`]). Never: schedule the engine's requests (vLLM decides; the connector answers
+//! Owns: the engine's layout as regions of memory ([`layout`]), the store of blocks
+//! ([`store`]) and its disk tier's journal ([`journal`]), which lets the disk tier
+//! outlive the engine. Never: schedule the engine's requests (vLLM decides; the connector answers
 //! its questions), or be a second block manager (the tiers are a kvtwin `Manager`).
 
+pub mod journal;
 pub mod layout;
 #[cfg(feature = "python")]
 mod python;

@@ -39,6 +39,18 @@ fn block_identities(
         .collect()
 }
 
+/// The sequence hashes of the blocks a persistent disk tier's journal in `disk_dir`
+/// names (any tier's; none without a journal): what the scheduler side's mirror starts
+/// from after a restart, before the worker's store has said what it kept.
+#[pyfunction]
+fn journaled_blocks(disk_dir: PathBuf) -> PyResult<Vec<u64>> {
+    let (entries, _) = crate::journal::Journal::read(&disk_dir, None).map_err(value_error)?;
+    Ok(entries
+        .iter()
+        .map(|entry| entry.identity.sequence_hash.get())
+        .collect())
+}
+
 /// A save's block: `(engine block, position, sequence hash, local hash, parent)`.
 type SaveBlock = (usize, u32, u64, u64, Option<u64>);
 
@@ -56,15 +68,17 @@ fn value_error(e: impl std::fmt::Display) -> PyErr {
 #[pymethods]
 impl Store {
     /// Host memory of `memory_blocks` blocks of `block_bytes`, written through to
-    /// `disk_blocks` on disk in `disk_dir`.
+    /// `disk_blocks` on disk in `disk_dir`, kept there for the next store when
+    /// `persistent` (the blocks of the last one found again).
     #[new]
-    #[pyo3(signature = (block_bytes, block_size_tokens, memory_blocks, disk_blocks=0, disk_dir=None))]
+    #[pyo3(signature = (block_bytes, block_size_tokens, memory_blocks, disk_blocks=0, disk_dir=None, persistent=true))]
     fn new(
         block_bytes: usize,
         block_size_tokens: usize,
         memory_blocks: usize,
         disk_blocks: usize,
         disk_dir: Option<PathBuf>,
+        persistent: bool,
     ) -> PyResult<Self> {
         let store = TierStore::new(StoreConfig {
             block_bytes,
@@ -72,6 +86,7 @@ impl Store {
             memory_blocks,
             disk_blocks,
             disk_dir,
+            persistent,
         })
         .map_err(value_error)?;
         Ok(Self {
@@ -192,6 +207,9 @@ impl Store {
         dict.set_item("corrupt_blocks", stats.corrupt_blocks)?;
         dict.set_item("missing_blocks", stats.missing_blocks)?;
         dict.set_item("dropped_events", stats.dropped_events)?;
+        dict.set_item("adopted_blocks", stats.adopted_blocks)?;
+        dict.set_item("orphaned_blocks", stats.orphaned_blocks)?;
+        dict.set_item("journal_errors", stats.journal_errors)?;
         dict.set_item("held_blocks", self.store.held_blocks())?;
         Ok(dict)
     }
@@ -205,6 +223,7 @@ fn no_layout() -> PyErr {
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(block_identities, module)?)?;
+    module.add_function(wrap_pyfunction!(journaled_blocks, module)?)?;
     module.add_class::<Store>()?;
     Ok(())
 }

@@ -516,6 +516,7 @@ impl Bench {
             tiers,
             disk_dir: Some(dir.to_path_buf()),
             disk_io,
+            disk_persistent: false,
             remote: RemoteTier::Absent,
             worker_threads: threads,
             max_in_flight: MAX_IN_FLIGHT,

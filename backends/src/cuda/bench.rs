@@ -234,6 +234,7 @@ fn hardware_path(
         ],
         disk_dir: None,
         disk_io: crate::host::DiskIo::Auto,
+        disk_persistent: false,
         remote: RemoteTier::Absent,
         worker_threads: HostConfig::DEFAULT_WORKER_THREADS,
         max_in_flight: blocks.div_ceil(per),

@@ -1,7 +1,8 @@
 //! The disk tier: one extent file holding every block, each with its BLAKE3.
 //!
 //! Owns: [`DiskExtent`] (the file, created under the configured directory and removed
-//! when the hardware is dropped), [`AlignedBuf`] (the staging buffers direct I/O needs),
+//! when the hardware is dropped; or, kept, [`KEPT_FILE`] there, reopened by the next
+//! process and locked while open), [`AlignedBuf`] (the staging buffers direct I/O needs),
 //! [`DiskIo`] / [`DiskIoMode`] (what was asked for, what the filesystem gave), and
 //! [`DiskStorage`], the raw [`Storage`] view of the same file.
 //!
@@ -15,8 +16,10 @@
 //! aligned to [`DIRECT_IO_ALIGN`]. A filesystem that refuses it (at `open` or at the first
 //! aligned read or write, `EINVAL` / `EOPNOTSUPP`) gets the same file opened buffered; the
 //! mode in use is recorded and reported. Blocks are not synced one by one: the disk tier
-//! is a cache that starts empty, so losing it in a crash loses nothing the manager counts
-//! on ([`DiskStorage::sync_data`] syncs when a caller wants durability).
+//! is a cache, so losing it in a crash loses nothing the manager counts on
+//! ([`DiskStorage::sync_data`] syncs when a caller wants durability). A kept file
+//! outlives a process, killed or not (the page cache writes it out); after a power loss
+//! a slot whose write did not land fails its checksum, and reads as corrupt.
 //! Never: serve bytes whose checksum failed (reads return [`ReadError::Corrupt`] and leave
 //! the caller's destination alone), or use `unsafe` (alignment comes from over-allocating).
 
@@ -35,6 +38,8 @@ pub const DIRECT_IO_ALIGN: usize = 4096;
 /// Bytes of the per-block trailer: magic, length, BLAKE3.
 pub const TRAILER_LEN: usize = 8 + 8 + 32;
 const MAGIC: [u8; 8] = *b"KVTWBLK1";
+/// The name of a kept extent file in its directory.
+pub const KEPT_FILE: &str = "kvtwin-disk.extent";
 
 /// How the disk tier should open its file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -100,6 +105,10 @@ pub(crate) enum ReadError {
 pub(crate) struct DiskExtent {
     file: File,
     path: PathBuf,
+    /// Kept when dropped (and opened again by the next process).
+    kept: bool,
+    /// A kept file of the same size was there: its slots hold what they held.
+    reopened: bool,
     mode: DiskIoMode,
     block_bytes: usize,
     stride: usize,
@@ -109,20 +118,23 @@ pub(crate) struct DiskExtent {
 /// Makes extent names unique within the process (the pid makes them unique across).
 static NEXT_EXTENT: AtomicU64 = AtomicU64::new(0);
 
-/// Opens `path` for direct I/O, creating it (it must not exist).
-fn open_direct(path: &Path) -> io::Result<File> {
+/// Opens `path` for direct I/O: creating it, when `fresh` (it must not exist), or
+/// opening it, created if absent.
+fn open_direct(path: &Path, fresh: bool) -> io::Result<File> {
     #[cfg(target_os = "linux")]
     {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
+        let mut options = OpenOptions::new();
+        options.read(true).write(true);
+        if fresh {
+            options.create_new(true);
+        } else {
+            options.create(true);
+        }
+        options.custom_flags(libc::O_DIRECT).open(path)
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = path;
+        let _ = (path, fresh);
         Err(io::Error::from(io::ErrorKind::Unsupported))
     }
 }
@@ -144,14 +156,17 @@ impl DiskExtent {
             .checked_next_multiple_of(DIRECT_IO_ALIGN)
     }
 
-    /// A new extent file for `capacity` blocks in `dir` (which must exist).
+    /// A new extent file for `capacity` blocks in `dir` (which must exist); with `keep`,
+    /// [`KEPT_FILE`] there, reopened as it is when it has this size, kept when dropped,
+    /// and locked against other processes while open.
     pub(crate) fn create(
         dir: &Path,
         capacity: usize,
         block_bytes: usize,
         io: DiskIo,
+        keep: bool,
     ) -> Result<Self, HostError> {
-        Self::create_with(dir, capacity, block_bytes, io, open_direct)
+        Self::create_with(dir, capacity, block_bytes, io, keep, open_direct)
     }
 
     /// [`DiskExtent::create`] with the direct-I/O `open` given, so tests can play a
@@ -161,7 +176,8 @@ impl DiskExtent {
         capacity: usize,
         block_bytes: usize,
         io: DiskIo,
-        open_direct: fn(&Path) -> io::Result<File>,
+        keep: bool,
+        open_direct: fn(&Path, bool) -> io::Result<File>,
     ) -> Result<Self, HostError> {
         let bad_dir = |source| HostError::DiskDirectory {
             path: dir.to_path_buf(),
@@ -180,7 +196,16 @@ impl DiskExtent {
             .ok_or(HostError::TooLarge {
                 tier: kvtwin::tier::Tier::Disk,
             })?;
-        let (path, direct) = Self::new_file(dir, io, open_direct)?;
+        let (path, direct) = if keep {
+            let path = dir.join(KEPT_FILE);
+            let attempt = match io {
+                DiskIo::Auto => open_direct(&path, false),
+                DiskIo::Buffered => Err(io::Error::from(io::ErrorKind::Unsupported)),
+            };
+            (path, attempt)
+        } else {
+            Self::new_file(dir, io, open_direct)?
+        };
         let file_error = |source| HostError::DiskFile {
             path: path.clone(),
             source,
@@ -188,35 +213,58 @@ impl DiskExtent {
         let (mut file, mut mode) = match direct {
             Ok(file) => (file, DiskIoMode::Direct),
             Err(error) if refuses_direct(&error) || io == DiskIo::Buffered => (
-                Self::open_buffered(&path).map_err(file_error)?,
+                Self::open_buffered(&path, keep).map_err(file_error)?,
                 DiskIoMode::Buffered,
             ),
             Err(error) => return Err(file_error(error)),
         };
-        let result = file.set_len(file_len);
-        result.map_err(file_error)?;
         if mode == DiskIoMode::Direct && capacity > 0 {
             // Some filesystems take O_DIRECT at open and refuse the I/O itself: try one
-            // aligned write and read of slot 0 (it holds no block yet).
+            // aligned read and write of slot 0, writing back what it holds.
             let mut probe = AlignedBuf::new(stride).ok_or(HostError::OutOfMemory {
                 tier: kvtwin::tier::Tier::Disk,
                 bytes: stride as u64,
             })?;
-            let tried = file
-                .write_all_at(probe.as_slice(), 0)
-                .and_then(|()| file.read_exact_at(probe.as_mut_slice(), 0));
+            let len = file.metadata().map_err(file_error)?.len();
+            let tried = if len >= stride as u64 {
+                file.read_exact_at(probe.as_mut_slice(), 0)
+                    .and_then(|()| file.write_all_at(probe.as_slice(), 0))
+            } else {
+                file.set_len(stride as u64)
+                    .and_then(|()| file.write_all_at(probe.as_slice(), 0))
+                    .and_then(|()| file.read_exact_at(probe.as_mut_slice(), 0))
+            };
             match tried {
                 Ok(()) => {}
                 Err(error) if refuses_direct(&error) => {
-                    file = Self::open_buffered(&path).map_err(file_error)?;
+                    file = Self::open_buffered(&path, true).map_err(file_error)?;
                     mode = DiskIoMode::Buffered;
                 }
                 Err(error) => return Err(file_error(error)),
             }
         }
+        if keep {
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(HostError::DiskInUse { path });
+                }
+                Err(std::fs::TryLockError::Error(error)) => return Err(file_error(error)),
+            }
+        }
+        // A kept file of another size was another tier's: it starts over, empty.
+        let reopened =
+            keep && capacity > 0 && file.metadata().map_err(file_error)?.len() == file_len;
+        if !reopened {
+            file.set_len(0)
+                .and_then(|()| file.set_len(file_len))
+                .map_err(file_error)?;
+        }
         Ok(Self {
             file,
             path,
+            kept: keep,
+            reopened,
             mode,
             block_bytes,
             stride,
@@ -230,14 +278,14 @@ impl DiskExtent {
     fn new_file(
         dir: &Path,
         io: DiskIo,
-        open_direct: fn(&Path) -> io::Result<File>,
+        open_direct: fn(&Path, bool) -> io::Result<File>,
     ) -> Result<(PathBuf, io::Result<File>), HostError> {
         // A stale file of a dead process with our pid may hold a name: try the next.
         for _ in 0..64 {
             let n = NEXT_EXTENT.fetch_add(1, Ordering::Relaxed);
             let path = dir.join(format!("kvtwin-disk-{}-{n}.extent", std::process::id()));
             let attempt = match io {
-                DiskIo::Auto => open_direct(&path),
+                DiskIo::Auto => open_direct(&path, true),
                 DiskIo::Buffered => Err(io::Error::from(io::ErrorKind::Unsupported)),
             };
             match attempt {
@@ -257,19 +305,26 @@ impl DiskExtent {
         })
     }
 
-    fn open_buffered(path: &Path) -> io::Result<File> {
+    /// Opens `path` buffered, created if absent; emptied unless `keep` (a kept file
+    /// is emptied, if at all, once it is locked).
+    fn open_buffered(path: &Path, keep: bool) -> io::Result<File> {
         // The refused direct open may or may not have created the file already.
         OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
-            .truncate(true)
+            .truncate(!keep)
             .open(path)
     }
 
     /// The file.
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether a kept file of this size was found and opened as it was.
+    pub(crate) fn reopened(&self) -> bool {
+        self.reopened
     }
 
     /// Direct or buffered.
@@ -339,6 +394,10 @@ impl DiskExtent {
 
 impl Drop for DiskExtent {
     fn drop(&mut self) {
+        if self.kept {
+            // What the slots hold is for the next process; the page cache writes it out.
+            return;
+        }
         // The tier is a cache that starts empty: its file goes with it. A failure leaves
         // a stale file behind, which a later run never opens (names are fresh).
         let _ = std::fs::remove_file(&self.path);
@@ -420,7 +479,7 @@ impl Storage for DiskStorage {
 mod tests {
     use super::*;
 
-    fn refuse(_: &Path) -> io::Result<File> {
+    fn refuse(_: &Path, _: bool) -> io::Result<File> {
         Err(io::Error::from_raw_os_error(libc::EINVAL))
     }
 
@@ -453,7 +512,8 @@ mod tests {
     #[test]
     fn a_filesystem_refusing_direct_io_gets_buffered_io() {
         let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
-        let extent = DiskExtent::create_with(dir.path(), 4, 100, DiskIo::Auto, refuse).unwrap();
+        let extent =
+            DiskExtent::create_with(dir.path(), 4, 100, DiskIo::Auto, false, refuse).unwrap();
         assert_eq!(extent.mode(), DiskIoMode::Buffered);
         assert_eq!(extent.stride(), 4096);
         round_trip(&extent);
@@ -466,11 +526,11 @@ mod tests {
     #[test]
     fn direct_io_is_used_where_the_filesystem_allows_it() {
         let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
-        let extent = DiskExtent::create(dir.path(), 4, 100, DiskIo::Auto).unwrap();
+        let extent = DiskExtent::create(dir.path(), 4, 100, DiskIo::Auto, false).unwrap();
         // Which one depends on the filesystem of the temp dir; both must work.
         println!("{}: {:?}", dir.path().display(), extent.mode());
         round_trip(&extent);
-        let buffered = DiskExtent::create(dir.path(), 4, 100, DiskIo::Buffered).unwrap();
+        let buffered = DiskExtent::create(dir.path(), 4, 100, DiskIo::Buffered, false).unwrap();
         assert_eq!(buffered.mode(), DiskIoMode::Buffered);
         round_trip(&buffered);
     }
@@ -483,7 +543,7 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir_in(shm).unwrap();
-        let extent = DiskExtent::create(dir.path(), 4, 5000, DiskIo::Auto).unwrap();
+        let extent = DiskExtent::create(dir.path(), 4, 5000, DiskIo::Auto, false).unwrap();
         // tmpfs refuses O_DIRECT before Linux 6.6 and takes it since.
         println!("tmpfs: {:?}", extent.mode());
         assert_eq!(extent.stride(), 8192);
@@ -495,14 +555,53 @@ mod tests {
         let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
         let missing = dir.path().join("nope");
         assert!(matches!(
-            DiskExtent::create(&missing, 4, 100, DiskIo::Auto),
+            DiskExtent::create(&missing, 4, 100, DiskIo::Auto, false),
             Err(HostError::DiskDirectory { .. })
         ));
         let file = dir.path().join("file");
         std::fs::write(&file, b"x").unwrap();
         assert!(matches!(
-            DiskExtent::create(&file, 4, 100, DiskIo::Auto),
+            DiskExtent::create(&file, 4, 100, DiskIo::Auto, false),
             Err(HostError::DiskDirectory { .. })
         ));
+    }
+
+    #[test]
+    fn a_kept_file_outlives_its_tier_is_locked_while_open_and_starts_over_at_another_size() {
+        let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+        for (io, open) in [
+            (
+                DiskIo::Auto,
+                open_direct as fn(&Path, bool) -> io::Result<File>,
+            ),
+            (DiskIo::Auto, refuse),
+            (DiskIo::Buffered, open_direct),
+        ] {
+            let extent = DiskExtent::create_with(dir.path(), 4, 100, io, true, open).unwrap();
+            assert!(!extent.reopened());
+            assert_eq!(extent.path(), dir.path().join(KEPT_FILE));
+            round_trip(&extent);
+            assert!(matches!(
+                DiskExtent::create(dir.path(), 4, 100, DiskIo::Auto, true),
+                Err(HostError::DiskInUse { .. })
+            ));
+            drop(extent);
+            // Reopened: block 2 is still there (and block 1 still never written).
+            let again = DiskExtent::create_with(dir.path(), 4, 100, io, true, open).unwrap();
+            assert!(again.reopened(), "{io:?}");
+            let mut back = AlignedBuf::new(again.stride()).unwrap();
+            again.read_block(BlockId::new(2), &mut back).unwrap();
+            assert_eq!(back.as_slice()[..100], [7u8; 100]);
+            drop(again);
+            // Another geometry: the file is another tier's, and starts empty.
+            let other = DiskExtent::create(dir.path(), 5, 100, DiskIo::Auto, true).unwrap();
+            assert!(!other.reopened());
+            assert!(matches!(
+                other.read_block(BlockId::new(2), &mut back),
+                Err(ReadError::Corrupt)
+            ));
+            drop(other);
+            std::fs::remove_file(dir.path().join(KEPT_FILE)).unwrap();
+        }
     }
 }

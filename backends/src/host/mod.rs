@@ -37,7 +37,7 @@ mod remote;
 mod store;
 mod workers;
 
-pub use disk::{DiskIo, DiskIoMode, DiskStorage, DIRECT_IO_ALIGN, TRAILER_LEN};
+pub use disk::{DiskIo, DiskIoMode, DiskStorage, DIRECT_IO_ALIGN, KEPT_FILE, TRAILER_LEN};
 
 use disk::{AlignedBuf, DiskExtent};
 use kvtwin::fabric::InProcessFabric;
@@ -159,6 +159,11 @@ pub struct HostConfig {
     pub disk_dir: Option<PathBuf>,
     /// Direct I/O or not, for the disk tier.
     pub disk_io: DiskIo,
+    /// Keeps the disk tier's file ([`KEPT_FILE`] in `disk_dir`) when the hardware drops,
+    /// and opens the one there at start, its slots as they were: a disk tier that
+    /// outlives a process (whoever drives the manager keeps the index of what each slot
+    /// holds, and adopts them). Locked while open: one live backend per file.
+    pub disk_persistent: bool,
     /// The remote tier's fabric, or none.
     pub remote: RemoteTier,
     /// Worker threads running transfers.
@@ -203,6 +208,7 @@ impl HostConfig {
             tiers,
             disk_dir: disk_dir.map(Path::to_path_buf),
             disk_io: DiskIo::Auto,
+            disk_persistent: false,
             remote,
             worker_threads: Self::DEFAULT_WORKER_THREADS,
             max_in_flight: config.max_inflight_transfers,
@@ -252,6 +258,12 @@ pub enum HostError {
         path: PathBuf,
         /// Why.
         source: std::io::Error,
+    },
+    /// The disk tier's kept file is open in another process.
+    #[error("disk extent {path} is in use by another process (one backend per file)")]
+    DiskInUse {
+        /// The file.
+        path: PathBuf,
     },
     /// The extent file could not be sized or probed.
     #[error("disk extent {path}: {source}")]
@@ -430,6 +442,7 @@ impl HostHardware {
                         capacity_blocks,
                         block_bytes,
                         config.disk_io,
+                        config.disk_persistent,
                     )?))
                 }
                 Tier::Remote => match config.remote {
@@ -531,6 +544,12 @@ impl HostHardware {
     /// How the disk tier does its I/O, when there is one.
     pub fn disk_io_mode(&self) -> Option<DiskIoMode> {
         self.shared.stores.disk().map(DiskExtent::mode)
+    }
+
+    /// Whether the disk tier's kept file was found at start (`disk_persistent`) with
+    /// this tier's size, its slots as the last process left them.
+    pub fn disk_reopened(&self) -> bool {
+        self.shared.stores.disk().is_some_and(DiskExtent::reopened)
     }
 
     /// The disk tier's extent file, when there is one.

@@ -17,6 +17,7 @@ fn config(tiers: &[(Tier, usize)], dir: Option<&Path>) -> HostConfig {
             .collect(),
         disk_dir: dir.map(Path::to_path_buf),
         disk_io: DiskIo::Auto,
+        disk_persistent: false,
         remote: RemoteTier::Absent,
         worker_threads: 2,
         max_in_flight: 8,

@@ -4,8 +4,13 @@ Start vLLM with::
 
     --kv-transfer-config '{"kv_connector": "KvtwinConnector",
       "kv_connector_module_path": "kvtwin.connector", "kv_role": "kv_both",
+      "kv_load_failure_policy": "recompute",
       "kv_connector_extra_config": {"host_bytes": 1073741824,
                                     "disk_bytes": 4294967296, "disk_dir": "/var/tmp/kvtwin"}}'
+
+The disk tier outlives the engine (``"disk_persistent": false`` turns that off): its
+file and its journal stay in ``disk_dir`` (one engine per directory), and the next
+engine started on it finds the prefixes they hold.
 
 Two halves in two processes, as vLLM runs them:
 
@@ -21,6 +26,9 @@ Two halves in two processes, as vLLM runs them:
   the loads before the forward pass and the saves after it, reports blocks whose load
   failed (vLLM recomputes them) and sends the store's changes (blocks newly held, blocks
   evicted) back to the scheduler side's mirror through the worker metadata.
+- After a restart on a persistent disk tier, the scheduler side's mirror starts from
+  the tier's journal, before the worker's store has said what it kept; the worker's
+  first metadata then replaces the mirror with the store's own account.
 
 Never: decide what vLLM schedules, or hold a block's bytes on the scheduler side.
 """
@@ -38,7 +46,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
-from kvtwin._native import Store, block_identities
+from kvtwin._native import Store, block_identities, journaled_blocks
 
 if TYPE_CHECKING:
     import torch
@@ -73,10 +81,14 @@ class KvtwinWorkerMetadata(KVConnectorWorkerMetadata):
 
     held: list[int] = field(default_factory=list)
     gone: list[int] = field(default_factory=list)
+    # The store's first word: `held` is all it holds, the mirror starts over from it.
+    reset: bool = False
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         assert isinstance(other, KvtwinWorkerMetadata)
-        return KvtwinWorkerMetadata(self.held + other.held, self.gone + other.gone)
+        return KvtwinWorkerMetadata(
+            self.held + other.held, self.gone + other.gone, self.reset or other.reset
+        )
 
 
 @dataclass
@@ -105,19 +117,31 @@ class KvtwinConnector(KVConnectorBase_V1):
         self._host_bytes = int(extra.get_from_extra_config("host_bytes", 1 << 30))
         self._disk_bytes = int(extra.get_from_extra_config("disk_bytes", 0))
         self._disk_dir = extra.get_from_extra_config("disk_dir", None)
+        self._disk_persistent = bool(extra.get_from_extra_config("disk_persistent", True))
         if self._disk_bytes > 0 and not self._disk_dir:
             raise ValueError(
                 "kvtwin connector: kv_connector_extra_config has disk_bytes but no disk_dir"
             )
         # Scheduler side.
         self._mirror: set[int] = set()
+        if role == KVConnectorRole.SCHEDULER and self._persistent_disk():
+            self._mirror.update(journaled_blocks(self._disk_dir))
+            logger.info(
+                "kvtwin connector: the disk tier's journal in %s names %d blocks",
+                self._disk_dir,
+                len(self._mirror),
+            )
         self._tracked: dict[str, _Tracked] = {}
         self._local_hits: dict[str, int] = {}
         self._loads: dict[str, list[tuple[int, int]]] = {}
         # Worker side.
         self._store: Store | None = None
+        self._announced = False
         self._kv_caches: dict[str, "torch.Tensor"] = {}
         self._load_errors: set[int] = set()
+
+    def _persistent_disk(self) -> bool:
+        return self._disk_persistent and self._disk_bytes > 0 and bool(self._disk_dir)
 
     # ------------------------------------------------------------------ scheduler side
 
@@ -190,6 +214,11 @@ class KvtwinConnector(KVConnectorBase_V1):
                 tracked.block_ids = list(new_ids[0]) if new_ids else []
             elif new_ids:
                 tracked.block_ids.extend(new_ids[0])
+            # vLLM went back (a load that failed is computed again): the blocks from
+            # there are saved once computed, not with what the failed load left.
+            tracked.saved_upto = min(
+                tracked.saved_upto, cached.num_computed_tokens[i] // self._block_size
+            )
             computed = cached.num_computed_tokens[i] + scheduled.get(req_id, 0)
             self._plan_saves(meta, tracked, computed)
         return meta
@@ -210,6 +239,8 @@ class KvtwinConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, KvtwinWorkerMetadata):
+            if meta.reset:
+                self._mirror.clear()
             self._mirror.update(meta.held)
             self._mirror.difference_update(meta.gone)
 
@@ -244,6 +275,7 @@ class KvtwinConnector(KVConnectorBase_V1):
             memory_blocks,
             disk_blocks,
             self._disk_dir if disk_blocks else None,
+            self._disk_persistent,
         )
         self._store.register_layout([t.data_ptr() for t in tensors], num_blocks, page_bytes)
         # The store copies to and from these addresses: keep the tensors alive with it.
@@ -255,6 +287,15 @@ class KvtwinConnector(KVConnectorBase_V1):
             memory_blocks,
             disk_blocks,
         )
+        stats = self._store.stats()
+        if self._persistent_disk():
+            logger.info(
+                "kvtwin connector: the disk tier in %s kept %d blocks of the last engine's "
+                "(%d left out: their prefix was gone)",
+                self._disk_dir,
+                stats["adopted_blocks"],
+                stats["orphaned_blocks"],
+            )
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -290,7 +331,14 @@ class KvtwinConnector(KVConnectorBase_V1):
         if self._store is None:
             return
         for chain in meta.saves:
-            self._store.save(chain)
+            # A block whose load failed this step holds no KV (vLLM computes it again,
+            # and the scheduler side plans its save then): the chain stops before it.
+            cut = next(
+                (i for i, block in enumerate(chain) if block[0] in self._load_errors),
+                len(chain),
+            )
+            if cut:
+                self._store.save(chain[:cut])
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         failed, self._load_errors = self._load_errors, set()
@@ -300,9 +348,10 @@ class KvtwinConnector(KVConnectorBase_V1):
         if self._store is None:
             return None
         held, gone = self._store.take_held_changes()
-        if not held and not gone:
+        reset, self._announced = not self._announced, True
+        if not held and not gone and not reset:
             return None
-        return KvtwinWorkerMetadata(held, gone)
+        return KvtwinWorkerMetadata(held, gone, reset)
 
     def get_kv_connector_stats(self):
         return None

@@ -9,11 +9,21 @@
 //! with another digest stops there: the caller reports the rest as not loaded and the
 //! engine computes them.
 //!
+//! A persistent disk tier (`StoreConfig::persistent`) outlives the store: its extent
+//! file is kept, and [`crate::journal`] records which block each slot holds as disk
+//! copies land and leave. A new store on the same directory reads the journal back,
+//! adopts those blocks into its disk tier where they lie ([`Manager::adopt`]) and starts
+//! a fresh journal of what it kept; its host memory starts empty. Nothing is read at
+//! start: a slot that does not hold what the journal says fails its digest at its
+//! first load, like any corrupt block.
+//!
 //! Owns: [`TierStore`] (save, lookup, load, flush), [`StoreConfig`], [`Found`],
-//! [`StoreStats`], [`StoreError`], the bounded queue of the manager's events.
+//! [`StoreStats`], [`StoreError`], the bounded queue of the manager's events, and where
+//! each disk block lies (for the journal).
 //! Never: know the engine's layout (the caller fills and drains block buffers), block on
 //! a transfer except in [`TierStore::flush`], or keep a digest of a block no tier holds.
 
+use crate::journal::{Entry, Geometry, Journal};
 use kvtwin::block::BlockIdentity;
 use kvtwin::events::{KvCacheEvent, KvCacheEventData};
 use kvtwin::hardware::{Clock, Hardware};
@@ -49,6 +59,10 @@ pub struct StoreConfig {
     pub disk_blocks: usize,
     /// The directory of the disk tier's file; needed with a disk tier.
     pub disk_dir: Option<PathBuf>,
+    /// Keeps the disk tier across stores: its file and its journal stay in `disk_dir`,
+    /// and the next store there finds the blocks they hold. One live store per
+    /// directory (the file is locked).
+    pub persistent: bool,
 }
 
 /// Why the store could not start or do what it was asked.
@@ -63,6 +77,18 @@ pub enum StoreError {
     /// A disk tier without a directory.
     #[error("a disk tier of {0} blocks needs a directory (disk_dir)")]
     NoDiskDir(usize),
+    /// The disk tier's journal could not be read or started.
+    #[error("the disk tier's journal in {dir}: {source}")]
+    Journal {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The blocks the journal names could not be adopted (a journal naming slots the
+    /// tier does not have).
+    #[error("the disk tier's journal: {0}")]
+    Adopt(#[from] kvtwin::manager::AdoptError),
     /// A block of the wrong size, or a tier's read or write failed.
     #[error("block access: {0}")]
     Access(#[from] BlockAccessError),
@@ -139,13 +165,34 @@ pub struct StoreStats {
     pub missing_blocks: u64,
     /// Events dropped from the full queue.
     pub dropped_events: u64,
+    /// Blocks a persistent disk tier found at start and kept.
+    pub adopted_blocks: u64,
+    /// Blocks its journal named that were not kept (their parent was gone).
+    pub orphaned_blocks: u64,
+    /// Journal writes that failed; after the first the tier goes on unjournaled (it
+    /// works, and the next store finds what the journal had until then).
+    pub journal_errors: u64,
 }
 
-/// A block's digest and the tiers holding it (bit `1 << tier index`).
+/// A block's identity, its digest and the tiers holding it (bit `1 << tier index`).
 #[derive(Clone, Copy, Debug)]
 struct Held {
+    identity: BlockIdentity,
     digest: blake3::Hash,
     tiers: u8,
+}
+
+/// A journaled disk tier: the journal, where each disk block lies (and in what order
+/// it landed, for a compaction that keeps the eviction order), and what to append.
+struct DiskIndex {
+    journal: Option<Journal>,
+    dir: PathBuf,
+    slots: BTreeMap<SequenceHash, (u64, BlockId)>,
+    landed: u64,
+    stored: Vec<Entry>,
+    removed: Vec<(BlockId, SequenceHash)>,
+    /// Records past which the journal is compacted.
+    compact_at: u64,
 }
 
 /// The connector's tiers; see the module documentation.
@@ -157,6 +204,8 @@ pub struct TierStore {
     /// [`TierStore::take_held_changes`], in order; at most [`EVENT_QUEUE_BOUND`].
     changes: VecDeque<HeldChange>,
     stats: StoreStats,
+    /// With a persistent disk tier.
+    index: Option<DiskIndex>,
 }
 
 /// A block that became held by some tier, or is held by none any more.
@@ -202,18 +251,87 @@ impl TierStore {
             max_inflight_transfers: 64,
         };
         manager_config.validate()?;
-        let hardware = HostHardware::new(HostConfig::for_manager(
-            &manager_config,
-            config.disk_dir.as_deref(),
-        ))?;
+        let persistent = config.persistent && config.disk_blocks > 0;
+        let hardware = HostHardware::new(HostConfig {
+            disk_persistent: persistent,
+            ..HostConfig::for_manager(&manager_config, config.disk_dir.as_deref())
+        })?;
         let manager = Manager::new(hardware, manager_config)?;
-        Ok(Self {
+        let mut store = Self {
             manager,
             held: BTreeMap::new(),
             events: VecDeque::new(),
             changes: VecDeque::new(),
             stats: StoreStats::default(),
-        })
+            index: None,
+        };
+        if let (true, Some(dir)) = (persistent, &config.disk_dir) {
+            store.reopen_disk(dir, &config)?;
+        }
+        Ok(store)
+    }
+
+    /// Adopts what the journal in `dir` says the disk tier's reopened file holds, then
+    /// starts a fresh journal of what was kept.
+    fn reopen_disk(
+        &mut self,
+        dir: &std::path::Path,
+        config: &StoreConfig,
+    ) -> Result<(), StoreError> {
+        let journal_error = |source| StoreError::Journal {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        let geometry = Geometry {
+            block_bytes: config.block_bytes as u64,
+            block_tokens: config.block_size_tokens as u64,
+            capacity: config.disk_blocks as u64,
+        };
+        // A fresh extent (none there, or of another size) holds nothing, whatever the
+        // journal says.
+        let entries = if self.manager.hardware().disk_reopened() {
+            Journal::read(dir, Some(geometry)).map_err(journal_error)?.0
+        } else {
+            Vec::new()
+        };
+        for entry in &entries {
+            self.held.insert(
+                entry.identity.sequence_hash,
+                Held {
+                    identity: entry.identity,
+                    digest: blake3::Hash::from_bytes(entry.digest),
+                    tiers: 0,
+                },
+            );
+        }
+        let placed: Vec<(BlockId, BlockIdentity)> =
+            entries.iter().map(|e| (e.slot, e.identity)).collect();
+        let now = self.now();
+        let adopted = self.manager.adopt(Tier::Disk, &placed, now)?;
+        self.stats.adopted_blocks = adopted.blocks as u64;
+        self.stats.orphaned_blocks = adopted.orphans as u64;
+        self.index = Some(DiskIndex {
+            journal: None,
+            dir: dir.to_path_buf(),
+            slots: BTreeMap::new(),
+            landed: 0,
+            stored: Vec::new(),
+            removed: Vec::new(),
+            compact_at: 2 * config.disk_blocks as u64 + 1024,
+        });
+        // Files the adopted blocks (their Stored events) as held, on disk.
+        self.pump();
+        self.held.retain(|_, held| held.tiers != 0);
+        let kept: Vec<Entry> = entries
+            .into_iter()
+            .filter(|entry| self.held.contains_key(&entry.identity.sequence_hash))
+            .collect();
+        let journal = Journal::create(dir, geometry, &kept).map_err(journal_error)?;
+        if let Some(index) = &mut self.index {
+            index.journal = Some(journal);
+            index.stored.clear();
+        }
+        Ok(())
     }
 
     /// Bytes of one block.
@@ -249,7 +367,6 @@ impl TierStore {
         for run_start in (start..chain.len()).step_by(capacity) {
             let run = &chain[run_start..chain.len().min(run_start + capacity)];
             let blocks = self.allocate(run.len())?;
-            let now = self.now();
             let mut complete = Vec::with_capacity(run.len());
             for (offset, (block, identity)) in blocks.into_iter().zip(run).enumerate() {
                 let position = run_start + offset;
@@ -264,9 +381,18 @@ impl TierStore {
                 self.held
                     .entry(identity.sequence_hash)
                     .and_modify(|held| held.digest = digest)
-                    .or_insert(Held { digest, tiers: 0 });
+                    .or_insert(Held {
+                        identity: *identity,
+                        digest,
+                        tiers: 0,
+                    });
                 complete.push(block.apply_identity(*identity));
             }
+            // Registering starts the copy to disk, which is skipped, not queued, when as
+            // many copies are in flight as the manager allows: wait for room, so that
+            // every saved block reaches the disk tier.
+            self.wait_for_transfer_room();
+            let now = self.now();
             let registered = self.manager.register(complete, now);
             self.manager.device().release(registered);
             saved += run.len();
@@ -312,7 +438,8 @@ impl TierStore {
 
     /// Loads the leading run of `hashes` the store holds, each block's bytes handed to
     /// `sink(i, bytes)` once its digest checks. How many were loaded; a load that stops
-    /// before the run's end says why, with the blocks before it in place.
+    /// before the run's end says why, with the blocks before it in place. A corrupt
+    /// block leaves the tier it was read from.
     pub fn load(
         &mut self,
         hashes: &[SequenceHash],
@@ -332,21 +459,29 @@ impl TierStore {
                 self.stats.missing_blocks += 1;
                 return Err((position, LoadError::Missing { position, hash }));
             };
-            if let Err(e) = self.manager.hardware().read_block(tier, id, &mut buffer) {
+            let bad = match self.manager.hardware().read_block(tier, id, &mut buffer) {
+                Err(e) => Some(e.to_string()),
+                Ok(()) => {
+                    let digest = blake3::hash(&buffer);
+                    (digest != held.digest).then(|| {
+                        format!(
+                            "BLAKE3 {} where it was saved as {}",
+                            digest.to_hex(),
+                            held.digest.to_hex()
+                        )
+                    })
+                }
+            };
+            if let Some(reason) = bad {
+                // Its copy there is no copy: the tier forgets it (a Removed event), so
+                // the engine's recompute saves it again instead of finding it held.
                 self.stats.corrupt_blocks += 1;
-                return Err((position, corrupt(e.to_string())));
-            }
-            let digest = blake3::hash(&buffer);
-            if digest != held.digest {
-                self.stats.corrupt_blocks += 1;
-                return Err((
-                    position,
-                    corrupt(format!(
-                        "BLAKE3 {} where it was saved as {}",
-                        digest.to_hex(),
-                        held.digest.to_hex()
-                    )),
-                ));
+                if let Some(pool) = self.manager.pool(tier) {
+                    pool.invalidate(&[hash]);
+                }
+                drop(plan);
+                self.pump();
+                return Err((position, corrupt(reason)));
             }
             match tier {
                 Tier::Disk => self.stats.loaded_disk_blocks += 1,
@@ -359,13 +494,18 @@ impl TierStore {
         Ok(count)
     }
 
-    /// Waits (at most `patience`) until every copy down to disk has landed; whether they
-    /// all did.
+    /// Waits (at most `patience`) until every copy down to disk has landed (and, for a
+    /// persistent disk tier, its journal is written out); whether they all did.
     pub fn flush(&mut self, patience: Duration) -> bool {
         let deadline = Instant::now() + patience;
         loop {
             self.pump();
             if self.manager.transfers_in_flight() == 0 {
+                if let Some(journal) = self.index.as_ref().and_then(|i| i.journal.as_ref()) {
+                    if journal.sync().is_err() {
+                        self.stats.journal_errors += 1;
+                    }
+                }
                 return true;
             }
             if Instant::now() >= deadline {
@@ -409,6 +549,19 @@ impl TierStore {
         }
     }
 
+    /// Waits (at most [`SAVE_PATIENCE`]) while the manager has as many copies in flight
+    /// as it allows.
+    fn wait_for_transfer_room(&mut self) {
+        let limit = self.manager.config().max_inflight_transfers;
+        let deadline = Instant::now() + SAVE_PATIENCE;
+        while self.manager.transfers_in_flight() >= limit && Instant::now() < deadline {
+            self.manager
+                .hardware()
+                .wait_completion(Duration::from_millis(20));
+            self.pump();
+        }
+    }
+
     /// Which blocks became held or stopped being held since the last call, in order:
     /// what a mirror of the store's contents (the connector's scheduler side, in another
     /// process) applies. A mirror that misses changes (more than [`EVENT_QUEUE_BOUND`]
@@ -442,6 +595,10 @@ impl TierStore {
                         };
                         let first = held.tiers == 0;
                         held.tiers |= tier_bit(*tier);
+                        let held = *held;
+                        if *tier == Tier::Disk {
+                            self.landed_on_disk(block.block_hash, held);
+                        }
                         if first {
                             self.change(HeldChange::Held(block.block_hash));
                         }
@@ -449,6 +606,9 @@ impl TierStore {
                 }
                 KvCacheEventData::Removed { block_hashes, tier } => {
                     for hash in block_hashes {
+                        if *tier == Tier::Disk {
+                            self.left_disk(*hash);
+                        }
                         let Some(held) = self.held.get_mut(hash) else {
                             continue;
                         };
@@ -463,12 +623,91 @@ impl TierStore {
                     let gone: Vec<SequenceHash> = self.held.keys().copied().collect();
                     self.held.clear();
                     for hash in gone {
+                        self.left_disk(hash);
                         self.change(HeldChange::Gone(hash));
                     }
                 }
             }
             push_bounded(&mut self.events, event, &mut self.stats.dropped_events);
         }
+        self.write_journal();
+    }
+
+    /// A disk copy of `hash` landed: where, for the journal.
+    fn landed_on_disk(&mut self, hash: SequenceHash, held: Held) {
+        let Some(index) = &mut self.index else {
+            return;
+        };
+        let Some(slot) = self
+            .manager
+            .pool(Tier::Disk)
+            .and_then(|pool| pool.block_id_of(hash))
+        else {
+            return;
+        };
+        index.landed += 1;
+        index.slots.insert(hash, (index.landed, slot));
+        index.stored.push(Entry {
+            slot,
+            identity: held.identity,
+            digest: *held.digest.as_bytes(),
+        });
+    }
+
+    /// `hash` left the disk tier.
+    fn left_disk(&mut self, hash: SequenceHash) {
+        let Some(index) = &mut self.index else {
+            return;
+        };
+        if let Some((_, slot)) = index.slots.remove(&hash) {
+            index
+                .stored
+                .retain(|entry| entry.identity.sequence_hash != hash);
+            index.removed.push((slot, hash));
+        }
+    }
+
+    /// Appends what landed on and left the disk since the last call to the journal, and
+    /// compacts it when it has grown past its bound. A failed write stops journaling.
+    fn write_journal(&mut self) {
+        let Some(index) = &mut self.index else {
+            return;
+        };
+        let stored = std::mem::take(&mut index.stored);
+        let removed = std::mem::take(&mut index.removed);
+        let Some(journal) = &mut index.journal else {
+            return;
+        };
+        let mut written = journal.append(&stored, &removed);
+        if written.is_ok() && journal.records() > index.compact_at {
+            let mut live: Vec<(u64, Entry)> = index
+                .slots
+                .iter()
+                .filter_map(|(hash, &(order, slot))| {
+                    let held = self.held.get(hash)?;
+                    Some((
+                        order,
+                        Entry {
+                            slot,
+                            identity: held.identity,
+                            digest: *held.digest.as_bytes(),
+                        },
+                    ))
+                })
+                .collect();
+            live.sort_by_key(|(order, _)| *order);
+            let live: Vec<Entry> = live.into_iter().map(|(_, entry)| entry).collect();
+            written = journal.rewrite(&live);
+        }
+        if written.is_err() {
+            self.stats.journal_errors += 1;
+            index.journal = None;
+        }
+    }
+
+    /// Where the persistent disk tier keeps its file and journal, if it has one.
+    pub fn disk_dir(&self) -> Option<&std::path::Path> {
+        self.index.as_ref().map(|index| index.dir.as_path())
     }
 }
 
@@ -492,177 +731,4 @@ fn tier_bit(tier: Tier) -> u8 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use kvtwin::ids::LocalBlockHash;
-
-    const BYTES: usize = 4096;
-
-    fn store(memory_blocks: usize, disk_blocks: usize, dir: &tempfile::TempDir) -> TierStore {
-        TierStore::new(StoreConfig {
-            block_bytes: BYTES,
-            block_size_tokens: 16,
-            memory_blocks,
-            disk_blocks,
-            disk_dir: Some(dir.path().to_path_buf()),
-        })
-        .unwrap()
-    }
-
-    /// A chain of `len` blocks of family `family` (equal families share prefixes).
-    fn chain(family: u64, len: u64) -> Vec<BlockIdentity> {
-        let locals: Vec<LocalBlockHash> = (0..len)
-            .map(|i| LocalBlockHash::new(family * 1000 + i))
-            .collect();
-        BlockIdentity::chain(&locals)
-    }
-
-    fn hashes(chain: &[BlockIdentity]) -> Vec<SequenceHash> {
-        chain.iter().map(|id| id.sequence_hash).collect()
-    }
-
-    /// Block `i`'s bytes: its index and sequence hash, repeated.
-    fn content(id: &BlockIdentity) -> Vec<u8> {
-        let seed = id.sequence_hash.get().to_le_bytes();
-        (0..BYTES)
-            .map(|i| seed[i % 8] ^ (i / 8) as u8 ^ id.position as u8)
-            .collect()
-    }
-
-    fn save(store: &mut TierStore, chain: &[BlockIdentity]) -> usize {
-        store
-            .save(chain, |i, out: &mut [u8]| {
-                out.copy_from_slice(&content(&chain[i]));
-                Ok::<(), String>(())
-            })
-            .unwrap()
-    }
-
-    fn load(store: &mut TierStore, chain: &[BlockIdentity]) -> (Vec<Vec<u8>>, Option<LoadError>) {
-        let mut blocks = Vec::new();
-        let result = store.load(&hashes(chain), |i, bytes| {
-            assert_eq!(i, blocks.len());
-            blocks.push(bytes.to_vec());
-        });
-        (blocks, result.err().map(|(_, e)| e))
-    }
-
-    #[test]
-    fn saved_blocks_come_back_byte_for_byte_from_memory_and_disk() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = store(4, 16, &dir);
-        let blocks = chain(1, 6);
-        assert_eq!(save(&mut store, &blocks), 6);
-        assert!(store.flush(Duration::from_secs(10)));
-        // Memory holds the last four; the first two were evicted and are only on disk
-        // (the lookup may read more of the run from disk, where all six are).
-        let found = store.lookup(&hashes(&blocks));
-        assert_eq!(found.blocks(), 6);
-        assert!(found.disk >= 2, "{found:?}");
-        let (loaded, error) = load(&mut store, &blocks);
-        assert_eq!(error, None);
-        assert_eq!(loaded.len(), 6);
-        for (bytes, id) in loaded.iter().zip(&blocks) {
-            assert!(*bytes == content(id), "block {}", id.position);
-        }
-        let stats = store.stats();
-        assert_eq!(
-            (stats.loaded_memory_blocks, stats.loaded_disk_blocks),
-            (found.memory as u64, found.disk as u64)
-        );
-        // A longer prompt of the same prefix finds the six and loads only them.
-        let longer = chain(1, 9);
-        assert_eq!(store.lookup(&hashes(&longer)).blocks(), 6);
-        assert_eq!(load(&mut store, &longer).0.len(), 6);
-        // Saving the longer one adds its three new blocks only.
-        assert_eq!(save(&mut store, &longer), 3);
-        assert_eq!(store.stats().already_held_blocks, 6);
-    }
-
-    #[test]
-    fn a_corrupt_block_stops_the_load_there() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = store(8, 0, &dir);
-        let blocks = chain(2, 4);
-        save(&mut store, &blocks);
-        // Block 2's bytes change under the store.
-        let plan = store.manager.lookup(&hashes(&blocks), store.now());
-        let id = plan.device_blocks().block_ids().nth(2).unwrap();
-        drop(plan);
-        store
-            .manager
-            .hardware()
-            .write_block(Tier::Device, id, &vec![0xAB; BYTES])
-            .unwrap();
-        let (loaded, error) = load(&mut store, &blocks);
-        assert_eq!(loaded.len(), 2, "the blocks before it are loaded");
-        assert!(
-            matches!(
-                error,
-                Some(LoadError::Corrupt {
-                    position: 2,
-                    tier: Tier::Device,
-                    ..
-                })
-            ),
-            "{error:?}"
-        );
-        assert_eq!(store.stats().corrupt_blocks, 1);
-    }
-
-    #[test]
-    fn evicted_blocks_are_neither_found_nor_remembered() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = store(2, 0, &dir);
-        let first = chain(3, 2);
-        let second = chain(4, 2);
-        save(&mut store, &first);
-        save(&mut store, &second);
-        assert_eq!(store.lookup(&hashes(&first)), Found::default());
-        assert_eq!(store.lookup(&hashes(&second)).blocks(), 2);
-        // Only the held blocks' digests are kept.
-        assert_eq!(store.held_blocks(), 2);
-        // The events say so: two stored, two removed, two stored.
-        let events = store.take_events();
-        let removed: usize = events
-            .iter()
-            .map(|e| match &e.data {
-                KvCacheEventData::Removed { block_hashes, .. } => block_hashes.len(),
-                _ => 0,
-            })
-            .sum();
-        assert_eq!(removed, 2);
-        // And the changes a mirror applies: four held, the first two gone (a chain's
-        // tail is evicted before its head).
-        let (a, b) = (hashes(&first), hashes(&second));
-        assert_eq!(
-            store.take_held_changes(),
-            vec![
-                HeldChange::Held(a[0]),
-                HeldChange::Held(a[1]),
-                HeldChange::Gone(a[1]),
-                HeldChange::Gone(a[0]),
-                HeldChange::Held(b[0]),
-                HeldChange::Held(b[1]),
-            ]
-        );
-        assert!(store.take_held_changes().is_empty());
-    }
-
-    #[test]
-    fn a_disk_tier_without_a_directory_is_refused() {
-        let error = TierStore::new(StoreConfig {
-            block_bytes: BYTES,
-            block_size_tokens: 16,
-            memory_blocks: 4,
-            disk_blocks: 4,
-            disk_dir: None,
-        })
-        .err()
-        .expect("refused");
-        assert_eq!(
-            error.to_string(),
-            "a disk tier of 4 blocks needs a directory (disk_dir)"
-        );
-    }
-}
+mod tests;
