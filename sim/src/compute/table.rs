@@ -217,14 +217,23 @@ impl TableModel {
         if batch == 0 {
             return Duration::ZERO;
         }
+        millis(self.across_contexts(batch, context_tokens, |curve| {
+            interpolate(&curve.batch, &curve.ms, batch as f64)
+        }))
+    }
+
+    /// `at(curve)` of each context's curve, then linearly between the two contexts
+    /// around the batch's tokens per sequence.
+    fn across_contexts(
+        &self,
+        batch: u64,
+        context_tokens: u64,
+        at: impl Fn(&DecodeCurve) -> f64,
+    ) -> f64 {
         let per_sequence = context_tokens as f64 / batch as f64;
         let contexts: Vec<u64> = self.decode.iter().map(|curve| curve.context).collect();
-        let at_batch: Vec<f64> = self
-            .decode
-            .iter()
-            .map(|curve| interpolate(&curve.batch, &curve.ms, batch as f64))
-            .collect();
-        millis(interpolate(&contexts, &at_batch, per_sequence))
+        let values: Vec<f64> = self.decode.iter().map(at).collect();
+        interpolate(&contexts, &values, per_sequence)
     }
 
     /// What `batch` decoding sequences (holding `context_tokens` between them) add to a
@@ -238,17 +247,10 @@ impl TableModel {
         if batch == 0 {
             return Duration::ZERO;
         }
-        let per_sequence = context_tokens as f64 / batch as f64;
-        let contexts: Vec<u64> = self.decode.iter().map(|curve| curve.context).collect();
-        let fixed: Vec<f64> = self
-            .decode
-            .iter()
-            .map(|curve| {
-                let first = curve.ms.first().copied().unwrap_or(0.0);
-                interpolate(&curve.batch, &curve.ms, 0.0).min(first)
-            })
-            .collect();
-        let fixed = interpolate(&contexts, &fixed, per_sequence);
+        let fixed = self.across_contexts(batch, context_tokens, |curve| {
+            let first = curve.ms.first().copied().unwrap_or(0.0);
+            interpolate(&curve.batch, &curve.ms, 0.0).min(first)
+        });
         self.decode_step(batch, context_tokens)
             .saturating_sub(millis(fixed))
     }

@@ -224,23 +224,7 @@ fn measured(step_spread: Vec<f64>) -> ComputeModel {
 
 /// Two closed-loop clients on one engine, 40 alike requests, each request's ITL.
 fn two_clients(compute: ComputeModel, seed: u64) -> (TwinRun, Vec<Duration>) {
-    let (scheduler, cache) = configs(2048, 65);
-    let twin = TwinCluster::new(TwinClusterConfig {
-        workers: vec![WorkerId::new(1)],
-        scheduler,
-        cache,
-        routing: SchedulerConfig::default(),
-        compute,
-        seed,
-    });
-    let requests: Vec<TwinRequest> = (0..40).map(|i| request(i, 0, 1, 4, 1, 8)).collect();
-    let run = twin.serve(
-        &requests,
-        TwinArrivals::Closed {
-            clients: 2,
-            think: Duration::ZERO,
-        },
-    );
+    let run = closed_loop(compute, 2, 40, seed);
     let itls = run.served.iter().flatten().filter_map(|s| s.itl).collect();
     (run, itls)
 }
@@ -288,7 +272,8 @@ fn split(overhead_ms: f64) -> ComputeModel {
     ComputeModel::Table(table)
 }
 
-fn closed_loop(compute: ComputeModel, clients: usize) -> TwinRun {
+/// `clients` closed-loop clients on one engine, `requests` alike requests.
+fn closed_loop(compute: ComputeModel, clients: usize, requests: usize, seed: u64) -> TwinRun {
     let (scheduler, cache) = configs(2048, 65);
     let twin = TwinCluster::new(TwinClusterConfig {
         workers: vec![WorkerId::new(1)],
@@ -296,9 +281,9 @@ fn closed_loop(compute: ComputeModel, clients: usize) -> TwinRun {
         cache,
         routing: SchedulerConfig::default(),
         compute,
-        seed: 1,
+        seed,
     });
-    let requests: Vec<TwinRequest> = (0..24).map(|i| request(i, 0, 1, 4, 1, 8)).collect();
+    let requests: Vec<TwinRequest> = (0..requests).map(|i| request(i, 0, 1, 4, 1, 8)).collect();
     twin.serve(
         &requests,
         TwinArrivals::Closed {
@@ -312,8 +297,8 @@ fn closed_loop(compute: ComputeModel, clients: usize) -> TwinRun {
 fn a_request_overhead_delays_requests_on_their_way_but_not_their_engines_steps() {
     // One client: every request sees an idle engine; moving 40 ms of each prefill onto
     // the way there changes no TTFT and no end to end time.
-    let whole = closed_loop(measured(Vec::new()), 1);
-    let halves = closed_loop(split(40.0), 1);
+    let whole = closed_loop(measured(Vec::new()), 1, 24, 1);
+    let halves = closed_loop(split(40.0), 1, 24, 1);
     let ttfts = |run: &TwinRun| -> Vec<(Duration, Duration)> {
         run.served
             .iter()
@@ -328,8 +313,8 @@ fn a_request_overhead_delays_requests_on_their_way_but_not_their_engines_steps()
         .all(|(ttft, _)| *ttft >= Duration::from_millis(40)));
     // Four clients: while one request is on its way the engine steps for the others,
     // so the same work ends sooner.
-    let whole = closed_loop(measured(Vec::new()), 4);
-    let halves = closed_loop(split(40.0), 4);
+    let whole = closed_loop(measured(Vec::new()), 4, 24, 1);
+    let halves = closed_loop(split(40.0), 4, 24, 1);
     assert!(
         halves.makespan < whole.makespan,
         "{:?} then {:?}",
@@ -338,5 +323,5 @@ fn a_request_overhead_delays_requests_on_their_way_but_not_their_engines_steps()
     );
     assert_eq!(halves.served.iter().flatten().count(), 24);
     // No overhead is the run as before, exactly.
-    assert_eq!(closed_loop(split(0.0), 4), whole);
+    assert_eq!(closed_loop(split(0.0), 4, 24, 1), whole);
 }
