@@ -5,7 +5,8 @@
 //! Invariants: every transfer the manager submitted is in `in_flight` until its
 //! completion is handled, and holds its source blocks (referenced) and target blocks
 //! (Reset) until then; a completion for an unknown id is ignored. A source read back
-//! corrupt is forgotten, never offered again.
+//! corrupt is forgotten, never offered again ([`Manager::forget_corrupt_blocks`], which
+//! a driver reading a tier itself calls too).
 //!
 //! Never: submit a transfer of its own accord except the write-through copy of a block
 //! that has just landed, or read a clock.
@@ -166,8 +167,20 @@ impl<H: Hardware> Manager<H> {
             return;
         }
         let hashes: Vec<SequenceHash> = sources.iter().map(ImmutableBlock::sequence_hash).collect();
-        let forgotten = self.pool_of(tier).invalidate(&hashes);
+        self.forget_corrupt_blocks(tier, &hashes);
+    }
+
+    /// Forgets the blocks of `tier` among `hashes` whose bytes failed a check, however
+    /// they were read (a transfer, or a driver reading a tier itself, as kvtwin's
+    /// connector does): each leaves the tier with a `Removed`, so lookups stop offering
+    /// it and the next copy can be written in its place. How many were forgotten.
+    pub fn forget_corrupt_blocks(&mut self, tier: Tier, hashes: &[SequenceHash]) -> usize {
+        let Some(Some(pool)) = self.pools.get(tier.index()) else {
+            return 0;
+        };
+        let forgotten = pool.invalidate(hashes);
         self.stats.corrupt_blocks_forgotten += forgotten as u64;
+        forgotten
     }
 }
 

@@ -326,10 +326,10 @@ impl TierStore {
             .into_iter()
             .filter(|entry| self.held.contains_key(&entry.identity.sequence_hash))
             .collect();
+        // The pump above had no journal to append to: what it filed is in `kept`.
         let journal = Journal::create(dir, geometry, &kept).map_err(journal_error)?;
         if let Some(index) = &mut self.index {
             index.journal = Some(journal);
-            index.stored.clear();
         }
         Ok(())
     }
@@ -476,9 +476,7 @@ impl TierStore {
                 // Its copy there is no copy: the tier forgets it (a Removed event), so
                 // the engine's recompute saves it again instead of finding it held.
                 self.stats.corrupt_blocks += 1;
-                if let Some(pool) = self.manager.pool(tier) {
-                    pool.invalidate(&[hash]);
-                }
+                self.manager.forget_corrupt_blocks(tier, &[hash]);
                 drop(plan);
                 self.pump();
                 return Err((position, corrupt(reason)));

@@ -88,6 +88,17 @@ fn saved_blocks_come_back_byte_for_byte_from_memory_and_disk() {
     assert_eq!(store.stats().already_held_blocks, 6);
 }
 
+/// `error` is a corrupt block at `position` of the chain, read from `tier`.
+fn assert_corrupt_at(error: &Option<LoadError>, position: usize, tier: Tier) {
+    assert!(
+        matches!(
+            error,
+            Some(LoadError::Corrupt { position: p, tier: t, .. }) if *p == position && *t == tier
+        ),
+        "{error:?}"
+    );
+}
+
 #[test]
 fn a_corrupt_block_stops_the_load_there() {
     let dir = tempfile::tempdir().unwrap();
@@ -105,17 +116,7 @@ fn a_corrupt_block_stops_the_load_there() {
         .unwrap();
     let (loaded, error) = load(&mut store, &blocks);
     assert_eq!(loaded.len(), 2, "the blocks before it are loaded");
-    assert!(
-        matches!(
-            error,
-            Some(LoadError::Corrupt {
-                position: 2,
-                tier: Tier::Device,
-                ..
-            })
-        ),
-        "{error:?}"
-    );
+    assert_corrupt_at(&error, 2, Tier::Device);
     assert_eq!(store.stats().corrupt_blocks, 1);
 }
 
@@ -187,6 +188,13 @@ fn persistent_store(dir: &tempfile::TempDir) -> Result<TierStore, StoreError> {
     })
 }
 
+/// A persistent store on `dir` that saves `blocks`, flushes and is dropped.
+fn save_and_close(dir: &tempfile::TempDir, blocks: &[BlockIdentity]) {
+    let mut store = persistent_store(dir).unwrap();
+    save(&mut store, blocks);
+    assert!(store.flush(Duration::from_secs(10)));
+}
+
 #[test]
 fn a_persistent_disk_tier_is_found_again_by_the_next_store() {
     let dir = tempfile::tempdir().unwrap();
@@ -231,11 +239,7 @@ fn a_persistent_disk_tier_is_found_again_by_the_next_store() {
 fn a_slot_changed_on_disk_between_stores_fails_its_digest_at_load() {
     let dir = tempfile::tempdir().unwrap();
     let blocks = chain(6, 4);
-    {
-        let mut first = persistent_store(&dir).unwrap();
-        save(&mut first, &blocks);
-        assert!(first.flush(Duration::from_secs(10)));
-    }
+    save_and_close(&dir, &blocks);
     // Block 2's slot, rewritten with another block's bytes and a valid trailer is out
     // of reach; flipping one byte of its data is what a bad disk does.
     let (entries, _) = crate::journal::Journal::read(dir.path(), None).unwrap();
@@ -254,17 +258,7 @@ fn a_slot_changed_on_disk_between_stores_fails_its_digest_at_load() {
     assert_eq!(second.lookup(&hashes(&blocks)).blocks(), 4);
     let (loaded, error) = load(&mut second, &blocks);
     assert_eq!(loaded.len(), 2, "the blocks before it are loaded");
-    assert!(
-        matches!(
-            error,
-            Some(LoadError::Corrupt {
-                position: 2,
-                tier: Tier::Disk,
-                ..
-            })
-        ),
-        "{error:?}"
-    );
+    assert_corrupt_at(&error, 2, Tier::Disk);
     assert_eq!(second.stats().corrupt_blocks, 1);
     // The bad copy is forgotten: the run stops before it, and saving the chain again
     // (the engine's recompute) writes it anew, after which all four load.
@@ -279,11 +273,7 @@ fn a_slot_changed_on_disk_between_stores_fails_its_digest_at_load() {
 fn a_journal_without_its_file_or_a_store_that_does_not_persist_finds_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let blocks = chain(7, 3);
-    {
-        let mut first = persistent_store(&dir).unwrap();
-        save(&mut first, &blocks);
-        assert!(first.flush(Duration::from_secs(10)));
-    }
+    save_and_close(&dir, &blocks);
     std::fs::remove_file(dir.path().join(kvtwin_backends::host::KEPT_FILE)).unwrap();
     let mut second = persistent_store(&dir).unwrap();
     assert_eq!(second.stats().adopted_blocks, 0);
