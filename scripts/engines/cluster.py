@@ -575,13 +575,30 @@ def engine_command(state, engine):
     ] + state["vllm_args"]
 
 
+def engine_cores(index, engines):
+    """The cores engine `index` (from 0) of `engines` runs on: this process's cores dealt
+    out in turn, so that engines share none while there are cores enough, else one each,
+    round robin.
+
+    Each engine's whole process tree (API server, engine core, worker) stays on its
+    cores. Left to float, two engines on the 2-core VM stalled each other: lone requests
+    sent to both at once took 0.1 to 8 s one time in a hundred (their medians 11 ms),
+    where with each engine on its own core not one of 3,200 went past 60 ms.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= engines:
+        return cores[index::engines]
+    return [cores[index % len(cores)]]
+
+
 def engine_env(engine):
     env = dict(os.environ)
     env.update({
         # POST /reset_prefix_cache (and the other dev endpoints), for tests.
         "VLLM_SERVER_DEV_MODE": "1",
-        # vLLM's "auto" binds every engine's OpenMP threads to core 0; spread them.
-        "VLLM_CPU_OMP_THREADS_BIND": str((engine["id"] - 1) % (os.cpu_count() or 1)),
+        # vLLM's "auto" binds every engine's OpenMP threads to core 0; each engine's go
+        # to the first of its own cores.
+        "VLLM_CPU_OMP_THREADS_BIND": str(engine["cores"][0]),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
@@ -599,9 +616,14 @@ def spawn(state, engine):
     with open(log, "ab") as out:
         out.write(f"\n== engines: starting engine {engine['id']} at {time.ctime()} ==\n".encode())
         out.flush()
+        # A run directory from before engines had cores keeps the same dealing.
+        engine.setdefault("cores", engine_cores(engine["id"] - 1, len(state["engines"])))
+        cores = set(engine["cores"])
         process = subprocess.Popen(
             engine_command(state, engine), stdin=subprocess.DEVNULL, stdout=out,
             stderr=subprocess.STDOUT, env=engine_env(engine), start_new_session=True,
+            # Before the server runs, so every process it starts inherits the cores.
+            preexec_fn=lambda: os.sched_setaffinity(0, cores),
         )
     engine["pid"] = process.pid
     engine["pgid"] = process.pid
@@ -758,6 +780,7 @@ def cmd_up(args):
                 "events_endpoint": f"tcp://127.0.0.1:{events_port}",
                 "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",
                 "log": str(directory / f"engine-{engine_id}.log"),
+                "cores": engine_cores(index, args.engines),
                 "pid": None,
                 "pgid": None,
                 "startup_s": None,
@@ -768,7 +791,7 @@ def cmd_up(args):
                 Path(engine["log"]).write_bytes(b"")
                 process = spawn(state, engine)
                 started[engine["id"]] = (engine, process, time.monotonic())
-                say(f"engine {engine['id']}: pid {process.pid}, {engine['url']}, events "
+                say(f"engine {engine['id']}: pid {process.pid} on cores {engine['cores']}, {engine['url']}, events "
                     f"{engine['events_endpoint']}, replay {engine['replay_endpoint']}, log {engine['log']}")
             save_state(args, state)
             wait_healthy(state, started, args.timeout)

@@ -531,6 +531,13 @@ fn per_request_rows(run: &Repeat) -> Vec<Value> {
                 twin.cached_tokens,
                 real_ttft_ms(record),
                 twin_ttft_ms(twin),
+                per_token_itl_ms(record),
+                twin_itl_ms(twin),
+                record
+                    .itl
+                    .iter()
+                    .map(|gap| gap.as_secs_f64() * 1e3)
+                    .collect::<Vec<_>>(),
             ]);
             (record.started, row)
         })
@@ -551,7 +558,7 @@ fn run_json(run: &Repeat, metrics: &[Metric]) -> Value {
         // Every request both served, in the order sent: the engine each chose and the
         // cached tokens each found, real then twin.
         "per_request": {
-            "columns": ["request", "sent_ms", "real_worker", "twin_worker", "real_cached", "twin_cached", "real_ttft_ms", "twin_ttft_ms"],
+            "columns": ["request", "sent_ms", "real_worker", "twin_worker", "real_cached", "twin_cached", "real_ttft_ms", "twin_ttft_ms", "real_tpot_ms", "twin_tpot_ms", "real_gaps_ms"],
             "rows": per_request_rows(run),
         },
         "metrics": metrics,

@@ -378,6 +378,20 @@ fn check_profile(output: &std::process::Output, dir: &std::path::Path) {
         assert_eq!(ms.len(), 2, "{point}");
         assert!(ms.iter().all(|m| m.as_f64().unwrap() > 0.0), "{point}");
     }
+    // vLLM keeps its own inter-token latency: the decode figures are the engine's, the
+    // overhead was probed beside a decode, and its gaps were read for stalls.
+    assert_eq!(raw["decode_from_engine"], true, "{raw}");
+    assert!(
+        raw["request_overhead_beside_decode"]["ms"]
+            .as_array()
+            .is_some_and(|ms| !ms.is_empty()),
+        "{raw}"
+    );
+    assert!(
+        raw["decode_gaps"].as_f64().is_some_and(|gaps| gaps > 0.0),
+        "{raw}"
+    );
+    assert!(raw["stalls"].is_array(), "{raw}");
     let compute = std::fs::read_to_string(dir.join("compute.ron")).unwrap();
     match ron::from_str::<kvtwin_sim::compute::ComputeModel>(&compute).unwrap() {
         kvtwin_sim::compute::ComputeModel::Table(table) => {

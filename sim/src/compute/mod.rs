@@ -371,6 +371,31 @@ impl ComputeModel {
         }
     }
 
+    /// What a request spends outside the steps of an engine already stepping for others
+    /// ([`table::TableModel::request_overhead_busy`]); [`Self::request_overhead`] for
+    /// every model but a measured table that says.
+    pub fn request_overhead_busy(&self) -> Duration {
+        match self {
+            ComputeModel::Table(table) => table.request_overhead_busy(),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Whether passes stall now and then ([`table::TableModel::stalls`]). Only then does
+    /// [`Self::stall`] read its draw.
+    pub fn stalls_happen(&self) -> bool {
+        matches!(self, ComputeModel::Table(table) if !table.stalls.is_empty())
+    }
+
+    /// What a pass stalls beyond [`Self::pass`]'s figure for a uniform draw `u` in [0, 1)
+    /// ([`table::TableModel::stall`]); nothing for a model that does not stall.
+    pub fn stall(&self, u: f64) -> Duration {
+        match self {
+            ComputeModel::Table(table) => table.stall(u),
+            _ => Duration::ZERO,
+        }
+    }
+
     /// What one step takes over [`Self::pass`]'s figure for a uniform draw `u` in [0, 1)
     /// ([`table::TableModel::step_factor`]); 1 for a model whose steps do not vary.
     pub fn step_factor(&self, u: f64) -> f64 {
@@ -547,6 +572,8 @@ mod tests {
             }],
             step_spread: Vec::new(),
             request_overhead_ms: 0.0,
+            request_overhead_busy_ms: 0.0,
+            stalls: Vec::new(),
         }) else {
             unreachable!()
         };

@@ -21,6 +21,13 @@
 //! step's time over the figure. The interpolation never uses them; a driver that wants
 //! steps to vary as the engine's did draws from them with its own seeded RNG
 //! ([`TableModel::step_factor`]). Without them every step takes the figure.
+//!
+//! Apart from that spread, a table may say how often the engine stalled
+//! ([`TableModel::stalls`]): passes held far beyond any figure (vLLM's CPU build on the
+//! 2-core VM held about one output gap in 300 for 0.1 to 2.5 s, its processes sharing
+//! two cores), each as a length and the share of passes it befell. A driver draws them
+//! too ([`TableModel::stall`]); the spread is the body of a step's time, the stalls its
+//! tail.
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -64,6 +71,30 @@ pub struct TableModel {
     /// it). 0 (the default): the prefills are whole TTFTs.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub request_overhead_ms: f64,
+    /// Milliseconds a request spends outside the engine's steps when it reaches an
+    /// engine that is stepping for others, if that is more than `request_overhead_ms`:
+    /// vLLM's API server and engine core then share the CPU with the forward pass (on
+    /// the 2-core VM, 4 ms alone and 8 to 10 ms beside a decode, each engine on a core
+    /// of its own). Less the wait for the step in flight, which the twin's engine
+    /// makes a request arriving mid-step serve anyway. 0 (the default): as alone.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub request_overhead_busy_ms: f64,
+    /// Stalls: how long the engine held a pass beyond its figure, and the share of
+    /// passes each length befell, as `kvtwin profile --engine` reads them off vLLM's
+    /// own inter-token latency histogram. Shorter stalls first. Empty (the default):
+    /// none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stalls: Vec<Stall>,
+}
+
+/// One length of stall and how often the engine stalled that long.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stall {
+    /// Milliseconds a stalled pass takes beyond its figure.
+    pub ms: f64,
+    /// The share of passes (0 to 1) that stall this long.
+    pub share: f64,
 }
 
 fn is_zero(ms: &f64) -> bool {
@@ -137,14 +168,16 @@ impl TableModel {
             }
             times(&curve.ms).map_err(at)?;
         }
-        if !(self.request_overhead_ms.is_finite() && self.request_overhead_ms >= 0.0) {
-            return Err(error(
-                "request_overhead_ms",
-                format!(
-                    "{} (must be a finite number of milliseconds, 0 or more)",
-                    self.request_overhead_ms
-                ),
-            ));
+        for (field, ms) in [
+            ("request_overhead_ms", self.request_overhead_ms),
+            ("request_overhead_busy_ms", self.request_overhead_busy_ms),
+        ] {
+            if !(ms.is_finite() && ms >= 0.0) {
+                return Err(error(
+                    field,
+                    format!("{ms} (must be a finite number of milliseconds, 0 or more)"),
+                ));
+            }
         }
         if self.gpus == 0 {
             return Err(error("gpus", "must be at least 1".to_string()));
@@ -175,7 +208,43 @@ impl TableModel {
                 format!("quantiles must ascend ({} then {})", pair[0], pair[1]),
             ));
         }
+        for (at, stall) in self.stalls.iter().enumerate() {
+            let fine = stall.ms.is_finite()
+                && stall.ms > 0.0
+                && stall.share.is_finite()
+                && (0.0..=1.0).contains(&stall.share);
+            if !fine {
+                return Err(error(
+                    "stalls",
+                    format!(
+                        "stall {at}: {} ms for a share of {} (must be a positive number of \
+                         milliseconds and a share from 0 to 1)",
+                        stall.ms, stall.share
+                    ),
+                ));
+            }
+        }
+        let share: f64 = self.stalls.iter().map(|stall| stall.share).sum();
+        if share > 1.0 + 1e-9 {
+            return Err(error(
+                "stalls",
+                format!("their shares add up to {share} (at most 1: every pass stalled)"),
+            ));
+        }
         Ok(())
+    }
+
+    /// What a pass stalls beyond its figure when `u` (in [0, 1)) is drawn uniformly:
+    /// the first of [`Self::stalls`] whose running share passes `u`, else nothing.
+    pub fn stall(&self, u: f64) -> Duration {
+        let mut below = 0.0;
+        for stall in &self.stalls {
+            below += stall.share;
+            if u < below {
+                return millis(stall.ms);
+            }
+        }
+        Duration::ZERO
     }
 
     /// What a step takes over the table's figure when `u` (in [0, 1)) is drawn uniformly:
@@ -195,6 +264,12 @@ impl TableModel {
     /// What a request spends outside the engine's steps ([`Self::request_overhead_ms`]).
     pub fn request_overhead(&self) -> Duration {
         millis(self.request_overhead_ms)
+    }
+
+    /// What a request spends outside the steps of an engine busy stepping for others
+    /// ([`Self::request_overhead_busy_ms`], never less than the overhead alone).
+    pub fn request_overhead_busy(&self) -> Duration {
+        millis(self.request_overhead_ms.max(self.request_overhead_busy_ms))
     }
 
     /// One pass's prefill chunks `(new, cached)`: the fixed cost once, plus each chunk's
@@ -349,7 +424,61 @@ mod tests {
             ],
             step_spread: Vec::new(),
             request_overhead_ms: 0.0,
+            request_overhead_busy_ms: 0.0,
+            stalls: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_busy_engine_s_overhead_is_its_own_figure_or_the_overhead_alone() {
+        let mut measured = table();
+        measured.request_overhead_ms = 4.0;
+        assert_eq!(measured.request_overhead_busy(), Duration::from_millis(4));
+        measured.request_overhead_busy_ms = 9.5;
+        assert_eq!(
+            measured.request_overhead_busy(),
+            Duration::from_micros(9_500)
+        );
+        assert_eq!(measured.request_overhead(), Duration::from_millis(4));
+        measured.request_overhead_busy_ms = f64::NAN;
+        let error = measured.validate().unwrap_err().to_string();
+        assert!(error.contains("request_overhead_busy_ms"), "{error}");
+    }
+
+    #[test]
+    fn a_pass_stalls_as_often_as_each_stall_s_share_says() {
+        let mut measured = table();
+        measured.stalls = vec![
+            Stall {
+                ms: 125.0,
+                share: 0.002,
+            },
+            Stall {
+                ms: 1750.0,
+                share: 0.001,
+            },
+        ];
+        measured.validate().unwrap();
+        assert_eq!(measured.stall(0.0), Duration::from_millis(125));
+        assert_eq!(measured.stall(0.0019), Duration::from_millis(125));
+        assert_eq!(measured.stall(0.002), Duration::from_millis(1750));
+        assert_eq!(measured.stall(0.0029), Duration::from_millis(1750));
+        assert_eq!(measured.stall(0.003), Duration::ZERO);
+        assert_eq!(measured.stall(0.99), Duration::ZERO);
+        assert_eq!(table().stall(0.0), Duration::ZERO);
+        // Shares over 1, or a stall of no length, are not a table.
+        measured.stalls[1].share = 0.999;
+        let error = measured.validate().unwrap_err().to_string();
+        assert!(
+            error.contains("stalls") && error.contains("add up to"),
+            "{error}"
+        );
+        measured.stalls[1] = Stall {
+            ms: 0.0,
+            share: 0.001,
+        };
+        let error = measured.validate().unwrap_err().to_string();
+        assert!(error.contains("stall 1: 0 ms"), "{error}");
     }
 
     fn ms(duration: Duration) -> f64 {

@@ -23,7 +23,10 @@
 //! arrival, it reaches its engine's queue a request overhead later (the profile's
 //! `request_overhead_ms`: HTTP, router, tokenizer and the queues between vLLM's
 //! processes, time its engine does not step for); a profile without one has that time
-//! inside its prefill times instead, and requests reach their engine on arrival.
+//! inside its prefill times instead, and requests reach their engine on arrival. A
+//! request routed to an engine that is stepping takes `request_overhead_busy_ms` instead
+//! where the profile measured more there (vLLM's API server sharing the CPU with the
+//! pass). A pass may stall beyond its figure as often as the profile's `stalls` say.
 //! Never: read a clock (time is the trace's and the model's), talk to an engine, or
 //! iterate anything unordered.
 
@@ -283,8 +286,9 @@ impl TwinCluster {
         let first_ns = requests.first().map_or(0, |r| nanos(r.arrival));
         let mut now = first_ns;
         // Requests routed and on their way to their engine: (when they reach it, the
-        // engine, the request), in that order (one delay for all keeps it).
+        // engine, the request), in that order (ties in the order they were routed).
         let overhead = nanos(self.config.compute.request_overhead());
+        let overhead_busy = nanos(self.config.compute.request_overhead_busy());
         let mut on_the_way: VecDeque<(u64, usize, usize)> = VecDeque::new();
         loop {
             let step_end = self
@@ -334,10 +338,16 @@ impl TwinCluster {
                 next_arrival += 1;
                 let (engine, routed) = self.dispatch(&requests[index], block_size, now);
                 progress[index] = Some(routed);
-                if overhead == 0 {
+                // An engine stepping for others when the request comes slows its way in:
+                // vLLM's API server and engine core share the CPU with the pass.
+                let busy = self.engines[engine].in_flight.is_some();
+                let delay = if busy { overhead_busy } else { overhead };
+                if delay == 0 {
                     self.deliver(engine, index, &requests[index], now, capacity_tokens);
                 } else {
-                    on_the_way.push_back((now + overhead, engine, index));
+                    let at = now + delay;
+                    let place = on_the_way.partition_point(|&(due, _, _)| due <= at);
+                    on_the_way.insert(place, (at, engine, index));
                 }
             }
         }
@@ -413,6 +423,12 @@ impl TwinCluster {
         if self.config.compute.steps_vary() {
             let u: f64 = self.step_draws.gen();
             took = took.mul_f64(self.config.compute.step_factor(u));
+        }
+        // Drawn apart from the spread, and only where the profile saw stalls, so that a
+        // table without them replays as it did before they were measured.
+        if self.config.compute.stalls_happen() {
+            let u: f64 = self.step_draws.gen();
+            took += self.config.compute.stall(u);
         }
         self.steps += 1;
         // At least a nanosecond: time moves on even under a profile that says 0.

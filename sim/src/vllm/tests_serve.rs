@@ -219,6 +219,8 @@ fn measured(step_spread: Vec<f64>) -> ComputeModel {
         }],
         step_spread,
         request_overhead_ms: 0.0,
+        request_overhead_busy_ms: 0.0,
+        stalls: Vec::new(),
     })
 }
 
@@ -324,4 +326,86 @@ fn a_request_overhead_delays_requests_on_their_way_but_not_their_engines_steps()
     assert_eq!(halves.served.iter().flatten().count(), 24);
     // No overhead is the run as before, exactly.
     assert_eq!(closed_loop(split(0.0), 4, 24, 1), whole);
+}
+
+/// [`measured`] stalling `ms` on a `share` of its passes.
+fn stalling(ms: f64, share: f64) -> ComputeModel {
+    let ComputeModel::Table(mut table) = measured(Vec::new()) else {
+        unreachable!("measured is a table")
+    };
+    table.stalls = vec![crate::compute::table::Stall { ms, share }];
+    ComputeModel::Table(table)
+}
+
+#[test]
+fn stalled_passes_lengthen_the_requests_they_befall_and_no_others() {
+    let fixed = closed_loop(measured(Vec::new()), 1, 40, 1);
+    let times = |run: &TwinRun| -> Vec<(Duration, Duration)> {
+        run.served
+            .iter()
+            .flatten()
+            .map(|s| (s.ttft, s.e2e))
+            .collect()
+    };
+    // Every pass stalled 100 ms: each of a lone request's 8 passes (a prefill, then 7
+    // decode steps) takes 100 ms more.
+    let always = closed_loop(stalling(100.0, 1.0), 1, 40, 1);
+    for ((ttft, e2e), (stalled_ttft, stalled_e2e)) in times(&fixed).into_iter().zip(times(&always))
+    {
+        assert_eq!(stalled_ttft, ttft + Duration::from_millis(100));
+        assert_eq!(stalled_e2e, e2e + Duration::from_millis(800));
+    }
+    // One pass in ten: some requests stall, most do not, each by whole stalls; the same
+    // seed gives the same run.
+    let sometimes = closed_loop(stalling(100.0, 0.1), 1, 40, 1);
+    let extra: Vec<u128> = times(&fixed)
+        .into_iter()
+        .zip(times(&sometimes))
+        .map(|((_, e2e), (_, stalled))| (stalled - e2e).as_millis())
+        .collect();
+    assert!(extra.iter().all(|ms| ms % 100 == 0), "{extra:?}");
+    let stalled = extra.iter().filter(|&&ms| ms > 0).count();
+    assert!(
+        (5..=35).contains(&stalled),
+        "{stalled} of 40 stalled: {extra:?}"
+    );
+    assert_eq!(closed_loop(stalling(100.0, 0.1), 1, 40, 1), sometimes);
+    // No stalls is the run as before, draw for draw.
+    assert_eq!(
+        closed_loop(stalling(100.0, 0.0), 1, 40, 1).served,
+        fixed.served
+    );
+}
+
+#[test]
+fn a_busy_engine_slows_only_the_requests_that_come_while_it_steps() {
+    let with_busy = |busy_ms: f64| {
+        let ComputeModel::Table(mut table) = split(10.0) else {
+            unreachable!("split is a table")
+        };
+        table.request_overhead_busy_ms = busy_ms;
+        ComputeModel::Table(table)
+    };
+    // One client: every request finds its engine idle, so the busy figure never counts.
+    assert_eq!(
+        closed_loop(with_busy(30.0), 1, 24, 1),
+        closed_loop(split(10.0), 1, 24, 1)
+    );
+    // Two: a request that comes while the other's steps run reaches the engine 20 ms
+    // later than it would have reached an idle one (two clients in phase send theirs
+    // together, to an engine that has just gone idle: about half come while it steps).
+    let alone = closed_loop(split(10.0), 2, 24, 1);
+    let busy = closed_loop(with_busy(30.0), 2, 24, 1);
+    let ttfts =
+        |run: &TwinRun| -> Vec<Duration> { run.served.iter().flatten().map(|s| s.ttft).collect() };
+    assert_eq!(ttfts(&busy).len(), 24);
+    let slower = ttfts(&alone)
+        .iter()
+        .zip(ttfts(&busy))
+        .filter(|(alone, busy)| busy > *alone)
+        .count();
+    assert!(slower >= 8, "{slower} of 24 slower");
+    assert!(busy.makespan > alone.makespan);
+    // A busy figure under the overhead alone is the overhead alone.
+    assert_eq!(closed_loop(with_busy(5.0), 2, 24, 1), alone);
 }

@@ -12,15 +12,25 @@
 //!   is time the engine does not step for: `compute.ron`'s prefills are the engine's
 //!   part and its `request_overhead_ms` the median rest, which the twin adds to each
 //!   request on its way, not to its engine's steps; Dynamo's tables keep the TTFTs;
+//! - the same beside a decode (`beside`): a fresh prompt sent while its engine streams a
+//!   long answer, whose overhead is larger where the API server shares the CPU with
+//!   the pass (the table's `request_overhead_busy_ms`);
 //! - decode: a batch of fresh prompts of one context length streamed together; the step
-//!   time is the median gap between output chunks while every sequence of the batch is
+//!   time is vLLM's own mean gap between a request's outputs (`engine_time`: its
+//!   inter-token latency histogram, stamped in the engine core), since a client's gaps
+//!   show how its API server delivered: on the 2-core VM one engine's lone answer came
+//!   in one chunk in every other repeat. An engine without that histogram is read off
+//!   the clients' gaps (`steps`): the median gap while every sequence of the batch is
 //!   decoding (after the last first token, before the first last token), so neither
 //!   prefill nor a shrinking batch blurs it;
 //! - each point `--repeats` times, the median kept and the spread (min, max) beside it;
-//! - single steps: every decode gap that is one step (an answer whose chunks are its
-//!   tokens) over its point's median, pooled over the points, as the table's
-//!   `step_spread` (percentiles): how much the engine's steps stray from its figures,
-//!   which the twin draws from so that its engines fall out of phase as real ones do;
+//! - how much steps stray, as the table's `step_spread` (percentiles, pooled over the
+//!   points), which the twin draws from so that its engines fall out of phase as real
+//!   ones do: each repeat's engine figure over its point's median, or without the
+//!   engine's figures every client gap that is one step (an answer whose chunks are its
+//!   tokens) over its point's median;
+//! - stalls: the engine's output gaps, from its histogram's buckets, that took many
+//!   times any step (the table's `stalls`);
 //! - with several engines (`--engine` repeated, the engines of one cluster), each point
 //!   on all of them at once, every engine's figure a sample of the point: engines that
 //!   share a machine's cores (the local cluster of `scripts/engines`) slow each other,
@@ -39,10 +49,12 @@
 //! Never: simulate anything, or run two points at once (each is alone on its engine);
 //! it does leave the engines' caches full of its own prompts.
 
+mod beside;
 mod engine_time;
+mod steps;
 
 use anyhow::{bail, Context, Result};
-use engine_time::EngineClock;
+use engine_time::{stalls_of, EngineClock};
 use kvtwin_plane::bench::serve::request::{send, Target};
 use kvtwin_plane::bench::serve::workload::{block_tokens, PlannedRequest};
 use kvtwin_plane::bench::serve::RequestRecord;
@@ -54,6 +66,7 @@ use kvtwin_sim::compute::ComputeModel;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use steps::{percentiles, step_ms, MIN_SINGLE_STEPS};
 
 /// The seed of every prompt's tokens; prompts differ by their blocks' ids.
 const PROMPT_SEED: u64 = 0x6b76_7477_696e;
@@ -347,11 +360,40 @@ async fn measure_and_write(
         prefill_points.push((isl, repeats));
     }
     let overhead = engine_points.is_some().then_some(Repeats(overheads));
+    // The same beside a decode: a fresh prompt sent to each engine while it streams a
+    // long answer.
+    let mut beside_samples = Vec::new();
+    if overhead.is_some() {
+        let pinned: Vec<(&Target, &str)> = targets
+            .iter()
+            .zip(urls)
+            .map(|(target, url)| (target, url.as_str()))
+            .collect();
+        for _ in 0..grid.repeats {
+            let planned = targets
+                .iter()
+                .map(|_| {
+                    (
+                        prompts.planned(info.block_size, beside::BACKGROUND_TOKENS),
+                        prompts.planned(4 * info.block_size, 1),
+                    )
+                })
+                .collect();
+            let samples = beside::overhead_beside_decode(&client, &pinned, planned).await?;
+            beside_samples.extend(samples.into_iter().flatten());
+        }
+    }
 
     let mut decode_points = Vec::new();
-    // Each single step over its point's median, every point pooled.
-    let mut step_ratios: Vec<f64> = Vec::new();
+    // The clients' step figures, point by point, and whether every point's figures are
+    // the engine's (else they are the clients').
+    let mut clients_seen = Vec::new();
+    let mut decode_from_engine = true;
+    // Each single step and its point's median, every point pooled.
+    let mut single_samples: Vec<(f64, f64)> = Vec::new();
     let mut skipped = Vec::new();
+    // Every gap the engines count while the batches decode, for their stalls.
+    let decode_started = engine_clocks(&client, urls).await;
     for &context in &contexts {
         for &batch in &batches {
             let tokens = batch * (context + u64::from(grid.osl));
@@ -359,8 +401,12 @@ async fn measure_and_write(
                 skipped.push(format!("{batch}×{context}"));
                 continue;
             }
-            let mut repeats = Vec::with_capacity(grid.repeats * targets.len());
-            let mut single_steps = Vec::new();
+            // Each repeat's step, every engine's: as the engine saw it (vLLM's mean gap
+            // between outputs) and as the client saw it (its streamed gaps).
+            let mut inside = Vec::with_capacity(grid.repeats * targets.len());
+            let mut seen = Vec::with_capacity(grid.repeats * targets.len());
+            // The client's single steps, repeat by repeat.
+            let mut singles_of = Vec::new();
             for _ in 0..grid.repeats {
                 let batches = targets
                     .iter()
@@ -371,34 +417,76 @@ async fn measure_and_write(
                         (target, planned)
                     })
                     .collect();
-                for (target, records) in together(&client, batches).await? {
+                let clocks = engine_clocks(&client, urls).await;
+                let answered = together(&client, batches).await?;
+                let later = engine_clocks(&client, urls).await;
+                for (i, (target, records)) in answered.into_iter().enumerate() {
                     let (step, singles) = step_ms(&records).with_context(|| {
                         format!(
                             "{}: batch {batch} at context {context}: no output gaps",
                             named(target)
                         )
                     })?;
-                    repeats.push(step);
-                    single_steps.extend(singles);
+                    let engine_step = match (&later[i], &clocks[i]) {
+                        (Some(later), Some(earlier)) => later.ms_per_gap_since(earlier),
+                        _ => None,
+                    };
+                    inside.push(engine_step);
+                    seen.push(step);
+                    singles_of.push(singles);
                 }
             }
-            let repeats = Repeats(repeats);
+            let from_engine = inside.iter().all(Option::is_some);
+            let repeats = if from_engine {
+                Repeats(inside.iter().flatten().copied().collect())
+            } else {
+                Repeats(seen.clone())
+            };
             let median = repeats.median();
+            // The spread's samples: with the engine's figures, each repeat's (its mean
+            // step over the batch's answers); a client's gaps then show how its API
+            // server delivered (on the 2-core VM a quarter of them under half a step,
+            // chunks held back and sent close together), not how the engine stepped.
+            // Without, the clients' single steps.
             if median > 0.0 {
-                step_ratios.extend(single_steps.iter().map(|ms| ms / median));
+                if from_engine {
+                    single_samples.extend(repeats.0.iter().map(|ms| (*ms, median)));
+                } else {
+                    for singles in &singles_of {
+                        single_samples.extend(singles.iter().map(|ms| (*ms, median)));
+                    }
+                }
             }
             eprintln!(
-                "  decode  batch {batch:>3} × {context:>6} tokens: {:>8.2} ms a step (min {:.2}, max {:.2})",
+                "  decode  batch {batch:>3} × {context:>6} tokens: {:>8.2} ms a step (min {:.2}, max {:.2}){}",
                 repeats.median(),
                 repeats.min(),
-                repeats.max()
+                repeats.max(),
+                if from_engine {
+                    format!(", {:.2} as the client saw it", Repeats(seen.clone()).median())
+                } else {
+                    String::new()
+                }
             );
+            if !from_engine {
+                decode_from_engine = false;
+            }
+            clients_seen.push(Repeats(seen));
             decode_points.push((context, batch, repeats));
         }
     }
     if decode_points.is_empty() {
         bail!("no decode point fits the engine's {max_kv} KV tokens");
     }
+    let decode_ended = engine_clocks(&client, urls).await;
+    let stalls = stalls_of(&decode_started, &decode_ended, &decode_points);
+    // The spread is the body of a step's time, the stalls its tail: a single step the
+    // stalls count is not counted again.
+    let step_ratios: Vec<f64> = single_samples
+        .iter()
+        .filter(|(ms, _)| stalls.as_ref().is_none_or(|s| *ms < s.threshold_ms))
+        .map(|(ms, median)| ms / median)
+        .collect();
 
     let prefill = PrefillProfile {
         isl: prefill_points.iter().map(|(isl, _)| *isl as f64).collect(),
@@ -436,12 +524,26 @@ async fn measure_and_write(
         table.prefill_ms = points.iter().map(Repeats::median).collect();
         table.request_overhead_ms = overhead.median().max(0.0);
     }
+    // Beside a decode, less half the step in flight (the probe came at a random moment
+    // of it): the twin makes a request arriving mid-step wait for the step's end.
+    let lone_step = decode_points
+        .iter()
+        .find(|(_, batch, _)| *batch == 1)
+        .map_or(0.0, |(_, _, r)| r.median());
+    let beside = (!beside_samples.is_empty()).then_some(Repeats(beside_samples));
+    if let Some(beside) = &beside {
+        table.request_overhead_busy_ms = (beside.median() - lone_step / 2.0).max(0.0);
+    }
     let step_spread = percentiles(&step_ratios);
     table.step_spread = step_spread.clone();
+    if let Some(stalls) = &stalls {
+        table.stalls = stalls.stalls.clone();
+    }
 
     std::fs::create_dir_all(out).with_context(|| format!("--out {}", out.display()))?;
     let mut written = write_profiles(out, &prefill, &decode)?;
     let compute = out.join("compute.ron");
+    let busy_ms = table.request_overhead_busy_ms;
     let ron = ron::ser::to_string_pretty(&ComputeModel::Table(table), Default::default())
         .context("writing the compute table")?;
     write(&compute, &(ron + "\n"))?;
@@ -471,16 +573,30 @@ async fn measure_and_write(
         // TTFT less the engine's part, every prefill repeat: what the table's
         // `request_overhead_ms` is the median of.
         "request_overhead": overhead.as_ref().map(Repeats::to_json),
-        "decode": decode_points.iter().map(|(context, batch, r)| {
+        // A probe's TTFT less the engine's part while its engine decodes a long answer,
+        // every repeat; the table's `request_overhead_busy_ms` is their median less half
+        // of `lone_step_ms` (the step in flight, which the twin waits for anyway).
+        "request_overhead_beside_decode": beside.as_ref().map(Repeats::to_json),
+        "lone_step_ms": lone_step,
+        // Each point's `ms`: the engine's steps (vLLM's mean gap between outputs) when
+        // `decode_from_engine`, else the clients'; `client`: the clients' always.
+        "decode_from_engine": decode_from_engine,
+        "decode": decode_points.iter().zip(&clients_seen).map(|((context, batch, r), seen)| {
             let mut point = r.to_json();
             point["context"] = json!(context);
             point["batch"] = json!(batch);
+            point["client"] = seen.to_json();
             point
         }).collect::<Vec<_>>(),
         "decode_skipped": skipped,
         // Single decode steps over their point's median, pooled: how many, and their
         // percentiles (the table's `step_spread`; empty with fewer than MIN_SINGLE_STEPS).
         "single_steps": step_ratios.len(),
+        // The engines' output gaps while the batches decoded (vLLM's histogram), from
+        // what length one is a stall, and the table's `stalls`.
+        "decode_gaps": stalls.as_ref().map(|s| s.gaps),
+        "stall_threshold_ms": stalls.as_ref().map(|s| s.threshold_ms),
+        "stalls": stalls.as_ref().map(|s| s.stalls.iter().map(|stall| json!({"ms": stall.ms, "share": stall.share})).collect::<Vec<_>>()),
         "step_spread": step_spread,
     });
     let raw_path = out.join("engine_profile.json");
@@ -529,21 +645,40 @@ async fn measure_and_write(
              are the TTFTs, the time outside the engine included)"
         ),
     }
-    println!(
-        "\ndecode: a batch streaming together{on_each}, {} outputs each",
-        grid.osl
-    );
-    println!(
-        "{:>8}  {:>6}  {:>8}  {:>19}  {:>10}",
-        "context", "batch", "ITL ms", "spread ms", "tokens/s"
-    );
-    for (context, batch, r) in &decode_points {
+    if let Some(beside) = &beside {
         println!(
-            "{context:>8}  {batch:>6}  {:>8.2}  {:>8.2} to {:>7.2}  {:>10.0}",
+            "the same while the engine decodes another answer: {:.2} ms ({:.2} to {:.2}); \
+             less half a lone step ({:.2} ms), which the twin makes it wait anyway: {:.2} ms \
+             (the table's request_overhead_busy_ms)",
+            beside.median(),
+            beside.min(),
+            beside.max(),
+            lone_step / 2.0,
+            busy_ms
+        );
+    }
+    println!(
+        "\ndecode: a batch streaming together{on_each}, {} outputs each; {}",
+        grid.osl,
+        if decode_from_engine {
+            "ITL the engine's (vLLM's mean gap between a request's outputs), client ms the \
+             clients' median streamed gap"
+        } else {
+            "ITL the clients' (the engine does not report its inter-token latency)"
+        }
+    );
+    println!(
+        "{:>8}  {:>6}  {:>8}  {:>19}  {:>10}  {:>9}",
+        "context", "batch", "ITL ms", "spread ms", "tokens/s", "client ms"
+    );
+    for ((context, batch, r), seen) in decode_points.iter().zip(&clients_seen) {
+        println!(
+            "{context:>8}  {batch:>6}  {:>8.2}  {:>8.2} to {:>7.2}  {:>10.0}  {:>9.2}",
             r.median(),
             r.min(),
             r.max(),
-            *batch as f64 / (r.median() / 1e3)
+            *batch as f64 / (r.median() / 1e3),
+            seen.median()
         );
     }
     if !skipped.is_empty() {
@@ -558,7 +693,8 @@ async fn measure_and_write(
             step_ratios.len()
         ),
         spread => println!(
-            "\nsingle steps over their point's median ({} steps, the table's step_spread): fastest {:.2}, p5 {:.2}, p50 {:.2}, p95 {:.2}, p99 {:.2}, slowest {:.2}",
+            "\n{} over their point's median ({} of them, the table's step_spread): fastest {:.2}, p5 {:.2}, p50 {:.2}, p95 {:.2}, p99 {:.2}, slowest {:.2}",
+            if decode_from_engine { "the engine's steps, repeat by repeat," } else { "single steps" },
             step_ratios.len(),
             spread[0],
             spread[5],
@@ -567,6 +703,33 @@ async fn measure_and_write(
             spread[99],
             spread[100]
         ),
+    }
+    match &stalls {
+        None => println!(
+            "stalls: not read (the engine does not report its inter-token latency histogram)"
+        ),
+        Some(stalls) if stalls.stalls.is_empty() => println!(
+            "stalls: none of the engines' {:.0} output gaps while the batches decoded took \
+             {:.0} ms or more",
+            stalls.gaps, stalls.threshold_ms
+        ),
+        Some(stalls) => {
+            let stalled: f64 = stalls.stalls.iter().map(|stall| stall.share).sum();
+            println!(
+                "stalls (the table's stalls): {:.0} of the engines' {:.0} output gaps while \
+                 the batches decoded took {:.0} ms or more ({:.2} %): {}",
+                stalled * stalls.gaps,
+                stalls.gaps,
+                stalls.threshold_ms,
+                stalled * 100.0,
+                stalls
+                    .stalls
+                    .iter()
+                    .map(|stall| format!("{:.0} × {:.0} ms", stall.share * stalls.gaps, stall.ms))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
     }
     for path in written {
         println!("wrote {}", path.display());
@@ -678,119 +841,6 @@ fn check(record: RequestRecord, target: &Target) -> Result<RequestRecord> {
         );
     }
     Ok(record)
-}
-
-/// Single steps a spread needs at least: fewer say little about its tails.
-const MIN_SINGLE_STEPS: usize = 20;
-
-/// The 101 percentiles of `ratios` (0 to 100, linear between order statistics), or none
-/// with fewer than [`MIN_SINGLE_STEPS`] of them.
-fn percentiles(ratios: &[f64]) -> Vec<f64> {
-    let mut sorted: Vec<f64> = ratios
-        .iter()
-        .copied()
-        .filter(|r| r.is_finite() && *r > 0.0)
-        .collect();
-    if sorted.len() < MIN_SINGLE_STEPS {
-        return Vec::new();
-    }
-    sorted.sort_by(f64::total_cmp);
-    let last = (sorted.len() - 1) as f64;
-    (0..=100)
-        .map(|percent| {
-            let at = f64::from(percent) / 100.0 * last;
-            let lower = at.floor() as usize;
-            let upper = (lower + 1).min(sorted.len() - 1);
-            sorted[lower] + (sorted[upper] - sorted[lower]) * (at - lower as f64)
-        })
-        .collect()
-}
-
-/// A gap shorter than this share of its batch's median gap is a burst: chunks the API
-/// server held back and then sent at once (seen on the 2-core VM with both engines
-/// busy: gaps of 0.02 ms between 15 ms steps). The burst and the gap before it (which
-/// holds the steps the burst brings) are not single steps.
-const BURST_SHARE: f64 = 0.25;
-
-/// The step time of a batch and the single steps it saw: the median gap between output
-/// chunks while every request of the batch decodes, and those gaps, bursts left out.
-/// Falls back on every gap after each first token when that window holds none (a
-/// batch whose members never all decode at once). When an answer came in fewer chunks
-/// than tokens (a busy API server merges outputs into one chunk: on the 2-core VM with
-/// two engines busy, all 8 of a lone request's tokens came in one), or bursts leave no
-/// gap, gaps are not steps: then the median over the batch of each request's time per
-/// token after its first, and no single steps.
-fn step_ms(records: &[RequestRecord]) -> Option<(f64, Vec<f64>)> {
-    let per_token = || {
-        let per_token: Vec<f64> = records
-            .iter()
-            .filter_map(RequestRecord::time_per_output_token)
-            .map(|tpot| tpot.as_secs_f64() * 1e3)
-            .collect();
-        (!per_token.is_empty()).then(|| (Repeats(per_token).median(), Vec::new()))
-    };
-    if records.iter().any(RequestRecord::merged_chunks) {
-        return per_token();
-    }
-    // Each request's first token and last chunk, from the batch's origin.
-    let spans: Vec<(Duration, Duration)> = records
-        .iter()
-        .filter_map(|record| {
-            let first = record.started + record.ttft?;
-            Some((first, first + record.itl.iter().sum::<Duration>()))
-        })
-        .collect();
-    let all_decoding = spans.iter().map(|(first, _)| *first).max()?;
-    let one_done = spans.iter().map(|(_, last)| *last).min()?;
-    // Bursts are judged against the batch's gaps pooled: one answer of 7 gaps may be
-    // mostly bursts (behind a router that fell behind its engine, every other gap was
-    // one), and its own median would call them steps.
-    let pooled = Repeats(
-        records
-            .iter()
-            .flat_map(|record| record.itl.iter().map(Duration::as_secs_f64))
-            .collect(),
-    )
-    .median();
-    let steps: Vec<(Duration, Duration)> = records
-        .iter()
-        .flat_map(|record| single_steps(record, pooled))
-        .collect();
-    let ms = |(from, to): &(Duration, Duration)| (*to - *from).as_secs_f64() * 1e3;
-    let mut inside: Vec<f64> = steps
-        .iter()
-        .filter(|(from, to)| *from >= all_decoding && *to <= one_done)
-        .map(ms)
-        .collect();
-    if inside.is_empty() {
-        inside = steps.iter().map(ms).collect();
-    }
-    if inside.is_empty() {
-        return per_token();
-    }
-    let step = Repeats(inside.clone()).median();
-    Some((step, inside))
-}
-
-/// A streamed answer's gaps that are single steps, as (from, to) since the batch's
-/// origin: every gap after its first token but the bursts (against `median`, the
-/// batch's median gap in seconds) and the gaps before them ([`BURST_SHARE`]).
-fn single_steps(record: &RequestRecord, median: f64) -> Vec<(Duration, Duration)> {
-    let Some(ttft) = record.ttft else {
-        return Vec::new();
-    };
-    // At most, so that answers of nothing but bursts (a median of 0) are all bursts.
-    let burst = |gap: &Duration| gap.as_secs_f64() <= BURST_SHARE * median;
-    let mut at = record.started + ttft;
-    let mut steps = Vec::with_capacity(record.itl.len());
-    for (i, gap) in record.itl.iter().enumerate() {
-        let next_is_burst = record.itl.get(i + 1).is_some_and(burst);
-        if !burst(gap) && !next_is_burst {
-            steps.push((at, at + *gap));
-        }
-        at += *gap;
-    }
-    steps
 }
 
 /// The model, its cache's block size and blocks, and the longest prompt it takes.

@@ -1,5 +1,6 @@
 //! Tests of the profile's reading of streamed answers: steps, bursts, spreads.
 
+use super::steps::single_steps;
 use super::*;
 
 #[test]

@@ -76,6 +76,8 @@ pub fn table_from_profiles(
         // Dynamo's profiles keep no single steps.
         step_spread: Vec::new(),
         request_overhead_ms: 0.0,
+        request_overhead_busy_ms: 0.0,
+        stalls: Vec::new(),
     };
     table.validate()?;
     Ok(table)
