@@ -1,6 +1,6 @@
 //! kvtwin as vLLM's KV cache tier (issue 31): two engines of scripts/engines (65 blocks
 //! of 32 tokens, 64 usable), one started with kvtwin's connector (`cluster.py up
-//! --connector`: 64 MiB of host memory written through to a 128 MiB disk tier that
+//! --connector`: 8 MiB of host memory written through to a 128 MiB disk tier that
 //! outlives the engine, the package built into the engines' venv first when its
 //! sources changed) and one without, are sent the same 100 greedy requests one
 //! at a time: 10 prompts of 640 tokens (20 blocks), each request one of them followed by
@@ -12,6 +12,15 @@
 //! - With it, every request after the first round finds its prompt's 640 tokens in
 //!   kvtwin's tiers: its usage counts them cached, and the engine's own metric of
 //!   external hits (`vllm:external_prefix_cache_hits_total`) adds up to 90 × 640.
+//!
+//! The connector publishes its tiers in the engine's own KV events (medium CPU for its
+//! host memory, DISK for its disk tier), and `kvtwin router`, following the engine's
+//! event stream, counts blocks per tier: after the 100 requests its counts of the
+//! engine's CPU and DISK blocks equal what the connector says its tiers hold (its
+//! `vllm:kvtwin_blocks` gauge), with the host memory (8 MiB, 128 blocks) too small for
+//! the 200 prompt blocks, so evictions from it are published too. The connector's
+//! external hits by tier (`vllm:kvtwin_external_hit_tokens_total`) add up to the
+//! engine's own count.
 //!
 //! Then the connector's engine is killed (SIGKILL, a crash) and, while it is down, one
 //! byte of one block on disk is flipped: the 6th block of the first prompt, found
@@ -32,12 +41,13 @@
 mod common;
 
 use common::engines::{Cluster, EngineOptions};
-use common::{http, Draw};
+use common::{http, listening_on, Draw, Process};
 use kvtwin::block::BlockIdentity;
 use kvtwin::tokens::{compute_local_hashes, HashSeed};
 use kvtwin_connector::journal::Journal;
 use serde_json::{json, Value};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 const PROMPTS: usize = 10;
 const PREFIX_TOKENS: usize = 640;
@@ -112,6 +122,50 @@ fn external_hits(cluster: &Cluster) -> f64 {
         .unwrap_or_else(|| panic!("no vllm:external_prefix_cache_hits_total in /metrics"))
 }
 
+/// The engine's samples of `metric` whose labels hold `label` (e.g. `tier="cpu"`),
+/// summed; 0 when it has none.
+fn metric_sum(cluster: &Cluster, metric: &str, label: &str) -> f64 {
+    let (status, text) = http(&cluster.engine(1).address, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    text.lines()
+        .filter(|line| line.starts_with(&format!("{metric}{{")) && line.contains(label))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// What `router` counts of engine 1's blocks: (device, host, disk).
+fn router_tiers(router: &str) -> (u64, u64, u64) {
+    let (status, text) = http(router, "GET", "/v1/workers", "");
+    assert_eq!(status, 200, "{text}");
+    let workers: Value = serde_json::from_str(&text).unwrap();
+    let worker = workers["workers"]
+        .as_array()
+        .and_then(|all| all.iter().find(|w| w["worker"] == 1))
+        .unwrap_or_else(|| panic!("the router knows no worker 1: {text}"));
+    let count = |tier: &str| worker["blocks"][tier].as_u64().unwrap_or(0);
+    (count("device"), count("host"), count("disk"))
+}
+
+/// The router's CPU and DISK counts of the connector's engine against the connector's
+/// own gauges, once they agree or after 30 s. Both learn of the store's changes with
+/// the engine's next step (copies to disk land after the step that saved them), so
+/// each look first sends `settle`, a prompt whose blocks the store holds already.
+fn tiers_agree(cluster: &Cluster, router: &str, settle: &[u32]) -> ((u64, u64, u64), (u64, u64)) {
+    let start = Instant::now();
+    loop {
+        complete(cluster, settle);
+        let counted = router_tiers(router);
+        let held = (
+            metric_sum(cluster, "vllm:kvtwin_blocks", "tier=\"cpu\"") as u64,
+            metric_sum(cluster, "vllm:kvtwin_blocks", "tier=\"disk\"") as u64,
+        );
+        if (counted.1, counted.2) == held || start.elapsed() > Duration::from_secs(30) {
+            return (counted, held);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Flips one byte of the data of `prompt`'s block `block` in the disk tier in `dir`
 /// (its slot read from the journal); the extent file's own checksum and the
 /// connector's BLAKE3 both refuse it now.
@@ -141,7 +195,7 @@ fn outputs_are_the_same_with_the_connector_and_evicted_prefixes_come_back_from_i
     let with = EngineOptions {
         connector: Some(
             json!({
-                "host_bytes": 64 << 20,
+                "host_bytes": 8 << 20,
                 "disk_bytes": 128 << 20,
                 "disk_dir": disk.path(),
             })
@@ -158,6 +212,23 @@ fn outputs_are_the_same_with_the_connector_and_evicted_prefixes_come_back_from_i
     let (Some(with_connector), Some(without)) = (with_connector, without) else {
         return;
     };
+    // A router following the connector's engine: its events and the connector's.
+    let engine = with_connector.engine(1);
+    let router = Process::start(&[
+        "router",
+        "--engine",
+        &format!("1={}", engine.url),
+        "--zmq",
+        &format!(
+            "1={},replay={}",
+            engine.events_endpoint, engine.replay_endpoint
+        ),
+        "--block-size",
+        "32",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let router_address = listening_on(&router);
     let prompts = workload();
     let mut differing = Vec::new();
     for (i, prompt) in prompts.iter().enumerate() {
@@ -182,6 +253,45 @@ fn outputs_are_the_same_with_the_connector_and_evicted_prefixes_come_back_from_i
     let hits = external_hits(&with_connector);
     assert_eq!(hits, ((REQUESTS - PROMPTS) * PREFIX_TOKENS) as f64);
     assert_eq!(external_hits(&without), 0.0);
+    // The same hits, by the tier that served them.
+    let by_tier: Vec<f64> = ["cpu", "disk"]
+        .iter()
+        .map(|tier| {
+            metric_sum(
+                &with_connector,
+                "vllm:kvtwin_external_hit_tokens_total",
+                &format!("tier=\"{tier}\""),
+            )
+        })
+        .collect();
+    eprintln!(
+        "external hit tokens: {} from host memory, {} from disk",
+        by_tier[0], by_tier[1]
+    );
+    assert_eq!(by_tier[0] + by_tier[1], hits);
+    // The router counts the connector's tiers as the connector does: all 200 prompt
+    // blocks on disk, host memory's 128 at most, none a block the engine does not hold.
+    let mut settle = prompts[0][..PREFIX_TOKENS].to_vec();
+    settle.extend(Draw(33).tokens(OWN_TOKENS as u64));
+    let (counted, held) = tiers_agree(&with_connector, &router_address, &settle);
+    eprintln!("router: {counted:?} (device, host, disk); connector: {held:?} (host, disk)");
+    assert_eq!(
+        (counted.1, counted.2),
+        held,
+        "the router's CPU and DISK counts"
+    );
+    assert_eq!(
+        held.1,
+        (PROMPTS * PREFIX_TOKENS / 32) as u64,
+        "every prompt block on disk"
+    );
+    assert!(held.0 > 0 && held.0 <= 128, "host memory holds {}", held.0);
+    assert!(
+        counted.0 > 0 && counted.0 <= 65,
+        "the engine's own blocks: {}",
+        counted.0
+    );
+    drop(router);
 
     // A crash, a block flipped on disk while the engine is down, a restart.
     with_connector.kill(1);

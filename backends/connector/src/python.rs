@@ -5,14 +5,17 @@
 //! Owns: `block_identities` (kvtwin's hashes of a prompt's full blocks: the router's
 //! and Dynamo's scheme, so events and lookups name blocks alike everywhere) and the class
 //! `Store` (a [`TierStore`] and the engine's [`EngineLayout`]: saves gather engine blocks
-//! into the store, loads scatter them back). Never: hold a torch tensor (Python passes
+//! into the store, loads scatter them back; its tiers' events named by vLLM's media,
+//! [`medium_of`]). Never: hold a torch tensor (Python passes
 //! addresses and keeps the tensors alive), or decide what to save or load (the
 //! scheduler side does, in Python).
 
 use crate::layout::EngineLayout;
 use crate::store::{HeldChange, StoreConfig, TierStore};
 use kvtwin::block::BlockIdentity;
+use kvtwin::events::KvCacheEventData;
 use kvtwin::ids::{LocalBlockHash, SequenceHash};
+use kvtwin::tier::Tier;
 use kvtwin::tokens::{compute_local_hashes, HashSeed};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -190,6 +193,29 @@ impl Store {
         (held, gone)
     }
 
+    /// What the store's tiers did since the last call, oldest first, for the engine's KV
+    /// events: `(stored, medium, sequence hashes)`, a chain parent first when stored;
+    /// `(false, None, [])` when every block of every tier went at once.
+    fn take_tier_events(&mut self) -> Vec<(bool, Option<&'static str>, Vec<u64>)> {
+        self.store
+            .take_events()
+            .into_iter()
+            .map(|event| match event.data {
+                KvCacheEventData::Stored { blocks, tier, .. } => (
+                    true,
+                    Some(medium_of(tier)),
+                    blocks.iter().map(|block| block.block_hash.get()).collect(),
+                ),
+                KvCacheEventData::Removed { block_hashes, tier } => (
+                    false,
+                    Some(medium_of(tier)),
+                    block_hashes.iter().map(|hash| hash.get()).collect(),
+                ),
+                KvCacheEventData::Cleared => (false, None, Vec::new()),
+            })
+            .collect()
+    }
+
     /// Waits at most `seconds` for the copies to disk; whether they all landed.
     fn flush(&mut self, seconds: f64) -> bool {
         self.store
@@ -211,7 +237,20 @@ impl Store {
         dict.set_item("orphaned_blocks", stats.orphaned_blocks)?;
         dict.set_item("journal_errors", stats.journal_errors)?;
         dict.set_item("held_blocks", self.store.held_blocks())?;
+        let (memory, disk) = self.store.blocks_by_tier();
+        dict.set_item("memory_blocks", memory)?;
+        dict.set_item("disk_blocks", disk)?;
         Ok(dict)
+    }
+}
+
+/// The medium vLLM's KV events name a store tier by: the manager's first tier is the
+/// store's host memory (`CPU`), its disk tier `DISK` (WIRE.md: both tiers kvtwin's router
+/// counts apart from the engine's own `GPU` blocks).
+fn medium_of(tier: Tier) -> &'static str {
+    match tier {
+        Tier::Disk => "DISK",
+        _ => "CPU",
     }
 }
 

@@ -29,15 +29,27 @@ Two halves in two processes, as vLLM runs them:
 - After a restart on a persistent disk tier, the scheduler side's mirror starts from
   the tier's journal, before the worker's store has said what it kept; the worker's
   first metadata then replaces the mirror with the store's own account.
+- KV events for the store's tiers: the worker sends what its tiers did (blocks stored
+  in or removed from host memory and disk) with the same metadata, and the scheduler
+  side turns it into vLLM's ``BlockStored`` / ``BlockRemoved`` with medium ``CPU`` or
+  ``DISK``, named by vLLM's own block hashes (remembered from the request whose save it
+  planned, with the block's tokens and parent), which vLLM publishes in the engine's
+  own KV event batches (``take_events``): a router that follows the engine sees its
+  offloaded blocks beside its GPU ones, by tier. A block the scheduler side cannot name
+  (one kept across a restart, before a request shows its tokens again) is not
+  announced, and its removal not either.
 
 Never: decide what vLLM schedules, or hold a block's bytes on the scheduler side.
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -45,8 +57,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 from vllm.logger import init_logger
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash, resolve_block_hashes
 
 from kvtwin._native import Store, block_identities, journaled_blocks
+from kvtwin.metrics import (
+    KvtwinConnectorStats,
+    KvtwinPromMetrics,
+    KvtwinStepCounter,
+    scheduler_stats,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -63,6 +82,16 @@ logger = init_logger(f"vllm.{__name__}")
 
 # A save's block: (engine block id, position, sequence hash, local hash, parent hash).
 SaveBlock = tuple[int, int, int, int, "int | None"]
+# What one of the store's tiers did: (stored, medium, sequence hashes); medium None with
+# nothing stored is every tier emptied.
+TierEvent = tuple[bool, "str | None", list[int]]
+
+# Events waiting for vLLM's next batch, at most: past it the oldest go (counted).
+PENDING_EVENTS_BOUND = 65_536
+# Blocks the scheduler side can name in events, at most (their vLLM hash, parent and
+# tokens; dropped when the store lets the block go, so only a store larger than this
+# loses names, counted).
+NAMES_BOUND = 1 << 20
 
 
 @dataclass
@@ -83,12 +112,28 @@ class KvtwinWorkerMetadata(KVConnectorWorkerMetadata):
     gone: list[int] = field(default_factory=list)
     # The store's first word: `held` is all it holds, the mirror starts over from it.
     reset: bool = False
+    # What its tiers did, oldest first, for the engine's KV events.
+    events: list[TierEvent] = field(default_factory=list)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         assert isinstance(other, KvtwinWorkerMetadata)
         return KvtwinWorkerMetadata(
-            self.held + other.held, self.gone + other.gone, self.reset or other.reset
+            self.held + other.held,
+            self.gone + other.gone,
+            self.reset or other.reset,
+            self.events + other.events,
         )
+
+
+@dataclass
+class BlockName:
+    """How vLLM's events name a block the store may hold: as the engine's own do."""
+
+    block_hash: Any  # vLLM's ExternalBlockHash (bytes, or an int)
+    parent: Any  # its parent's, None for a prompt's first block
+    tokens: list[int]
+    lora_id: int | None
+    lora_name: str | None
 
 
 @dataclass
@@ -96,6 +141,7 @@ class _Tracked:
     """A request the scheduler side follows until it finishes."""
 
     identities: list[tuple[int, int]]  # (sequence, local) of the prompt's full blocks
+    request: "Request"  # vLLM's, for its block hashes and tokens
     block_ids: list[int] = field(default_factory=list)
     saved_upto: int = 0  # prompt blocks planned for saving so far
 
@@ -132,13 +178,22 @@ class KvtwinConnector(KVConnectorBase_V1):
                 len(self._mirror),
             )
         self._tracked: dict[str, _Tracked] = {}
+        # Events: what names each block the store may hold (sequence hash -> vLLM's
+        # block hash, its parent's, its tokens), which of them each medium was told of,
+        # and the events vLLM has not taken yet.
+        self._names: dict[int, BlockName] = {}
+        self._announced: dict[str, set[int]] = {"CPU": set(), "DISK": set()}
+        self._pending: deque[KVCacheEvent] = deque(maxlen=PENDING_EVENTS_BOUND)
+        self._unnamed_blocks = 0
+        self._dropped_events = 0
         self._local_hits: dict[str, int] = {}
         self._loads: dict[str, list[tuple[int, int]]] = {}
         # Worker side.
         self._store: Store | None = None
-        self._announced = False
+        self._first_meta_sent = False
         self._kv_caches: dict[str, "torch.Tensor"] = {}
         self._load_errors: set[int] = set()
+        self._counter: KvtwinStepCounter | None = None
 
     def _persistent_disk(self) -> bool:
         return self._disk_persistent and self._disk_bytes > 0 and bool(self._disk_dir)
@@ -156,7 +211,7 @@ class KvtwinConnector(KVConnectorBase_V1):
             lora,
             request.cache_salt,
         )
-        self._tracked[request.request_id] = _Tracked(identities)
+        self._tracked[request.request_id] = _Tracked(identities, request)
         return identities
 
     def get_num_new_matched_tokens(
@@ -229,20 +284,96 @@ class KvtwinConnector(KVConnectorBase_V1):
         if full <= tracked.saved_upto:
             return
         chain: list[SaveBlock] = []
+        request = tracked.request
         for position in range(tracked.saved_upto, full):
             sequence, local = tracked.identities[position]
             parent = tracked.identities[position - 1][0] if position > 0 else None
             chain.append((tracked.block_ids[position], position, sequence, local, parent))
+            self._name(request, position, sequence)
         tracked.saved_upto = full
         meta.saves.append(chain)
+
+    def _name(self, request: "Request", position: int, sequence: int) -> None:
+        """Remembers how vLLM names the prompt block at `position`, for its events."""
+        if sequence in self._names:
+            return
+        # vLLM's hashes of this block size: its cache hashes at `hash_block_size`,
+        # which is the block size here but may be finer.
+        hash_block_size = self._vllm_config.cache_config.hash_block_size or self._block_size
+        hashes = resolve_block_hashes(request.block_hashes, hash_block_size, self._block_size)
+        if position >= len(hashes) or len(self._names) >= NAMES_BOUND:
+            self._unnamed_blocks += 1
+            return
+        start = position * self._block_size
+        parent = maybe_convert_block_hash(hashes[position - 1]) if position > 0 else None
+        lora = request.lora_request
+        self._names[sequence] = BlockName(
+            maybe_convert_block_hash(hashes[position]),
+            parent,
+            list(request.prompt_token_ids[start : start + self._block_size]),
+            lora.adapter_id if lora else None,
+            lora.name if lora else None,
+        )
+
+    def _publish(self, events: list[TierEvent]) -> None:
+        """vLLM's events for what the store's tiers did, in order."""
+        for stored, medium, hashes in events:
+            if medium is None:
+                # Every tier emptied: each medium loses what it was told of.
+                for name, told in self._announced.items():
+                    removed = [self._names[s].block_hash for s in told if s in self._names]
+                    if removed:
+                        self._queue(BlockRemoved(block_hashes=removed, medium=name))
+                    told.clear()
+                continue
+            told = self._announced.setdefault(medium, set())
+            if stored:
+                for sequence in hashes:
+                    name = self._names.get(sequence)
+                    if name is None:
+                        self._unnamed_blocks += 1
+                        continue
+                    told.add(sequence)
+                    self._queue(
+                        BlockStored(
+                            block_hashes=[name.block_hash],
+                            parent_block_hash=name.parent,
+                            token_ids=name.tokens,
+                            block_size=self._block_size,
+                            lora_id=name.lora_id,
+                            medium=medium,
+                            lora_name=name.lora_name,
+                        )
+                    )
+            else:
+                removed = [
+                    self._names[s].block_hash for s in hashes if s in told and s in self._names
+                ]
+                told.difference_update(hashes)
+                if removed:
+                    self._queue(BlockRemoved(block_hashes=removed, medium=medium))
+
+    def _queue(self, event: KVCacheEvent) -> None:
+        if len(self._pending) == PENDING_EVENTS_BOUND:
+            self._dropped_events += 1  # the deque lets its oldest go
+        self._pending.append(event)
 
     def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, KvtwinWorkerMetadata):
+            self._publish(meta.events)
             if meta.reset:
                 self._mirror.clear()
             self._mirror.update(meta.held)
             self._mirror.difference_update(meta.gone)
+            # A block no tier holds needs no name any more.
+            for sequence in meta.gone:
+                self._names.pop(sequence, None)
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        events = list(self._pending)
+        self._pending.clear()
+        return events
 
     def request_finished(
         self, request: "Request", block_ids: list[int]
@@ -278,6 +409,7 @@ class KvtwinConnector(KVConnectorBase_V1):
             self._disk_persistent,
         )
         self._store.register_layout([t.data_ptr() for t in tensors], num_blocks, page_bytes)
+        self._counter = KvtwinStepCounter(block_bytes, self._block_size)
         # The store copies to and from these addresses: keep the tensors alive with it.
         self._kv_caches = dict(kv_caches)
         logger.info(
@@ -303,7 +435,10 @@ class KvtwinConnector(KVConnectorBase_V1):
         if self._store is None:
             return
         for req_id, blocks in meta.loads:
+            before, started = self._store.stats(), time.perf_counter()
             loaded, error = self._store.load(blocks)
+            if self._counter is not None:
+                self._counter.loaded(before, self._store.stats(), time.perf_counter() - started)
             if error is not None:
                 failed = [block for block, _ in blocks[loaded:]]
                 self._load_errors.update(failed)
@@ -338,7 +473,10 @@ class KvtwinConnector(KVConnectorBase_V1):
                 len(chain),
             )
             if cut:
+                before, started = self._store.stats(), time.perf_counter()
                 self._store.save(chain[:cut])
+                if self._counter is not None:
+                    self._counter.saved(before, self._store.stats(), time.perf_counter() - started)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         failed, self._load_errors = self._load_errors, set()
@@ -348,10 +486,30 @@ class KvtwinConnector(KVConnectorBase_V1):
         if self._store is None:
             return None
         held, gone = self._store.take_held_changes()
-        reset, self._announced = not self._announced, True
-        if not held and not gone and not reset:
+        events = self._store.take_tier_events()
+        reset, self._first_meta_sent = not self._first_meta_sent, True
+        if not held and not gone and not reset and not events:
             return None
-        return KvtwinWorkerMetadata(held, gone, reset)
+        return KvtwinWorkerMetadata(held, gone, reset, events)
 
-    def get_kv_connector_stats(self):
-        return None
+    def get_kv_connector_stats(self) -> KvtwinConnectorStats | None:
+        if self._store is None or self._counter is None:
+            # The scheduler side: what its events left out since it last said.
+            stats = scheduler_stats(self._unnamed_blocks, self._dropped_events)
+            self._unnamed_blocks = self._dropped_events = 0
+            return stats
+        return self._counter.take(self._store.stats())
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KvtwinConnectorStats:
+        return KvtwinConnectorStats(data=dict(data) if data else {})
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: "VllmConfig",
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KvtwinPromMetrics:
+        return KvtwinPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

@@ -199,6 +199,8 @@ struct DiskIndex {
 pub struct TierStore {
     manager: Manager<HostHardware>,
     held: BTreeMap<SequenceHash, Held>,
+    /// Blocks of `held` in host memory and on disk ([`tier_slot`]).
+    in_tier: [usize; 2],
     events: VecDeque<KvCacheEvent>,
     /// Blocks that became held (in some tier) or stopped being held since the last
     /// [`TierStore::take_held_changes`], in order; at most [`EVENT_QUEUE_BOUND`].
@@ -260,6 +262,7 @@ impl TierStore {
         let mut store = Self {
             manager,
             held: BTreeMap::new(),
+            in_tier: [0; 2],
             events: VecDeque::new(),
             changes: VecDeque::new(),
             stats: StoreStats::default(),
@@ -342,6 +345,11 @@ impl TierStore {
     /// The counters.
     pub fn stats(&self) -> StoreStats {
         self.stats
+    }
+
+    /// Blocks in host memory and on disk (a block written through is in both).
+    pub fn blocks_by_tier(&self) -> (usize, usize) {
+        (self.in_tier[0], self.in_tier[1])
     }
 
     /// Blocks whose digest the store keeps: those some tier holds.
@@ -592,6 +600,9 @@ impl TierStore {
                             continue;
                         };
                         let first = held.tiers == 0;
+                        if held.tiers & tier_bit(*tier) == 0 {
+                            self.in_tier[tier_slot(*tier)] += 1;
+                        }
                         held.tiers |= tier_bit(*tier);
                         let held = *held;
                         if *tier == Tier::Disk {
@@ -610,6 +621,9 @@ impl TierStore {
                         let Some(held) = self.held.get_mut(hash) else {
                             continue;
                         };
+                        if held.tiers & tier_bit(*tier) != 0 {
+                            self.in_tier[tier_slot(*tier)] -= 1;
+                        }
                         held.tiers &= !tier_bit(*tier);
                         if held.tiers == 0 {
                             self.held.remove(hash);
@@ -620,6 +634,7 @@ impl TierStore {
                 KvCacheEventData::Cleared => {
                     let gone: Vec<SequenceHash> = self.held.keys().copied().collect();
                     self.held.clear();
+                    self.in_tier = [0; 2];
                     for hash in gone {
                         self.left_disk(hash);
                         self.change(HeldChange::Gone(hash));
@@ -730,3 +745,12 @@ fn tier_bit(tier: Tier) -> u8 {
 
 #[cfg(test)]
 mod tests;
+
+/// Where a tier's count is in [`TierStore::blocks_by_tier`]: the store's tiers are its
+/// host memory (the manager's first) and its disk.
+fn tier_slot(tier: Tier) -> usize {
+    match tier {
+        Tier::Disk => 1,
+        _ => 0,
+    }
+}

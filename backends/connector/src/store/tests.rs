@@ -65,6 +65,7 @@ fn saved_blocks_come_back_byte_for_byte_from_memory_and_disk() {
     assert!(store.flush(Duration::from_secs(10)));
     // Memory holds the last four; the first two were evicted and are only on disk
     // (the lookup may read more of the run from disk, where all six are).
+    assert_eq!(store.blocks_by_tier(), (4, 6));
     let found = store.lookup(&hashes(&blocks));
     assert_eq!(found.blocks(), 6);
     assert!(found.disk >= 2, "{found:?}");
@@ -132,6 +133,7 @@ fn evicted_blocks_are_neither_found_nor_remembered() {
     assert_eq!(store.lookup(&hashes(&second)).blocks(), 2);
     // Only the held blocks' digests are kept.
     assert_eq!(store.held_blocks(), 2);
+    assert_eq!(store.blocks_by_tier(), (2, 0));
     // The events say so: two stored, two removed, two stored.
     let events = store.take_events();
     let removed: usize = events
