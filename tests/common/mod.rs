@@ -89,7 +89,7 @@ pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
     ),
     (
         "vllm-cpu-tiny.ron",
-        "41d622803831ea1b74865befa075ab59effada674a54d7190a5891f3fe374354",
+        "bca7b5d4d3d2ecc60d91bc501d4eb67918ee0fccb88b968373fe37f7f54f8d8c",
     ),
 ];
 
