@@ -11,7 +11,10 @@
 //! Owns: the flags, the repeats (each one starts from empty caches: every engine's
 //! `POST /reset_prefix_cache`, then the router seen to forget them), the twin's input
 //! built from what was sent, the comparison (per request cached tokens one by one; hit
-//! ratio, requests per engine, TTFT and ITL p50/p90/p99 and throughput as
+//! ratio, requests per engine, TTFT and ITL p50/p90/p99 and throughput, and where a
+//! mean TTFT goes (`ttft_parts.*`: before the engine schedules the request, and the
+//! steps that prefill it, from vLLM's queue and prefill histograms read around each
+//! repeat and from the twin's `TwinServed::scheduled`), as
 //! `validation::Metric`s summarised over the repeats by `validation::spread`, so each
 //! error stands beside the real run-to-run spread with a verdict), the table, `--json`
 //! (every request, real and twin, too) and `--plot DIR` (CDFs, real against twin).
@@ -25,7 +28,9 @@
 //! Never: start or stop engines or the router, or time the twin with a wall clock.
 
 use crate::bench_serve::WorkloadArgs;
-use crate::profile_engine::{engine_info, get_ok, post, reset_prefix_cache, EngineInfo};
+use crate::profile_engine::{
+    engine_info, get_ok, post, reset_prefix_cache, EngineClock, EngineInfo,
+};
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
 use kvtwin::block::BlockIdentity;
@@ -92,6 +97,9 @@ struct Repeat {
     twin: TwinRun,
     /// The index of each record's request in the twin's input.
     twin_index: Vec<usize>,
+    /// The engines' own mean time per request from queued to first token (vLLM's
+    /// queue and prefill histograms over the repeat), ms; `None` where one does not say.
+    engine_ms: Option<f64>,
 }
 
 pub(crate) fn validate_engine(
@@ -184,9 +192,12 @@ pub(crate) fn validate_engine(
             records.push(record.clone());
             Ok(())
         };
+        let clocks_before = runtime.block_on(engine_clocks(&client, &engines));
         runtime
             .block_on(run_serve_bench(&config, &mut observer))
             .context("sending the workload through the router")?;
+        let clocks_after = runtime.block_on(engine_clocks(&client, &engines));
+        let engine_ms = engine_part_ms(&clocks_before, &clocks_after);
         let (requests, twin_index) = twin_requests(&records, &prompts, info.block_size)?;
         let twin = TwinCluster::new(TwinClusterConfig {
             seed: twin_config.seed.wrapping_add(repeat as u64),
@@ -197,6 +208,7 @@ pub(crate) fn validate_engine(
             records,
             twin,
             twin_index,
+            engine_ms,
         });
     }
     bar.finish_and_clear();
@@ -398,6 +410,30 @@ fn twin_requests(
     Ok((requests, twin_index))
 }
 
+/// Each engine's clock, in `engines`' order (`None` for one that does not keep it).
+async fn engine_clocks(client: &EngineClient, engines: &[Engine]) -> Vec<Option<EngineClock>> {
+    let mut clocks = Vec::with_capacity(engines.len());
+    for engine in engines {
+        clocks.push(EngineClock::read(client, &engine.url).await.ok().flatten());
+    }
+    clocks
+}
+
+/// The engines' mean time per request from queued to first token between two readings,
+/// ms, weighted by the requests each finished; `None` unless every engine says.
+fn engine_part_ms(before: &[Option<EngineClock>], after: &[Option<EngineClock>]) -> Option<f64> {
+    let (mut total_ms, mut requests) = (0.0, 0.0);
+    for (before, after) in before.iter().zip(after) {
+        let (before, after) = (before.as_ref()?, after.as_ref()?);
+        let finished = after.requests_since(before);
+        if let Some(ms) = after.ms_per_request_since(before) {
+            total_ms += ms * finished;
+            requests += finished;
+        }
+    }
+    (requests >= 1.0).then(|| total_ms / requests)
+}
+
 /// What both sides said of each request that succeeded: (record, twin's answer).
 fn pairs(run: &Repeat) -> impl Iterator<Item = (&RequestRecord, &TwinServed)> {
     run.records
@@ -463,6 +499,28 @@ fn metrics(run: &Repeat, engines: &[Engine]) -> Vec<Metric> {
                 out.push(Metric::new(format!("{name}.{label}"), r, t));
             }
         }
+    }
+    // Where a TTFT goes, on average: before the engine schedules the request (the way
+    // in and any wait for a step in flight), then the steps that prefill it (vLLM's own
+    // queue and prefill times; the twin's first scheduled step to its first token).
+    if let Some(engine_ms) = run.engine_ms {
+        let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let twin_before: Vec<f64> = pairs.iter().map(|(_, t)| ms(t.scheduled)).collect();
+        let twin_steps: Vec<f64> = pairs
+            .iter()
+            .map(|(_, t)| ms(t.ttft.saturating_sub(t.scheduled)))
+            .collect();
+        out.push(Metric::new(
+            "ttft_parts.before_scheduled_ms".into(),
+            mean(&real_ttft) - engine_ms,
+            mean(&twin_before),
+        ));
+        out.push(Metric::new(
+            "ttft_parts.prefill_ms".into(),
+            engine_ms,
+            mean(&twin_steps),
+        ));
     }
     let outputs: u64 = pairs.iter().map(|(r, _)| r.output_tokens).sum();
     let real_span = span(run.records.iter().map(|r| (r.started, r.started + r.e2e)));

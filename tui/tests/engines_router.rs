@@ -640,6 +640,8 @@ fn the_twin_of_both_engines(cluster: &Cluster, test: &str) {
         "itl_ms.p50",
         "itl_ms.p99",
         "output_tokens_per_s",
+        "ttft_parts.before_scheduled_ms",
+        "ttft_parts.prefill_ms",
     ] {
         let (real, twin, error) = metric(name);
         summary.push_str(&format!(
@@ -650,6 +652,12 @@ fn the_twin_of_both_engines(cluster: &Cluster, test: &str) {
         "{test}: the twin of both engines, 300 requests, {} of them cached differently:{summary}",
         run["cached_differences"]
     );
+    // vLLM keeps its queue and prefill histograms: a TTFT splits into before and after
+    // the engine schedules the request, on both sides.
+    for name in ["ttft_parts.before_scheduled_ms", "ttft_parts.prefill_ms"] {
+        let (real, twin, _) = metric(name);
+        assert!(real > 0.0 && twin > 0.0, "{name}: real {real}, twin {twin}");
+    }
     for name in ["hit_ratio_pct", "requests.worker_1", "requests.worker_2"] {
         let (real, twin, error) = metric(name);
         assert!(

@@ -182,6 +182,10 @@ pub struct TwinServed {
     pub overlap_blocks: u32,
     /// Arrival to the first output token.
     pub ttft: Duration,
+    /// Arrival to the start of the step that first computed it: its way in (the
+    /// request overhead) and its wait for the engine's step in flight. What is left of
+    /// `ttft` is the steps that prefilled it, vLLM's `request_prefill_time`.
+    pub scheduled: Duration,
     /// Mean gap between its output tokens (`None` with fewer than two).
     pub itl: Option<Duration>,
     /// Arrival to the last output token.
@@ -242,6 +246,8 @@ pub struct TwinCluster {
     steps: u64,
     /// Draws each step's factor; see the module documentation.
     step_draws: ChaCha8Rng,
+    /// When each request's first step started, by request index (for `scheduled`).
+    first_scheduled_ns: Vec<Option<u64>>,
 }
 
 impl TwinCluster {
@@ -270,6 +276,7 @@ impl TwinCluster {
             router,
             steps: 0,
             step_draws,
+            first_scheduled_ns: Vec::new(),
         }
     }
 
@@ -280,6 +287,7 @@ impl TwinCluster {
         let capacity_tokens = u64::from(self.config.cache.num_gpu_blocks) * block_size;
         let mut progress: Vec<Option<Progress>> = vec![None; requests.len()];
         let mut served: Vec<Option<TwinServed>> = vec![None; requests.len()];
+        self.first_scheduled_ns = vec![None; requests.len()];
         let mut next_arrival = 0;
         // Closed loop: when the requests after the first `clients` may come, in order.
         let mut released: VecDeque<u64> = VecDeque::new();
@@ -412,6 +420,10 @@ impl TwinCluster {
         };
         let mut pass = Pass::default();
         for scheduled in &outcome.scheduled {
+            let index = usize::try_from(scheduled.id.get()).unwrap_or(usize::MAX);
+            if let Some(first @ None) = self.first_scheduled_ns.get_mut(index) {
+                *first = Some(now);
+            }
             if scheduled.prefill {
                 pass.prefills.push((scheduled.tokens, scheduled.context));
             } else {
@@ -469,6 +481,14 @@ impl TwinCluster {
                 cached_tokens: done.cached_tokens,
                 overlap_blocks: p.overlap_blocks,
                 ttft: Duration::from_nanos(first.saturating_sub(arrival)),
+                scheduled: Duration::from_nanos(
+                    self.first_scheduled_ns
+                        .get(index)
+                        .copied()
+                        .flatten()
+                        .unwrap_or(first)
+                        .saturating_sub(arrival),
+                ),
                 itl: (p.tokens >= 2)
                     .then(|| Duration::from_nanos((p.last_token_ns - first) / (p.tokens - 1))),
                 e2e: Duration::from_nanos(now.saturating_sub(arrival)),

@@ -313,6 +313,21 @@ fn a_request_overhead_delays_requests_on_their_way_but_not_their_engines_steps()
     assert!(ttfts(&halves)
         .iter()
         .all(|(ttft, _)| *ttft >= Duration::from_millis(40)));
+    // Each reaches an idle engine 40 ms after it came and is scheduled at once: what is
+    // left of its TTFT is its prefill, as without the overhead less those 40 ms.
+    for (whole, halves) in whole
+        .served
+        .iter()
+        .flatten()
+        .zip(halves.served.iter().flatten())
+    {
+        assert_eq!(halves.scheduled, Duration::from_millis(40));
+        assert_eq!(whole.scheduled, Duration::ZERO);
+        assert_eq!(
+            halves.ttft - halves.scheduled + Duration::from_millis(40),
+            whole.ttft
+        );
+    }
     // Four clients: while one request is on its way the engine steps for the others,
     // so the same work ends sooner.
     let whole = closed_loop(measured(Vec::new()), 4, 24, 1);

@@ -22,7 +22,7 @@ use kvtwin_sim::compute::table::Stall;
 
 /// The histograms' sums (seconds) and the requests they count, at one moment.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(super) struct EngineClock {
+pub(crate) struct EngineClock {
     queue_s: f64,
     prefill_s: f64,
     requests: f64,
@@ -42,7 +42,7 @@ const ITL_BUCKET: &str = "vllm:inter_token_latency_seconds_bucket";
 
 impl EngineClock {
     /// Reads the engine's histograms; `None` when it has none of them.
-    pub(super) async fn read(client: &EngineClient, url: &str) -> Result<Option<Self>> {
+    pub(crate) async fn read(client: &EngineClient, url: &str) -> Result<Option<Self>> {
         let metrics = get_ok(client, url, "/metrics", 16 << 20).await?;
         Ok(Self::parse(&String::from_utf8_lossy(&metrics)))
     }
@@ -84,7 +84,7 @@ impl EngineClock {
 
     /// The engine's time per request finished since `earlier`, milliseconds (queued to
     /// first token), or `None` when none finished.
-    pub(super) fn ms_per_request_since(&self, earlier: &Self) -> Option<f64> {
+    pub(crate) fn ms_per_request_since(&self, earlier: &Self) -> Option<f64> {
         let requests = self.requests - earlier.requests;
         (requests >= 1.0).then(|| {
             let seconds = (self.queue_s - earlier.queue_s) + (self.prefill_s - earlier.prefill_s);
@@ -95,7 +95,7 @@ impl EngineClock {
 
 impl EngineClock {
     /// Requests the engine finished since `earlier`.
-    pub(super) fn requests_since(&self, earlier: &Self) -> f64 {
+    pub(crate) fn requests_since(&self, earlier: &Self) -> f64 {
         self.requests - earlier.requests
     }
 

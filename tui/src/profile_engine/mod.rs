@@ -50,11 +50,12 @@
 //! it does leave the engines' caches full of its own prompts.
 
 mod beside;
-mod engine_time;
+pub(crate) mod engine_time;
 mod steps;
 
 use anyhow::{bail, Context, Result};
-use engine_time::{stalls_of, EngineClock};
+use engine_time::stalls_of;
+pub(crate) use engine_time::EngineClock;
 use kvtwin_plane::bench::serve::request::{send, Target};
 use kvtwin_plane::bench::serve::workload::{block_tokens, PlannedRequest};
 use kvtwin_plane::bench::serve::RequestRecord;
