@@ -29,7 +29,7 @@
 
 use crate::bench_serve::WorkloadArgs;
 use crate::profile_engine::{
-    engine_info, get_ok, post, reset_prefix_cache, EngineClock, EngineInfo,
+    engine_clocks, engine_info, get_ok, post, reset_prefix_cache, EngineClock, EngineInfo,
 };
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
@@ -182,6 +182,7 @@ pub(crate) fn validate_engine(
         repeats * prompts.len(),
         "{elapsed_precise} [{bar:30}] {pos}/{len} requests {msg}",
     );
+    let engine_urls: Vec<String> = engines.iter().map(|engine| engine.url.clone()).collect();
     let mut runs = Vec::with_capacity(repeats);
     for repeat in 0..repeats {
         bar.set_message(format!("repeat {} of {repeats}", repeat + 1));
@@ -192,11 +193,11 @@ pub(crate) fn validate_engine(
             records.push(record.clone());
             Ok(())
         };
-        let clocks_before = runtime.block_on(engine_clocks(&client, &engines));
+        let clocks_before = runtime.block_on(engine_clocks(&client, &engine_urls));
         runtime
             .block_on(run_serve_bench(&config, &mut observer))
             .context("sending the workload through the router")?;
-        let clocks_after = runtime.block_on(engine_clocks(&client, &engines));
+        let clocks_after = runtime.block_on(engine_clocks(&client, &engine_urls));
         let engine_ms = engine_part_ms(&clocks_before, &clocks_after);
         let (requests, twin_index) = twin_requests(&records, &prompts, info.block_size)?;
         let twin = TwinCluster::new(TwinClusterConfig {
@@ -408,15 +409,6 @@ fn twin_requests(
         ));
     }
     Ok((requests, twin_index))
-}
-
-/// Each engine's clock, in `engines`' order (`None` for one that does not keep it).
-async fn engine_clocks(client: &EngineClient, engines: &[Engine]) -> Vec<Option<EngineClock>> {
-    let mut clocks = Vec::with_capacity(engines.len());
-    for engine in engines {
-        clocks.push(EngineClock::read(client, &engine.url).await.ok().flatten());
-    }
-    clocks
 }
 
 /// The engines' mean time per request from queued to first token between two readings,

@@ -50,7 +50,7 @@
 //! it does leave the engines' caches full of its own prompts.
 
 mod beside;
-pub(crate) mod engine_time;
+mod engine_time;
 mod steps;
 
 use anyhow::{bail, Context, Result};
@@ -795,7 +795,10 @@ async fn together<'a>(
 
 /// Each engine's clock (in `urls`' order), `None` for one that does not keep it or
 /// could not be read: a profile goes on without the split.
-async fn engine_clocks(client: &EngineClient, urls: &[String]) -> Vec<Option<EngineClock>> {
+pub(crate) async fn engine_clocks(
+    client: &EngineClient,
+    urls: &[String],
+) -> Vec<Option<EngineClock>> {
     let mut clocks = Vec::with_capacity(urls.len());
     for url in urls {
         clocks.push(EngineClock::read(client, url).await.ok().flatten());
