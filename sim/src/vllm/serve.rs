@@ -222,7 +222,8 @@ impl TwinRun {
 struct TwinEngine {
     key: WorkerWithDpRank,
     scheduler: VllmScheduler,
-    in_flight: Option<(u64, StepOutcome)>,
+    /// The step under way: when it started, when it ends, what it does.
+    in_flight: Option<(u64, u64, StepOutcome)>,
     next_event_id: u64,
 }
 
@@ -232,6 +233,8 @@ struct Progress {
     arrived_ns: u64,
     overlap_blocks: u32,
     load_blocks: u64,
+    /// When the first step that computed it started.
+    scheduled_ns: Option<u64>,
     first_token_ns: Option<u64>,
     last_token_ns: u64,
     tokens: u64,
@@ -246,8 +249,6 @@ pub struct TwinCluster {
     steps: u64,
     /// Draws each step's factor; see the module documentation.
     step_draws: ChaCha8Rng,
-    /// When each request's first step started, by request index (for `scheduled`).
-    first_scheduled_ns: Vec<Option<u64>>,
 }
 
 impl TwinCluster {
@@ -276,7 +277,6 @@ impl TwinCluster {
             router,
             steps: 0,
             step_draws,
-            first_scheduled_ns: Vec::new(),
         }
     }
 
@@ -287,7 +287,6 @@ impl TwinCluster {
         let capacity_tokens = u64::from(self.config.cache.num_gpu_blocks) * block_size;
         let mut progress: Vec<Option<Progress>> = vec![None; requests.len()];
         let mut served: Vec<Option<TwinServed>> = vec![None; requests.len()];
-        self.first_scheduled_ns = vec![None; requests.len()];
         let mut next_arrival = 0;
         // Closed loop: when the requests after the first `clients` may come, in order.
         let mut released: VecDeque<u64> = VecDeque::new();
@@ -303,7 +302,7 @@ impl TwinCluster {
                 .engines
                 .iter()
                 .enumerate()
-                .filter_map(|(i, e)| e.in_flight.as_ref().map(|(at, _)| (*at, i)))
+                .filter_map(|(i, e)| e.in_flight.as_ref().map(|(_, at, _)| (*at, i)))
                 .min();
             let arrival = match arrivals {
                 _ if next_arrival >= requests.len() => None,
@@ -420,10 +419,6 @@ impl TwinCluster {
         };
         let mut pass = Pass::default();
         for scheduled in &outcome.scheduled {
-            let index = usize::try_from(scheduled.id.get()).unwrap_or(usize::MAX);
-            if let Some(first @ None) = self.first_scheduled_ns.get_mut(index) {
-                *first = Some(now);
-            }
             if scheduled.prefill {
                 pass.prefills.push((scheduled.tokens, scheduled.context));
             } else {
@@ -444,7 +439,7 @@ impl TwinCluster {
         }
         self.steps += 1;
         // At least a nanosecond: time moves on even under a profile that says 0.
-        self.engines[engine].in_flight = Some((now + nanos(took).max(1), outcome));
+        self.engines[engine].in_flight = Some((now, now + nanos(took).max(1), outcome));
     }
 
     /// The outputs of `engine`'s step, at `now`: tokens, finished requests (their load
@@ -456,10 +451,15 @@ impl TwinCluster {
         progress: &mut [Option<Progress>],
         served: &mut [Option<TwinServed>],
     ) -> usize {
-        let Some((_, outcome)) = self.engines[engine].in_flight.take() else {
+        let Some((started, _, outcome)) = self.engines[engine].in_flight.take() else {
             return 0;
         };
         let index_of = |id: RequestId| usize::try_from(id.get()).unwrap_or(usize::MAX);
+        for scheduled in &outcome.scheduled {
+            if let Some(Some(p)) = progress.get_mut(index_of(scheduled.id)) {
+                p.scheduled_ns.get_or_insert(started);
+            }
+        }
         for &id in &outcome.sampled {
             if let Some(Some(p)) = progress.get_mut(index_of(id)) {
                 p.first_token_ns.get_or_insert(now);
@@ -482,12 +482,7 @@ impl TwinCluster {
                 overlap_blocks: p.overlap_blocks,
                 ttft: Duration::from_nanos(first.saturating_sub(arrival)),
                 scheduled: Duration::from_nanos(
-                    self.first_scheduled_ns
-                        .get(index)
-                        .copied()
-                        .flatten()
-                        .unwrap_or(first)
-                        .saturating_sub(arrival),
+                    p.scheduled_ns.unwrap_or(first).saturating_sub(arrival),
                 ),
                 itl: (p.tokens >= 2)
                     .then(|| Duration::from_nanos((p.last_token_ns - first) / (p.tokens - 1))),
