@@ -89,7 +89,7 @@ pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
     ),
     (
         "vllm-cpu-tiny.ron",
-        "bca7b5d4d3d2ecc60d91bc501d4eb67918ee0fccb88b968373fe37f7f54f8d8c",
+        "c747dc7e0d656790065ed6ad8185587167cce513443af64da4da8d8d34a27c0d",
     ),
 ];
 

@@ -387,6 +387,32 @@ fn check_profile(output: &std::process::Output, dir: &std::path::Path) {
             .is_some_and(|ms| !ms.is_empty()),
         "{raw}"
     );
+    // Prompts of 1,024 tokens probed beside 1 and 4 answers, and the answer beside one
+    // probe watched against windows without one.
+    let beside = &raw["prefill_beside_decode"];
+    assert_eq!(beside["isl"], 1024, "{beside}");
+    let decodes: Vec<u64> = beside["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["decodes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(decodes, [1, 4]);
+    for point in beside["points"].as_array().unwrap() {
+        let ms = point["engine"]["ms"].as_array().unwrap();
+        assert!(
+            !ms.is_empty() && ms.iter().all(|m| m.as_f64().unwrap() > 0.0),
+            "{point}"
+        );
+    }
+    for side in ["steps_excess_with_probe", "steps_excess_without"] {
+        assert!(
+            beside[side]["ms"]
+                .as_array()
+                .is_some_and(|ms| !ms.is_empty()),
+            "{side}: {beside}"
+        );
+    }
     assert!(
         raw["decode_gaps"].as_f64().is_some_and(|gaps| gaps > 0.0),
         "{raw}"
@@ -398,6 +424,12 @@ fn check_profile(output: &std::process::Output, dir: &std::path::Path) {
             table.validate().unwrap();
             assert_eq!(table.max_kv_tokens, 2048);
             assert_eq!(table.prefill_isl, [32, 256, 1024]);
+            let decodes: Vec<u64> = table
+                .prefill_beside_decode
+                .iter()
+                .map(|b| b.decodes)
+                .collect();
+            assert_eq!(decodes, [1, 4]);
         }
         other => panic!("not a table: {other:?}"),
     }

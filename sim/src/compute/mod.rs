@@ -381,6 +381,16 @@ impl ComputeModel {
         }
     }
 
+    /// What the step in flight takes longer when a request comes to its engine
+    /// ([`table::TableModel::arrival_stretch`]); nothing for every model but a measured
+    /// table that says.
+    pub fn arrival_stretch(&self) -> Duration {
+        match self {
+            ComputeModel::Table(table) => table.arrival_stretch(),
+            _ => Duration::ZERO,
+        }
+    }
+
     /// Whether passes stall now and then ([`table::TableModel::stalls`]). Only then does
     /// [`Self::stall`] read its draw.
     pub fn stalls_happen(&self) -> bool {
@@ -409,7 +419,8 @@ impl ComputeModel {
     ///
     /// Roofline: the whole pass is one sum of rooflines (weights read once, every token's
     /// FLOPs and KV reads); its prefill part is that of the prefill work alone. Table:
-    /// the prefill chunks' times (one overhead) plus the decode step. DynoSim and Linear:
+    /// the prefill chunks' times (one overhead) plus the decode step, or, where the
+    /// table measured prefills beside decodes, the chunks' times by its factor. DynoSim and Linear:
     /// the prefill part (by the pass's uncached tokens) plus the decode part.
     pub fn pass(&self, pass: &Pass, capacity_tokens: u64) -> PassTime {
         let new: u64 = pass.prefills.iter().map(|(t, _)| t).sum();
@@ -445,6 +456,19 @@ impl ComputeModel {
                     ComputeModel::Table(table) => table.prefill(&pass.prefills),
                     _ => self.prefill(new, 0),
                 };
+                // A prefill beside decodes as the engine measured it, where it did.
+                if let ComputeModel::Table(table) = self {
+                    let factor = (!pass.prefills.is_empty())
+                        .then(|| table.prefill_beside(pass.decodes))
+                        .flatten();
+                    if let Some(factor) = factor {
+                        let total = prefill.mul_f64(factor);
+                        return PassTime {
+                            prefill: total,
+                            total,
+                        };
+                    }
+                }
                 let decode = match self {
                     // One pass, one fixed cost: the prefill's pays it.
                     ComputeModel::Table(table) if !pass.prefills.is_empty() => {
@@ -573,7 +597,9 @@ mod tests {
             step_spread: Vec::new(),
             request_overhead_ms: 0.0,
             request_overhead_busy_ms: 0.0,
+            arrival_stretch_ms: 0.0,
             stalls: Vec::new(),
+            prefill_beside_decode: Vec::new(),
         }) else {
             unreachable!()
         };
@@ -589,6 +615,28 @@ mod tests {
         assert_eq!(
             measured.pass(&decodes_only, 1 << 20).total,
             Duration::from_millis(18)
+        );
+        // Measured beside decodes: the prefill's figure by the factor at 8 decodes
+        // (between 4 at 1.5 and 12 at 2.0), the decodes' own share no longer added.
+        let mut beside = table.clone();
+        beside.prefill_beside_decode = vec![
+            table::BesideDecode {
+                decodes: 4,
+                factor: 1.5,
+            },
+            table::BesideDecode {
+                decodes: 12,
+                factor: 2.0,
+            },
+        ];
+        let beside = ComputeModel::Table(beside);
+        let time = beside.pass(&pass, 1 << 20);
+        assert_eq!(time.total, table.prefill(&pass.prefills).mul_f64(1.75));
+        assert_eq!(time.prefill, time.total);
+        assert_eq!(
+            beside.pass(&decodes_only, 1 << 20).total,
+            Duration::from_millis(18),
+            "a pass without a prefill is a decode step"
         );
     }
 }

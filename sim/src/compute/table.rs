@@ -79,12 +79,41 @@ pub struct TableModel {
     /// makes a request arriving mid-step serve anyway. 0 (the default): as alone.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub request_overhead_busy_ms: f64,
+    /// Milliseconds the step in flight takes longer when a request comes to an engine
+    /// stepping for others: its way in and out run on the CPU the pass runs on (vLLM's
+    /// CPU build, its API server on the engine's core), as `kvtwin profile --engine`
+    /// measures it (a decode's steps around a probe against its steps in as long a
+    /// window without). 0 (the default): requests cost the steps nothing.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub arrival_stretch_ms: f64,
     /// Stalls: how long the engine held a pass beyond its figure, and the share of
     /// passes each length befell, as `kvtwin profile --engine` reads them off vLLM's
     /// own inter-token latency histogram. Shorter stalls first. Empty (the default):
     /// none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stalls: Vec<Stall>,
+    /// How much longer a pass that prefills takes when sequences decode beside the
+    /// prefill, by how many decode: the pass over the same prefill alone, as `kvtwin
+    /// profile --engine` measures it (a prompt sent while the engine streams answers,
+    /// against the same prompt alone). On vLLM's CPU build the API server and the engine
+    /// core take the core from the forward pass while others' answers stream, so a
+    /// prefill beside two decodes took 1.3 to 1.7 times as long (2-core VM, each engine
+    /// on a core of its own), where the decodes' own work adds a few percent. Decodes
+    /// ascending; 1 below the first (linearly from 1 at none), the last beyond it.
+    /// Empty (the default): such a pass is the prefill's figure plus the decodes' share
+    /// of a step ([`Self::decode_beside_prefill`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefill_beside_decode: Vec<BesideDecode>,
+}
+
+/// A prefill's pass beside `decodes` decoding sequences, over the prefill alone.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BesideDecode {
+    /// Sequences decoding in the pass, at least 1.
+    pub decodes: u64,
+    /// The pass's time over the prefill's figure alone.
+    pub factor: f64,
 }
 
 /// One length of stall and how often the engine stalled that long.
@@ -171,6 +200,7 @@ impl TableModel {
         for (field, ms) in [
             ("request_overhead_ms", self.request_overhead_ms),
             ("request_overhead_busy_ms", self.request_overhead_busy_ms),
+            ("arrival_stretch_ms", self.arrival_stretch_ms),
         ] {
             if !(ms.is_finite() && ms >= 0.0) {
                 return Err(error(
@@ -224,6 +254,26 @@ impl TableModel {
                 ));
             }
         }
+        let decodes: Vec<u64> = self
+            .prefill_beside_decode
+            .iter()
+            .map(|b| b.decodes)
+            .collect();
+        if !decodes.is_empty() {
+            ascending("decodes", &decodes).map_err(|r| error("prefill_beside_decode", r))?;
+        }
+        for beside in &self.prefill_beside_decode {
+            if beside.decodes == 0 || !(beside.factor.is_finite() && beside.factor > 0.0) {
+                return Err(error(
+                    "prefill_beside_decode",
+                    format!(
+                        "{} decodes, factor {} (must be at least 1 decode and a positive \
+                         finite factor)",
+                        beside.decodes, beside.factor
+                    ),
+                ));
+            }
+        }
         let share: f64 = self.stalls.iter().map(|stall| stall.share).sum();
         if share > 1.0 + 1e-9 {
             return Err(error(
@@ -259,6 +309,33 @@ impl TableModel {
         let lower = (at.floor() as usize).min(quantiles.len() - 2);
         let fraction = at - lower as f64;
         quantiles[lower] + (quantiles[lower + 1] - quantiles[lower]) * fraction
+    }
+
+    /// What the step in flight takes longer when a request comes
+    /// ([`Self::arrival_stretch_ms`]).
+    pub fn arrival_stretch(&self) -> Duration {
+        millis(self.arrival_stretch_ms)
+    }
+
+    /// A prefill's pass beside `decodes` decoding sequences over the prefill alone
+    /// ([`Self::prefill_beside_decode`]); `None` when the table has no such figures or
+    /// nothing decodes.
+    pub fn prefill_beside(&self, decodes: u64) -> Option<f64> {
+        let last = self.prefill_beside_decode.last()?;
+        if decodes == 0 {
+            return None;
+        }
+        let mut xs = vec![0];
+        let mut ys = vec![1.0];
+        for beside in &self.prefill_beside_decode {
+            xs.push(beside.decodes);
+            ys.push(beside.factor);
+        }
+        Some(if decodes >= last.decodes {
+            last.factor
+        } else {
+            interpolate(&xs, &ys, decodes as f64)
+        })
     }
 
     /// What a request spends outside the engine's steps ([`Self::request_overhead_ms`]).
@@ -425,7 +502,9 @@ mod tests {
             step_spread: Vec::new(),
             request_overhead_ms: 0.0,
             request_overhead_busy_ms: 0.0,
+            arrival_stretch_ms: 0.0,
             stalls: Vec::new(),
+            prefill_beside_decode: Vec::new(),
         }
     }
 
@@ -663,6 +742,47 @@ mod tests {
             measured.request_overhead_ms = bad;
             let error = measured.validate().expect_err("refused");
             assert_eq!(error.field, "request_overhead_ms");
+        }
+    }
+
+    #[test]
+    fn prefills_beside_decodes_go_from_one_through_the_measured_factors() {
+        let mut measured = table();
+        assert_eq!(measured.prefill_beside(2), None, "no figures");
+        measured.prefill_beside_decode = vec![
+            BesideDecode {
+                decodes: 2,
+                factor: 1.4,
+            },
+            BesideDecode {
+                decodes: 4,
+                factor: 1.6,
+            },
+        ];
+        assert_eq!(measured.validate(), Ok(()));
+        assert_eq!(measured.prefill_beside(0), None, "nothing decodes");
+        assert!((measured.prefill_beside(1).unwrap() - 1.2).abs() < 1e-12);
+        assert!((measured.prefill_beside(3).unwrap() - 1.5).abs() < 1e-12);
+        assert_eq!(measured.prefill_beside(9), Some(1.6), "the last beyond it");
+        let text = ron::to_string(&measured).expect("writes");
+        assert_eq!(ron::from_str::<TableModel>(&text).expect("reads"), measured);
+        assert!(!ron::to_string(&table())
+            .expect("writes")
+            .contains("prefill_beside_decode"));
+        for (bad, says) in [
+            ((0, 1.2), "at least 1 decode"),
+            ((2, 0.0), "positive finite factor"),
+            ((2, f64::NAN), "positive finite factor"),
+            ((5, 1.5), "must ascend strictly (5 then 4)"),
+        ] {
+            let mut wrong = measured.clone();
+            wrong.prefill_beside_decode[0] = BesideDecode {
+                decodes: bad.0,
+                factor: bad.1,
+            };
+            let error = wrong.validate().expect_err("refused");
+            assert_eq!(error.field, "prefill_beside_decode");
+            assert!(error.reason.contains(says), "{}", error.reason);
         }
     }
 }

@@ -26,7 +26,9 @@
 //! inside its prefill times instead, and requests reach their engine on arrival. A
 //! request routed to an engine that is stepping takes `request_overhead_busy_ms` instead
 //! where the profile measured more there (vLLM's API server sharing the CPU with the
-//! pass). A pass may stall beyond its figure as often as the profile's `stalls` say.
+//! pass), and the step in flight then takes the profile's `arrival_stretch_ms` longer
+//! (the CPU the way in took from it). A pass may stall beyond its figure as often as
+//! the profile's `stalls` say.
 //! Never: read a clock (time is the trace's and the model's), talk to an engine, or
 //! iterate anything unordered.
 
@@ -296,6 +298,7 @@ impl TwinCluster {
         // engine, the request), in that order (ties in the order they were routed).
         let overhead = nanos(self.config.compute.request_overhead());
         let overhead_busy = nanos(self.config.compute.request_overhead_busy());
+        let stretch = nanos(self.config.compute.arrival_stretch());
         let mut on_the_way: VecDeque<(u64, usize, usize)> = VecDeque::new();
         loop {
             let step_end = self
@@ -349,6 +352,10 @@ impl TwinCluster {
                 // vLLM's API server and engine core share the CPU with the pass.
                 let busy = self.engines[engine].in_flight.is_some();
                 let delay = if busy { overhead_busy } else { overhead };
+                // And slows that step: the way in runs on the pass's CPU.
+                if let Some((_, ends, _)) = &mut self.engines[engine].in_flight {
+                    *ends += stretch;
+                }
                 if delay == 0 {
                     self.deliver(engine, index, &requests[index], now, capacity_tokens);
                 } else {

@@ -220,7 +220,9 @@ fn measured(step_spread: Vec<f64>) -> ComputeModel {
         step_spread,
         request_overhead_ms: 0.0,
         request_overhead_busy_ms: 0.0,
+        arrival_stretch_ms: 0.0,
         stalls: Vec::new(),
+        prefill_beside_decode: Vec::new(),
     })
 }
 
@@ -423,4 +425,39 @@ fn a_busy_engine_slows_only_the_requests_that_come_while_it_steps() {
     assert!(busy.makespan > alone.makespan);
     // A busy figure under the overhead alone is the overhead alone.
     assert_eq!(closed_loop(with_busy(5.0), 2, 24, 1), alone);
+}
+
+#[test]
+fn a_request_coming_to_a_stepping_engine_lengthens_the_step_in_flight_by_the_stretch() {
+    let stretched = |stretch_ms: f64| {
+        let ComputeModel::Table(mut table) = measured(Vec::new()) else {
+            unreachable!("measured is a table")
+        };
+        table.arrival_stretch_ms = stretch_ms;
+        let (scheduler, cache) = configs(2048, 65);
+        TwinCluster::new(TwinClusterConfig {
+            workers: vec![WorkerId::new(1)],
+            scheduler,
+            cache,
+            routing: SchedulerConfig::default(),
+            compute: ComputeModel::Table(table),
+            seed: 0,
+        })
+    };
+    // The first comes to an idle engine: nothing to stretch.
+    let first = [request(0, 0, 1, 0, 2, 3)];
+    assert_eq!(
+        stretched(7.0).serve(&first, TwinArrivals::Open),
+        stretched(0.0).serve(&first, TwinArrivals::Open)
+    );
+    // The second comes 5 ms into the first's prefill: that pass ends 7 ms later, and
+    // with it the first's first token and everything after.
+    let both = [request(0, 0, 1, 0, 2, 3), request(1, 5, 2, 0, 2, 3)];
+    let plain = stretched(0.0).serve(&both, TwinArrivals::Open);
+    let slowed = stretched(7.0).serve(&both, TwinArrivals::Open);
+    let ms = Duration::from_millis;
+    assert_eq!(served(&slowed, 0).ttft, served(&plain, 0).ttft + ms(7));
+    assert_eq!(served(&slowed, 0).e2e, served(&plain, 0).e2e + ms(7));
+    assert_eq!(served(&slowed, 1).ttft, served(&plain, 1).ttft + ms(7));
+    assert_eq!(slowed.makespan, plain.makespan + ms(7));
 }

@@ -108,6 +108,12 @@ impl EngineClock {
         let gaps = self.gaps - earlier.gaps;
         (gaps >= 1.0).then(|| (self.itl_s - earlier.itl_s) / gaps * 1e3)
     }
+
+    /// The output gaps the engine counted since `earlier`: their sum, milliseconds, and
+    /// how many.
+    pub(super) fn itl_since(&self, earlier: &Self) -> (f64, f64) {
+        ((self.itl_s - earlier.itl_s) * 1e3, self.gaps - earlier.gaps)
+    }
 }
 
 impl EngineClock {

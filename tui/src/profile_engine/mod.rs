@@ -12,9 +12,10 @@
 //!   is time the engine does not step for: `compute.ron`'s prefills are the engine's
 //!   part and its `request_overhead_ms` the median rest, which the twin adds to each
 //!   request on its way, not to its engine's steps; Dynamo's tables keep the TTFTs;
-//! - the same beside a decode (`beside`): a fresh prompt sent while its engine streams a
-//!   long answer, whose overhead is larger where the API server shares the CPU with
-//!   the pass (the table's `request_overhead_busy_ms`);
+//! - the same beside decodes (`beside`): a fresh prompt sent while its engine streams
+//!   1 and each batch size of long answers, whose overhead and prefill are longer where
+//!   the API server shares the CPU with the pass (the table's
+//!   `request_overhead_busy_ms` and `prefill_beside_decode`);
 //! - decode: a batch of fresh prompts of one context length streamed together; the step
 //!   time is vLLM's own mean gap between a request's outputs (`engine_time`: its
 //!   inter-token latency histogram, stamped in the engine core), since a client's gaps
@@ -361,27 +362,31 @@ async fn measure_and_write(
         prefill_points.push((isl, repeats));
     }
     let overhead = engine_points.is_some().then_some(Repeats(overheads));
-    // The same beside a decode: a fresh prompt sent to each engine while it streams a
-    // long answer.
-    let mut beside_samples = Vec::new();
-    if overhead.is_some() {
-        let pinned: Vec<(&Target, &str)> = targets
-            .iter()
-            .zip(urls)
-            .map(|(target, url)| (target, url.as_str()))
-            .collect();
-        for _ in 0..grid.repeats {
-            let planned = targets
+    // The same beside decodes: a fresh prompt sent to each engine while it streams
+    // long answers.
+    let mut beside = None;
+    if let (Some(points), Some(_)) = (&engine_points, &overhead) {
+        if let Some((point, decodes)) =
+            beside::plan(&isls, &batches, info.block_size, max_kv, limit)
+        {
+            let pinned: Vec<(&Target, &str)> = targets
                 .iter()
-                .map(|_| {
-                    (
-                        prompts.planned(info.block_size, beside::BACKGROUND_TOKENS),
-                        prompts.planned(4 * info.block_size, 1),
-                    )
-                })
+                .zip(urls)
+                .map(|(target, url)| (target, url.as_str()))
                 .collect();
-            let samples = beside::overhead_beside_decode(&client, &pinned, planned).await?;
-            beside_samples.extend(samples.into_iter().flatten());
+            beside = Some(
+                beside::measure(
+                    &client,
+                    &pinned,
+                    &mut prompts,
+                    isls[point],
+                    points[point].median(),
+                    Duration::from_secs_f64(prefill_points[point].1.median().max(0.0) / 1e3),
+                    &decodes,
+                    grid.repeats,
+                )
+                .await?,
+            );
         }
     }
 
@@ -531,9 +536,12 @@ async fn measure_and_write(
         .iter()
         .find(|(_, batch, _)| *batch == 1)
         .map_or(0.0, |(_, _, r)| r.median());
-    let beside = (!beside_samples.is_empty()).then_some(Repeats(beside_samples));
     if let Some(beside) = &beside {
-        table.request_overhead_busy_ms = (beside.median() - lone_step / 2.0).max(0.0);
+        if let Some(busy) = beside.overhead_busy_ms(lone_step) {
+            table.request_overhead_busy_ms = busy;
+        }
+        table.prefill_beside_decode = beside.factors();
+        table.arrival_stretch_ms = beside.arrival_stretch_ms().unwrap_or(0.0);
     }
     let step_spread = percentiles(&step_ratios);
     table.step_spread = step_spread.clone();
@@ -577,7 +585,11 @@ async fn measure_and_write(
         // A probe's TTFT less the engine's part while its engine decodes a long answer,
         // every repeat; the table's `request_overhead_busy_ms` is their median less half
         // of `lone_step_ms` (the step in flight, which the twin waits for anyway).
-        "request_overhead_beside_decode": beside.as_ref().map(Repeats::to_json),
+        "request_overhead_beside_decode": beside.as_ref().and_then(|b| b.beside_one()).map(Repeats::to_json),
+        // Every probe beside decodes: outside and inside the engine, by decodes beside;
+        // the table's `prefill_beside_decode` is each one's engine median over
+        // `lone_engine_ms`.
+        "prefill_beside_decode": beside.as_ref().map(beside::BesideDecodes::to_json),
         "lone_step_ms": lone_step,
         // Each point's `ms`: the engine's steps (vLLM's mean gap between outputs) when
         // `decode_from_engine`, else the clients'; `client`: the clients' always.
@@ -647,16 +659,7 @@ async fn measure_and_write(
         ),
     }
     if let Some(beside) = &beside {
-        println!(
-            "the same while the engine decodes another answer: {:.2} ms ({:.2} to {:.2}); \
-             less half a lone step ({:.2} ms), which the twin makes it wait anyway: {:.2} ms \
-             (the table's request_overhead_busy_ms)",
-            beside.median(),
-            beside.min(),
-            beside.max(),
-            lone_step / 2.0,
-            busy_ms
-        );
+        beside.print(lone_step, busy_ms);
     }
     println!(
         "\ndecode: a batch streaming together{on_each}, {} outputs each; {}",

@@ -136,3 +136,46 @@ fn fresh_prompts_share_no_block() {
     assert_ne!(a.prompt[..32], b.prompt[..32]);
     assert_ne!(a.prompt[32..64], b.prompt[32..64]);
 }
+
+#[test]
+fn probes_beside_decodes_take_the_longest_prompt_that_fits_beside_the_most_decodes() {
+    // Answers of 32 + 48 tokens: 32 of them do not fit 2,048 tokens; 8 do, and 1,024
+    // beside them.
+    assert_eq!(
+        beside::plan(&[32, 256, 1024], &[1, 4, 8, 32], 32, 2048, 2047),
+        Some((2, vec![1, 4, 8]))
+    );
+    // 20 of them (1,600 tokens) leave room for 256 but not 1,024.
+    assert_eq!(
+        beside::plan(&[32, 256, 1024], &[20], 32, 2048, 2047),
+        Some((1, vec![1, 20]))
+    );
+    // 1 always among the decodes; a prompt past the limit is never taken.
+    assert_eq!(
+        beside::plan(&[32, 256, 1024], &[2], 32, 2048, 512),
+        Some((1, vec![1, 2]))
+    );
+    // Nothing fits beside even one answer.
+    assert_eq!(beside::plan(&[32], &[1], 32, 100, 99), None);
+}
+
+#[test]
+fn a_decodes_excess_is_its_window_less_the_probes_pass_and_its_usual_steps() {
+    // 5 gaps in the window, 60 ms in all, one of them the probe's 20 ms pass; outside,
+    // 40 gaps of 8 ms: 4 steps at 8 ms would be 32 ms, so 8 ms over.
+    assert_eq!(
+        beside::window_excess((60.0, 5.0), (320.0, 40.0), Some(20.0)),
+        Some(8.0)
+    );
+    // Without a probe every gap of the window is a step of the answer's own.
+    assert_eq!(
+        beside::window_excess((45.0, 5.0), (320.0, 40.0), None),
+        Some(5.0)
+    );
+    // Nothing to compare with.
+    assert_eq!(beside::window_excess((45.0, 5.0), (0.0, 0.0), None), None);
+    assert_eq!(
+        beside::window_excess((20.0, 1.0), (320.0, 40.0), Some(20.0)),
+        None
+    );
+}

@@ -77,7 +77,9 @@ pub fn table_from_profiles(
         step_spread: Vec::new(),
         request_overhead_ms: 0.0,
         request_overhead_busy_ms: 0.0,
+        arrival_stretch_ms: 0.0,
         stalls: Vec::new(),
+        prefill_beside_decode: Vec::new(),
     };
     table.validate()?;
     Ok(table)
