@@ -28,6 +28,13 @@
 //! two cores), each as a length and the share of passes it befell. A driver draws them
 //! too ([`TableModel::stall`]); the spread is the body of a step's time, the stalls its
 //! tail.
+//!
+//! Two more figures are for an engine whose serving processes share the CPU with its
+//! pass (vLLM's CPU build): a pass that prefills beside `k` decodes may be priced at the
+//! prefill's figure times a measured factor ([`TableModel::prefill_beside_decode`], in
+//! place of the prefill plus the decodes' share of a step), and a request coming to a
+//! stepping engine may lengthen the step in flight ([`TableModel::arrival_stretch_ms`],
+//! which a driver applies; the interpolation never does).
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
