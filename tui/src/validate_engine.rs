@@ -51,6 +51,7 @@ use kvtwin_sim::vllm::{
     VllmCacheConfig, VllmSchedulerConfig,
 };
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -64,6 +65,11 @@ pub(crate) struct EngineValidateArgs {
     /// what the twin's steps take.
     #[arg(long, value_name = "FILE", requires = "engine")]
     compute: Option<PathBuf>,
+    /// Each engine's own table (`kvtwin profile` with several `--engine` writes
+    /// compute-engines.ron: tables by engine URL): an engine behind the router whose URL
+    /// it names steps at its own speed, the others at `--compute`'s.
+    #[arg(long, value_name = "FILE", requires = "compute")]
+    engine_compute: Option<PathBuf>,
     /// Writes TTFT and ITL CDFs, real against twin, as DIR/cdf-ttft and DIR/cdf-itl
     /// (.svg and .png).
     #[arg(long, value_name = "DIR", requires = "engine")]
@@ -128,6 +134,10 @@ pub(crate) fn validate_engine(
         probe: timeout.min(Duration::from_secs(10)),
     });
     let engines = runtime.block_on(engines_of(&client, router))?;
+    let engine_compute = match &args.engine_compute {
+        None => BTreeMap::new(),
+        Some(path) => own_tables(path, &engines)?,
+    };
     let info = runtime.block_on(cache_of(&client, &engines))?;
     let scheduler = VllmSchedulerConfig {
         max_num_seqs: args.max_num_seqs.unwrap_or(128),
@@ -151,6 +161,7 @@ pub(crate) fn validate_engine(
             ..SchedulerConfig::default()
         },
         compute,
+        engine_compute,
         // Each repeat's twin draws its steps anew (a table with a measured spread).
         seed: workload.seed,
     };
@@ -231,6 +242,8 @@ pub(crate) fn validate_engine(
             "max_num_seqs": scheduler.max_num_seqs,
             "max_num_batched_tokens": scheduler.max_num_batched_tokens,
             "compute": compute_path,
+            // Each engine's own table, by URL, where given (`--engine-compute`).
+            "engine_compute": args.engine_compute,
             "requests": prompts.len(),
             "metrics": summary,
             "runs": runs.iter().zip(&per_run).map(|(run, metrics)| run_json(run, metrics)).collect::<Vec<_>>(),
@@ -409,6 +422,32 @@ fn twin_requests(
         ));
     }
     Ok((requests, twin_index))
+}
+
+/// The tables of `--engine-compute` (by engine URL) of the engines behind the router, by
+/// worker; an error naming the file when it names none of them.
+fn own_tables(path: &Path, engines: &[Engine]) -> Result<BTreeMap<WorkerId, ComputeModel>> {
+    let by_url: BTreeMap<String, ComputeModel> = kvtwin_sim::ron_file::load(path)
+        .with_context(|| format!("--engine-compute {}", path.display()))?;
+    let own: BTreeMap<WorkerId, ComputeModel> = engines
+        .iter()
+        .filter_map(|engine| {
+            let table = by_url.get(engine.url.trim_end_matches('/'))?;
+            Some((WorkerId::new(engine.worker), table.clone()))
+        })
+        .collect();
+    ensure!(
+        !own.is_empty(),
+        "--engine-compute {}: its tables are for {}, none of the router's engines ({})",
+        path.display(),
+        by_url.keys().cloned().collect::<Vec<_>>().join(", "),
+        engines
+            .iter()
+            .map(|e| e.url.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(own)
 }
 
 /// The engines' mean time per request from queued to first token between two readings,
@@ -749,4 +788,59 @@ fn plot(dir: &Path, runs: &[Repeat]) -> Result<Vec<PathBuf>> {
         )?);
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvtwin_sim::compute::table::{DecodeCurve, TableModel};
+
+    fn table(name: &str) -> ComputeModel {
+        ComputeModel::Table(TableModel {
+            name: name.into(),
+            gpus: 1,
+            kv_bytes_per_token: 0,
+            max_kv_tokens: 0,
+            prefill_isl: vec![32],
+            prefill_ms: vec![10.0],
+            decode: vec![DecodeCurve {
+                context: 128,
+                batch: vec![1],
+                ms: vec![8.0],
+            }],
+            step_spread: Vec::new(),
+            request_overhead_ms: 0.0,
+            request_overhead_busy_ms: 0.0,
+            arrival_stretch_ms: 0.0,
+            stalls: Vec::new(),
+            prefill_beside_decode: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn each_engine_takes_the_table_of_its_url_and_a_file_for_none_of_them_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("compute-engines.ron");
+        let by_url = BTreeMap::from([
+            ("http://127.0.0.1:8001".to_string(), table("one")),
+            ("http://127.0.0.1:8002".to_string(), table("two")),
+        ]);
+        std::fs::write(&path, ron::to_string(&by_url).unwrap()).unwrap();
+        let engines = [
+            Engine {
+                worker: 7,
+                url: "http://127.0.0.1:8002/".into(),
+            },
+            Engine {
+                worker: 9,
+                url: "http://127.0.0.1:8003".into(),
+            },
+        ];
+        let own = own_tables(&path, &engines).unwrap();
+        assert_eq!(own.len(), 1, "engine 9 has no table of its own");
+        assert_eq!(own[&WorkerId::new(7)], table("two"));
+        let error = own_tables(&path, &engines[1..]).unwrap_err().to_string();
+        assert!(error.contains("none of the router's engines"), "{error}");
+        assert!(error.contains("http://127.0.0.1:8003"), "{error}");
+    }
 }

@@ -155,6 +155,7 @@ pub fn simulate(scenario: &Scenario, spec: &VllmEngineSpec, requests: &[Request]
             .hardware
             .compute_model()
             .expect("Scenario::load checked the compute profile"),
+        engine_compute: BTreeMap::new(),
         seed: scenario.seed,
     };
     let twin_requests: Vec<TwinRequest> = requests

@@ -61,6 +61,10 @@ pub struct TwinClusterConfig {
     pub routing: SchedulerConfig,
     /// What a step takes.
     pub compute: ComputeModel,
+    /// An engine's own measured table where it has one (`kvtwin profile --engine`'s
+    /// `compute-engines.ron`: engines that look alike need not run alike); the others
+    /// take `compute`.
+    pub engine_compute: BTreeMap<WorkerId, ComputeModel>,
     /// Seeds the draws of step times from the profile's spread (unused without one).
     pub seed: u64,
 }
@@ -223,6 +227,8 @@ impl TwinRun {
 /// `ends_at`).
 struct TwinEngine {
     key: WorkerWithDpRank,
+    /// What its steps take: its own table, or the cluster's.
+    compute: ComputeModel,
     scheduler: VllmScheduler,
     /// The step under way: when it started, when it ends, what it does.
     in_flight: Option<(u64, u64, StepOutcome)>,
@@ -266,6 +272,11 @@ impl TwinCluster {
                 router.add_worker(key);
                 TwinEngine {
                     key,
+                    compute: config
+                        .engine_compute
+                        .get(&worker)
+                        .unwrap_or(&config.compute)
+                        .clone(),
                     scheduler: VllmScheduler::new(config.scheduler, config.cache),
                     in_flight: None,
                     next_event_id: 0,
@@ -296,9 +307,6 @@ impl TwinCluster {
         let mut now = first_ns;
         // Requests routed and on their way to their engine: (when they reach it, the
         // engine, the request), in that order (ties in the order they were routed).
-        let overhead = nanos(self.config.compute.request_overhead());
-        let overhead_busy = nanos(self.config.compute.request_overhead_busy());
-        let stretch = nanos(self.config.compute.arrival_stretch());
         let mut on_the_way: VecDeque<(u64, usize, usize)> = VecDeque::new();
         loop {
             let step_end = self
@@ -350,8 +358,13 @@ impl TwinCluster {
                 progress[index] = Some(routed);
                 // An engine stepping for others when the request comes slows its way in:
                 // vLLM's API server and engine core share the CPU with the pass.
-                let busy = self.engines[engine].in_flight.is_some();
-                let delay = if busy { overhead_busy } else { overhead };
+                let twin = &self.engines[engine];
+                let delay = nanos(if twin.in_flight.is_some() {
+                    twin.compute.request_overhead_busy()
+                } else {
+                    twin.compute.request_overhead()
+                });
+                let stretch = nanos(twin.compute.arrival_stretch());
                 // And slows that step: the way in runs on the pass's CPU.
                 if let Some((_, ends, _)) = &mut self.engines[engine].in_flight {
                     *ends += stretch;
@@ -433,16 +446,17 @@ impl TwinCluster {
                 pass.decode_context += scheduled.context + scheduled.tokens;
             }
         }
-        let mut took = self.config.compute.pass(&pass, capacity_tokens).total;
-        if self.config.compute.steps_vary() {
+        let compute = &self.engines[engine].compute;
+        let mut took = compute.pass(&pass, capacity_tokens).total;
+        if compute.steps_vary() {
             let u: f64 = self.step_draws.gen();
-            took = took.mul_f64(self.config.compute.step_factor(u));
+            took = took.mul_f64(compute.step_factor(u));
         }
         // Drawn apart from the spread, and only where the profile saw stalls, so that a
         // table without them replays as it did before they were measured.
-        if self.config.compute.stalls_happen() {
+        if compute.stalls_happen() {
             let u: f64 = self.step_draws.gen();
-            took += self.config.compute.stall(u);
+            took += compute.stall(u);
         }
         self.steps += 1;
         // At least a nanosecond: time moves on even under a profile that says 0.

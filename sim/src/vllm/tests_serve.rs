@@ -6,6 +6,7 @@ use super::*;
 use crate::compute::ComputeModel;
 use kvtwin::ids::WorkerId;
 use kvtwin::router::scheduler::SchedulerConfig;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// 1 ms per prefilled token, 10 ms a decode step: times that are easy to add up.
@@ -24,6 +25,7 @@ fn cluster(engines: u64, num_gpu_blocks: u32) -> TwinCluster {
         cache,
         routing: SchedulerConfig::default(),
         compute: linear(),
+        engine_compute: BTreeMap::new(),
         seed: 0,
     })
 }
@@ -285,6 +287,7 @@ fn closed_loop(compute: ComputeModel, clients: usize, requests: usize, seed: u64
         cache,
         routing: SchedulerConfig::default(),
         compute,
+        engine_compute: BTreeMap::new(),
         seed,
     });
     let requests: Vec<TwinRequest> = (0..requests).map(|i| request(i, 0, 1, 4, 1, 8)).collect();
@@ -441,6 +444,7 @@ fn a_request_coming_to_a_stepping_engine_lengthens_the_step_in_flight_by_the_str
             cache,
             routing: SchedulerConfig::default(),
             compute: ComputeModel::Table(table),
+            engine_compute: BTreeMap::new(),
             seed: 0,
         })
     };
@@ -460,4 +464,51 @@ fn a_request_coming_to_a_stepping_engine_lengthens_the_step_in_flight_by_the_str
     assert_eq!(served(&slowed, 0).e2e, served(&plain, 0).e2e + ms(7));
     assert_eq!(served(&slowed, 1).ttft, served(&plain, 1).ttft + ms(7));
     assert_eq!(slowed.makespan, plain.makespan + ms(7));
+}
+
+#[test]
+fn an_engine_with_its_own_table_steps_at_its_own_speed() {
+    let ComputeModel::Table(mut slow) = measured(Vec::new()) else {
+        unreachable!("measured is a table")
+    };
+    for ms in &mut slow.prefill_ms {
+        *ms *= 2.0;
+    }
+    let twin = |own: BTreeMap<WorkerId, ComputeModel>| {
+        let (scheduler, cache) = configs(2048, 65);
+        TwinCluster::new(TwinClusterConfig {
+            workers: vec![WorkerId::new(1), WorkerId::new(2)],
+            scheduler,
+            cache,
+            routing: SchedulerConfig::default(),
+            compute: measured(Vec::new()),
+            engine_compute: own,
+            seed: 0,
+        })
+    };
+    // Two fresh prompts at once: the router's load sends one to each engine.
+    let requests = [request(0, 0, 1, 0, 2, 3), request(1, 0, 2, 0, 2, 3)];
+    let alike = twin(BTreeMap::new()).serve(&requests, TwinArrivals::Open);
+    let apart = twin(BTreeMap::from([(
+        WorkerId::new(2),
+        ComputeModel::Table(slow),
+    )]))
+    .serve(&requests, TwinArrivals::Open);
+    let on = |run: &TwinRun, worker: u64| {
+        run.served
+            .iter()
+            .flatten()
+            .find(|s| s.worker == WorkerId::new(worker))
+            .expect("each engine serves one")
+            .ttft
+    };
+    assert_eq!(on(&alike, 1), on(&alike, 2));
+    assert_eq!(
+        on(&apart, 1),
+        on(&alike, 1),
+        "engine 1 keeps the cluster's table"
+    );
+    // 64 tokens at 1 ms a token from 64 ms: 128 ms, and twice that on engine 2.
+    assert_eq!(on(&alike, 2), Duration::from_millis(128));
+    assert_eq!(on(&apart, 2), Duration::from_millis(256));
 }

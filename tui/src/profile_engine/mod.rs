@@ -51,19 +51,22 @@
 //! it does leave the engines' caches full of its own prompts.
 
 mod beside;
+mod engine_http;
 mod engine_time;
+mod per_engine;
 mod steps;
 
 use anyhow::{bail, Context, Result};
+#[cfg(test)]
+use engine_http::label;
+pub(crate) use engine_http::{engine_info, get_ok, post, reset_prefix_cache};
 use engine_time::stalls_of;
 pub(crate) use engine_time::EngineClock;
 use kvtwin_plane::bench::serve::request::{send, Target};
 use kvtwin_plane::bench::serve::workload::{block_tokens, PlannedRequest};
 use kvtwin_plane::bench::serve::RequestRecord;
-use kvtwin_plane::service::frontend::engine_client::{BodyReader, EngineClient, EngineTimeouts};
-use kvtwin_sim::autoscale::profile::{
-    table_from_profiles, write_profiles, DecodeProfile, PrefillProfile,
-};
+use kvtwin_plane::service::frontend::engine_client::{EngineClient, EngineTimeouts};
+use kvtwin_sim::autoscale::profile::{table_from_profiles, write_profiles};
 use kvtwin_sim::compute::ComputeModel;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -312,7 +315,8 @@ async fn measure_and_write(
     let mut engine_points: Option<Vec<Repeats>> = Some(Vec::new());
     // A lone request's time outside the engine: its TTFT less the engine's part.
     let mut overheads = Vec::new();
-    for &isl in &isls {
+    let mut per_engine = per_engine::PerEngine::new(targets.len(), isls.len());
+    for (point, &isl) in isls.iter().enumerate() {
         let mut repeats = Vec::with_capacity(grid.repeats * targets.len());
         let mut inside = Vec::with_capacity(grid.repeats * targets.len());
         for _ in 0..grid.repeats {
@@ -335,6 +339,7 @@ async fn measure_and_write(
                         if let Some(engine_ms) = later.ms_per_request_since(earlier) {
                             inside.push(engine_ms);
                             overheads.push(ttft - engine_ms);
+                            per_engine.prefill(i, point, engine_ms, ttft - engine_ms);
                         }
                     }
                     _ => engine_points = None,
@@ -494,32 +499,18 @@ async fn measure_and_write(
         .map(|(ms, median)| ms / median)
         .collect();
 
-    let prefill = PrefillProfile {
-        isl: prefill_points.iter().map(|(isl, _)| *isl as f64).collect(),
-        ttft_ms: prefill_points.iter().map(|(_, r)| r.median()).collect(),
-        thpt_per_gpu: prefill_points
+    let (prefill, decode) = per_engine::dynamo_profiles(
+        &prefill_points
             .iter()
-            .map(|(isl, r)| *isl as f64 / (r.median() / 1e3))
-            .collect(),
-    };
-    // Dynamo's decode context is the prompt and half the outputs: the mean while decoding.
-    let mean_context = |context: u64| context as f64 + f64::from(grid.osl) / 2.0;
-    let decode = DecodeProfile {
-        max_kv_tokens: max_kv,
-        kv_usage: decode_points
+            .map(|(isl, r)| (*isl, r.median()))
+            .collect::<Vec<_>>(),
+        &decode_points
             .iter()
-            .map(|(context, batch, _)| *batch as f64 * mean_context(*context) / max_kv as f64)
-            .collect(),
-        context_length: decode_points
-            .iter()
-            .map(|(context, _, _)| mean_context(*context))
-            .collect(),
-        itl_ms: decode_points.iter().map(|(_, _, r)| r.median()).collect(),
-        thpt_per_gpu: decode_points
-            .iter()
-            .map(|(_, batch, r)| *batch as f64 / (r.median() / 1e3))
-            .collect(),
-    };
+            .map(|(context, batch, r)| (*context, *batch, r.median()))
+            .collect::<Vec<_>>(),
+        grid.osl,
+        max_kv,
+    );
     let name = format!("{} measured at {url}", info.model);
     let mut table = table_from_profiles(&name, &prefill, &decode).context("the measured table")?;
     table.max_kv_tokens = max_kv;
@@ -551,6 +542,26 @@ async fn measure_and_write(
 
     std::fs::create_dir_all(out).with_context(|| format!("--out {}", out.display()))?;
     let mut written = write_profiles(out, &prefill, &decode)?;
+    // Each engine's own table beside the pooled one, by URL.
+    let engine_tables = per_engine.tables(
+        &table,
+        &prefill_points,
+        &decode_points,
+        grid.osl,
+        engine_points.is_some(),
+    )?;
+    if let Some(tables) = &engine_tables {
+        let by_url: std::collections::BTreeMap<&str, ComputeModel> = urls
+            .iter()
+            .map(String::as_str)
+            .zip(tables.iter().cloned().map(ComputeModel::Table))
+            .collect();
+        let path = out.join("compute-engines.ron");
+        let ron = ron::ser::to_string_pretty(&by_url, Default::default())
+            .context("writing the engines' own tables")?;
+        write(&path, &(ron + "\n"))?;
+        written.push(path);
+    }
     let compute = out.join("compute.ron");
     let busy_ms = table.request_overhead_busy_ms;
     let ron = ron::ser::to_string_pretty(&ComputeModel::Table(table), Default::default())
@@ -735,6 +746,9 @@ async fn measure_and_write(
             );
         }
     }
+    if let Some(tables) = &engine_tables {
+        per_engine::print(urls, tables);
+    }
     for path in written {
         println!("wrote {}", path.display());
     }
@@ -848,138 +862,6 @@ fn check(record: RequestRecord, target: &Target) -> Result<RequestRecord> {
         );
     }
     Ok(record)
-}
-
-/// The model, its cache's block size and blocks, and the longest prompt it takes.
-pub(crate) async fn engine_info(client: &EngineClient, url: &str) -> Result<EngineInfo> {
-    let body = get_ok(client, url, "/v1/models", 1 << 20).await?;
-    let models: Value =
-        serde_json::from_slice(&body).with_context(|| format!("{url}/v1/models: not JSON"))?;
-    let first = &models["data"][0];
-    let model = first["id"]
-        .as_str()
-        .with_context(|| format!("{url}/v1/models lists no model"))?
-        .to_string();
-    let metrics = get_ok(client, url, "/metrics", 16 << 20).await?;
-    let metrics = String::from_utf8_lossy(&metrics);
-    let line = metrics
-        .lines()
-        .find(|line| line.starts_with("vllm:cache_config_info{"))
-        .with_context(|| {
-            format!(
-                "{url}/metrics has no vllm:cache_config_info: kvtwin profile --engine reads \
-                 the cache's size and block size off a vLLM engine's metrics"
-            )
-        })?;
-    let number = |name: &str| -> Result<u64> {
-        label(line, name)
-            .and_then(|value| value.parse().ok())
-            .with_context(|| format!("{url}/metrics: vllm:cache_config_info has no {name}"))
-    };
-    let block_size = number("block_size")?;
-    let num_gpu_blocks = number("num_gpu_blocks")?;
-    if block_size == 0 || num_gpu_blocks < 2 {
-        bail!("{url}: a cache of {num_gpu_blocks} blocks of {block_size} tokens");
-    }
-    // vLLM lists it per model; without it, the cache is the bound.
-    let max_model_len = first["max_model_len"]
-        .as_u64()
-        .unwrap_or((num_gpu_blocks - 1) * block_size);
-    Ok(EngineInfo {
-        model,
-        block_size,
-        num_gpu_blocks,
-        max_model_len,
-    })
-}
-
-/// The body of `GET url path` (at most `limit` bytes), or an error naming both.
-pub(crate) async fn get_ok(
-    client: &EngineClient,
-    url: &str,
-    path: &str,
-    limit: usize,
-) -> Result<Vec<u8>> {
-    let (status, body) = client
-        .get(url, path, limit)
-        .await
-        .with_context(|| format!("{url}{path}"))?;
-    if !status.is_success() {
-        bail!("{url}{path} answered {status}");
-    }
-    Ok(body.to_vec())
-}
-
-/// `POST url path` with a JSON `body`; the answer's JSON, or an error naming the URL
-/// (a 404 from /reset_prefix_cache says the engine runs without its dev endpoints).
-pub(crate) async fn post(
-    client: &EngineClient,
-    url: &str,
-    path: &str,
-    body: String,
-) -> Result<Value> {
-    let response = client
-        .post_json(url, path, body.into(), &[])
-        .await
-        .with_context(|| format!("POST {url}{path}"))?;
-    let status = response.status();
-    let idle = client.timeouts().idle;
-    let body = BodyReader::new(response.into_body(), idle, 1 << 20)
-        .read_all()
-        .await
-        .with_context(|| format!("POST {url}{path}: the answer"))?;
-    if !status.is_success() {
-        let hint = if path == "/reset_prefix_cache" {
-            ": the engine must run with VLLM_SERVER_DEV_MODE=1 (scripts/engines/cluster.py sets it) so that each repeat starts from an empty cache"
-        } else {
-            ""
-        };
-        bail!("POST {url}{path} answered {status}{hint}");
-    }
-    serde_json::from_slice(&body).with_context(|| format!("POST {url}{path}: not JSON"))
-}
-
-/// Empties vLLM's prefix cache at `url` (`POST /reset_prefix_cache`, a dev endpoint).
-/// vLLM refuses while blocks are held (`{"success": false}`: requests still finishing),
-/// so a refusal is retried for up to `within`.
-pub(crate) async fn reset_prefix_cache(
-    client: &EngineClient,
-    url: &str,
-    within: Duration,
-) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        let answer = post(client, url, "/reset_prefix_cache", String::new()).await?;
-        if answer["success"] == Value::Bool(true) {
-            return Ok(());
-        }
-        if start.elapsed() > within {
-            bail!(
-                "POST {url}/reset_prefix_cache answered {answer} for {}s: its blocks stay held",
-                within.as_secs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// The value of label `name` in a Prometheus sample line (`name="value"`, the name
-/// whole: `hash_block_size` is not `block_size`).
-fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
-    let open = line.find('{')?;
-    let close = line.rfind('}')?;
-    let labels = line.get(open + 1..close)?;
-    let mut rest = labels;
-    while let Some(eq) = rest.find("=\"") {
-        let key = rest[..eq].trim_start_matches(',').trim();
-        let value_start = eq + 2;
-        let value_end = rest[value_start..].find('"')? + value_start;
-        if key == name {
-            return Some(&rest[value_start..value_end]);
-        }
-        rest = &rest[value_end + 1..];
-    }
-    None
 }
 
 fn write(path: &PathBuf, text: &str) -> Result<()> {

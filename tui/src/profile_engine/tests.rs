@@ -179,3 +179,68 @@ fn a_decodes_excess_is_its_window_less_the_probes_pass_and_its_usual_steps() {
         None
     );
 }
+
+#[test]
+fn each_engine_gets_its_own_prefills_decode_steps_and_overhead() {
+    use kvtwin_sim::autoscale::profile::table_from_profiles;
+    // Two engines, every point's repeats alternating between them.
+    let prefill = vec![
+        (32, Repeats(vec![14.0, 18.0, 16.0, 20.0])),
+        (128, Repeats(vec![20.0, 30.0, 22.0, 32.0])),
+    ];
+    let decode = vec![
+        (128, 1, Repeats(vec![7.0, 9.0, 7.0, 9.0])),
+        (128, 4, Repeats(vec![8.0, 12.0, 8.0, 12.0])),
+    ];
+    let (p, d) = per_engine::dynamo_profiles(
+        &prefill
+            .iter()
+            .map(|(isl, r)| (*isl, r.median()))
+            .collect::<Vec<_>>(),
+        &decode
+            .iter()
+            .map(|(c, b, r)| (*c, *b, r.median()))
+            .collect::<Vec<_>>(),
+        32,
+        2048,
+    );
+    let mut pooled = table_from_profiles("pooled", &p, &d).unwrap();
+    pooled.max_kv_tokens = 2048;
+    pooled.arrival_stretch_ms = 3.0;
+    let mut samples = per_engine::PerEngine::new(2, 2);
+    for (engine, inside, outside) in [
+        (0, 10.0, 4.0),
+        (1, 12.0, 6.0),
+        (0, 10.0, 4.0),
+        (1, 14.0, 6.0),
+    ] {
+        samples.prefill(engine, 0, inside, outside);
+        samples.prefill(engine, 1, inside + 6.0, outside);
+    }
+    let tables = samples
+        .tables(&pooled, &prefill, &decode, 32, true)
+        .unwrap()
+        .expect("two engines");
+    assert_eq!(tables.len(), 2);
+    assert_eq!(tables[0].prefill_ms, [10.0, 16.0]);
+    assert_eq!(tables[1].prefill_ms, [13.0, 19.0]);
+    assert_eq!(tables[0].request_overhead_ms, 4.0);
+    assert_eq!(tables[1].request_overhead_ms, 6.0);
+    assert_eq!(tables[0].decode[0].ms, [7.0, 8.0]);
+    assert_eq!(tables[1].decode[0].ms, [9.0, 12.0]);
+    // What is not split stays the pooled table's.
+    assert!(tables.iter().all(|t| t.arrival_stretch_ms == 3.0));
+    // Without the engines' parts, the prefills are each engine's clients' TTFTs.
+    let clients = samples
+        .tables(&pooled, &prefill, &decode, 32, false)
+        .unwrap()
+        .unwrap();
+    assert_eq!(clients[0].prefill_ms, [15.0, 21.0]);
+    assert_eq!(clients[1].prefill_ms, [19.0, 31.0]);
+    // One engine: nothing of its own to write.
+    let one = per_engine::PerEngine::new(1, 2);
+    assert!(one
+        .tables(&pooled, &prefill, &decode, 32, true)
+        .unwrap()
+        .is_none());
+}
