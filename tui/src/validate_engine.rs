@@ -155,6 +155,7 @@ pub(crate) fn validate_engine(
             max_model_len: info.max_model_len,
             watermark: 0.0,
         },
+        connector: None,
         routing: SchedulerConfig {
             prefill_weight: args.overlap_weight.unwrap_or(1.0),
             request_load_weight: args.request_load_weight.unwrap_or(0.0),

@@ -20,7 +20,8 @@
 //! `vllm:kvtwin_blocks` gauge), with the host memory (8 MiB, 128 blocks) too small for
 //! the 200 prompt blocks, so evictions from it are published too. The connector's
 //! external hits by tier (`vllm:kvtwin_external_hit_tokens_total`) add up to the
-//! engine's own count.
+//! engine's own count, and the twin of the engine with the same tiers
+//! (`kvtwin_sim::vllm::connector`), sent the same requests, predicts both within 1 %.
 //!
 //! Then the connector's engine is killed (SIGKILL, a crash) and, while it is down, one
 //! byte of one block on disk is flipped: the 6th block of the first prompt, found
@@ -43,8 +44,12 @@ mod common;
 use common::engines::{Cluster, EngineOptions};
 use common::{http, listening_on, Draw, Process};
 use kvtwin::block::BlockIdentity;
+use kvtwin::ids::RequestId;
 use kvtwin::tokens::{compute_local_hashes, HashSeed};
 use kvtwin_connector::journal::Journal;
+use kvtwin_sim::vllm::{
+    ConnectorTiers, TwinStore, VllmCacheConfig, VllmRequest, VllmScheduler, VllmSchedulerConfig,
+};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -144,6 +149,50 @@ fn router_tiers(router: &str) -> (u64, u64, u64) {
         .unwrap_or_else(|| panic!("the router knows no worker 1: {text}"));
     let count = |tier: &str| worker["blocks"][tier].as_u64().unwrap_or(0);
     (count("device"), count("host"), count("disk"))
+}
+
+/// What the twin of the connector's engine (`sim/src/vllm`: vLLM's scheduler and cache
+/// of 65 blocks, kvtwin's connector in front of 128 blocks of host memory, 8 MiB of
+/// 64 KiB blocks, and 2,048 on disk, 128 MiB) loads for `prompts` sent one at a time,
+/// 8 outputs each: external hit tokens from host memory and from disk.
+fn twin_hits_by_tier(prompts: &[Vec<u32>]) -> (u64, u64) {
+    let scheduler = VllmSchedulerConfig {
+        max_num_seqs: 128,
+        max_num_batched_tokens: 2048,
+        enable_chunked_prefill: true,
+        long_prefill_token_threshold: 0,
+        reserve_full_isl: true,
+    };
+    let cache = VllmCacheConfig {
+        num_gpu_blocks: 65,
+        block_size: 32,
+        max_model_len: 2048,
+        watermark: 0.0,
+    };
+    let tiers = ConnectorTiers {
+        memory_blocks: 128,
+        disk_blocks: 2048,
+    };
+    let store = TwinStore::new(tiers, 32).unwrap();
+    let mut engine = VllmScheduler::with_connector(scheduler, cache, store);
+    let (mut memory, mut disk) = (0, 0);
+    for (i, prompt) in prompts.iter().enumerate() {
+        let locals = compute_local_hashes(prompt, 32, HashSeed::default());
+        engine.add_request(VllmRequest::new(
+            RequestId::new(i as u64),
+            BlockIdentity::chain(&locals),
+            prompt.len() as u64,
+            8,
+        ));
+        while engine.num_unfinished() > 0 {
+            let step = engine.step().expect("the twin steps while it has work");
+            for done in step.finished {
+                memory += done.loaded.memory * 32;
+                disk += done.loaded.disk * 32;
+            }
+        }
+    }
+    (memory, disk)
 }
 
 /// The router's CPU and DISK counts of the connector's engine against the connector's
@@ -269,6 +318,20 @@ fn outputs_are_the_same_with_the_connector_and_evicted_prefixes_come_back_from_i
         by_tier[0], by_tier[1]
     );
     assert_eq!(by_tier[0] + by_tier[1], hits);
+    // The twin, given the same requests and the same tiers, predicts those hits by tier.
+    let (twin_memory, twin_disk) = twin_hits_by_tier(&prompts);
+    eprintln!(
+        "the twin's external hit tokens: {twin_memory} from host memory, {twin_disk} from disk"
+    );
+    for (tier, real, twin) in [
+        ("host memory", by_tier[0], twin_memory as f64),
+        ("disk", by_tier[1], twin_disk as f64),
+    ] {
+        assert!(
+            (twin - real).abs() <= 0.01 * real,
+            "{tier}: the twin predicts {twin} external hit tokens, the connector served {real}"
+        );
+    }
     // The router counts the connector's tiers as the connector does: all 200 prompt
     // blocks on disk, host memory's 128 at most, none a block the engine does not hold.
     let mut settle = prompts[0][..PREFIX_TOKENS].to_vec();

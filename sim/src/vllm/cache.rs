@@ -130,9 +130,10 @@ impl VllmKvCache {
         }
     }
 
-    /// Gives `request` slots for `num_new_tokens` more tokens after its computed ones and
-    /// `new_computed` (its prefix hits, on its first allocation), and caches the blocks
-    /// those tokens fill. `None`, with nothing changed, when the free blocks (less the
+    /// Gives `request` slots for `num_new_tokens` more tokens after its computed ones,
+    /// `new_computed` (its prefix hits, on its first allocation) and
+    /// `num_external_computed` (tokens a KV connector loads after them), and caches the
+    /// blocks those tokens fill. `None`, with nothing changed, when the free blocks (less the
     /// watermark for a waiting request while others are scheduled) are too few; with
     /// `full_sequence_must_fit`, also when its whole sequence would not fit.
     pub fn allocate_slots(
@@ -142,9 +143,11 @@ impl VllmKvCache {
         new_computed: &ComputedBlocks,
         has_scheduled_reqs: bool,
         full_sequence_must_fit: bool,
+        num_external_computed: u64,
     ) -> Option<Vec<VllmBlockId>> {
         let num_local_computed = request.num_computed_tokens + new_computed.tokens;
-        let total_computed = num_local_computed.min(self.config.max_model_len);
+        let total_computed =
+            (num_local_computed + num_external_computed).min(self.config.max_model_len);
         let waiting = matches!(
             request.status,
             RequestStatus::Waiting | RequestStatus::Preempted

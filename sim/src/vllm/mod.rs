@@ -7,7 +7,8 @@
 //! Owns: [`pool`] (`BlockPool`, its free queue kvtwin's `IndexLists`), [`cache`]
 //! (`KVCacheManager` over `FullAttentionManager`), [`request`] (`Request`) and
 //! [`scheduler`] (`Scheduler.schedule` / `update_from_output`), each following the
-//! vLLM function its documentation names; [`compare`] sets the twin beside a real engine
+//! vLLM function its documentation names; [`connector`] is the twin of kvtwin's own KV
+//! connector's store, which a scheduler may be given; [`compare`] sets the twin beside a real engine
 //! that served the same requests; [`serve`] runs engines in time behind the router's
 //! choice, their steps priced by a compute model; [`run`] runs a scenario whose
 //! workers are vLLM engines (`worker.engine: Vllm`) on them. Blocks are identified by kvtwin's
@@ -18,6 +19,7 @@
 
 pub mod cache;
 pub mod compare;
+pub mod connector;
 pub mod pool;
 pub mod request;
 pub mod run;
@@ -30,9 +32,10 @@ mod tests;
 mod tests_serve;
 
 pub use cache::{ComputedBlocks, PrefixCacheStats, VllmCacheConfig, VllmKvCache};
+pub use connector::{ConnectorTiers, Loaded, TwinStore};
 pub use pool::{BlockPool, VllmBlockId};
 pub use request::{RequestStatus, VllmRequest};
-pub use run::{VllmEngineSpec, VllmRunReport};
+pub use run::{ConnectorHits, VllmEngineSpec, VllmRunReport};
 pub use scheduler::{
     FinishedRequest, ScheduledRequest, StepOutcome, VllmScheduler, VllmSchedulerConfig,
 };

@@ -15,6 +15,7 @@
 //! Never: read a clock or touch the kvtwin worker's `Cluster`.
 
 use super::cache::VllmCacheConfig;
+use super::connector::ConnectorTiers;
 use super::scheduler::VllmSchedulerConfig;
 use super::serve::{TwinArrivals, TwinCluster, TwinClusterConfig, TwinRequest, TwinRun};
 use crate::scenario::{Routing, Scenario};
@@ -39,6 +40,10 @@ pub struct VllmEngineSpec {
     pub chunked_prefill: bool,
     /// `--max-model-len`: the longest sequence it takes.
     pub max_model_len: u64,
+    /// kvtwin's connector in front of it (`--kv-transfer-config`), with its tiers in
+    /// blocks; `None` (the default): the engine's own cache only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connector: Option<ConnectorTiers>,
 }
 
 impl Default for VllmEngineSpec {
@@ -49,6 +54,7 @@ impl Default for VllmEngineSpec {
             max_num_batched_tokens: 2048,
             chunked_prefill: true,
             max_model_len: 2048,
+            connector: None,
         }
     }
 }
@@ -68,6 +74,11 @@ pub fn check(scenario: &Scenario, spec: &VllmEngineSpec) -> Option<String> {
         return Some(
             "engine: Vllm's max_num_seqs, max_num_batched_tokens and max_model_len must be at least 1"
                 .into(),
+        );
+    }
+    if spec.connector.is_some_and(|tiers| tiers.memory_blocks == 0) {
+        return Some(
+            "engine: Vllm's connector needs host memory: memory_blocks of 1 or more".into(),
         );
     }
     if scenario.cluster.routing != Routing::Kv {
@@ -116,6 +127,18 @@ pub struct VllmRunReport {
     pub steps: u64,
     /// From the first arrival to the last token, seconds.
     pub makespan_s: f64,
+    /// With kvtwin's connector: the prompt tokens its tiers served, by tier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connector: Option<ConnectorHits>,
+}
+
+/// Prompt tokens kvtwin's connector served beyond the engines' own prefix hits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ConnectorHits {
+    /// From its host memory.
+    pub memory_tokens: u64,
+    /// From its disk tier.
+    pub disk_tokens: u64,
 }
 
 impl VllmRunReport {
@@ -150,6 +173,7 @@ pub fn simulate(scenario: &Scenario, spec: &VllmEngineSpec, requests: &[Request]
             max_model_len: spec.max_model_len,
             watermark: 0.0,
         },
+        connector: spec.connector,
         routing: scenario.cluster.scheduler,
         compute: scenario
             .hardware
@@ -173,10 +197,15 @@ pub fn simulate(scenario: &Scenario, spec: &VllmEngineSpec, requests: &[Request]
         })
         .collect();
     let run = TwinCluster::new(config).serve(&twin_requests, TwinArrivals::Open);
-    report(scenario, requests, &run)
+    report(scenario, requests, &run, spec.connector)
 }
 
-fn report(scenario: &Scenario, requests: &[Request], run: &TwinRun) -> VllmRunReport {
+fn report(
+    scenario: &Scenario,
+    requests: &[Request],
+    run: &TwinRun,
+    spec_connector: Option<ConnectorTiers>,
+) -> VllmRunReport {
     let served: Vec<_> = run
         .served
         .iter()
@@ -210,6 +239,14 @@ fn report(scenario: &Scenario, requests: &[Request], run: &TwinRun) -> VllmRunRe
         },
         steps: run.steps,
         makespan_s,
+        connector: spec_connector.map(|_| {
+            let block_size = scenario.worker.block_size_tokens as u64;
+            ConnectorHits {
+                memory_tokens: served.iter().map(|(s, _)| s.loaded.memory).sum::<u64>()
+                    * block_size,
+                disk_tokens: served.iter().map(|(s, _)| s.loaded.disk).sum::<u64>() * block_size,
+            }
+        }),
     }
 }
 
@@ -238,6 +275,13 @@ impl fmt::Display for VllmRunReport {
             .map(|(engine, n)| format!("{engine}: {n}"))
             .collect();
         writeln!(f, "requests per engine: {}", per_engine.join(", "))?;
+        if let Some(hits) = &self.connector {
+            writeln!(
+                f,
+                "kvtwin connector: {} prompt tokens from host memory, {} from disk",
+                hits.memory_tokens, hits.disk_tokens
+            )?;
+        }
         for (name, [p50, p90, p99]) in [
             ("ttft", self.ttft_ms),
             ("itl", self.itl_ms),

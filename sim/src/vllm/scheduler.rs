@@ -1,7 +1,13 @@
 //! vLLM V1's scheduler (`Scheduler.schedule` and `update_from_output` in
 //! `vllm/v1/core/sched/scheduler.py`) as the CPU engines of scripts/engines run it:
 //! synchronous (the CPU platform turns async scheduling off), first come first served,
-//! no connector, no speculative decoding, no encoder inputs.
+//! no speculative decoding, no encoder inputs. With kvtwin's connector
+//! ([`VllmScheduler::with_connector`], the twin of its store in `connector.rs`), a
+//! waiting request's prefix hit goes on with what the store holds
+//! (`get_num_new_matched_tokens`, the tokens computed as external ones by
+//! `allocate_slots`), the step loads those blocks before its pass and saves the prompt
+//! blocks it fills after it (`build_connector_meta`'s plan: first-scheduled requests,
+//! then the others).
 //!
 //! Owns: the waiting queue, the running list, the requests and the [`VllmKvCache`].
 //! One step: running requests first, in order, each given the tokens it still lacks
@@ -18,6 +24,7 @@
 //! with its compute model), or hash tokens.
 
 use super::cache::{ComputedBlocks, VllmCacheConfig, VllmKvCache};
+use super::connector::{Loaded, TwinStore};
 use super::request::{RequestStatus, VllmRequest};
 use kvtwin::events::KvCacheEventData;
 use kvtwin::ids::RequestId;
@@ -77,16 +84,36 @@ pub struct FinishedRequest {
     pub cached_tokens: u64,
     /// Times it was preempted.
     pub preemptions: u32,
+    /// Of `cached_tokens`, those the connector's store held beyond the engine's own
+    /// hit (0 without a connector).
+    pub external_tokens: u64,
+    /// Blocks the connector loaded for it, by tier.
+    pub loaded: Loaded,
+}
+
+/// The connector's side of the scheduler: its store and what it follows per request.
+#[derive(Debug)]
+struct Connector {
+    store: TwinStore,
+    /// Per request: prompt blocks planned for saving so far.
+    saved_upto: BTreeMap<RequestId, usize>,
+    /// Per request: external tokens when it was first scheduled, and the blocks loaded
+    /// for it (every time it was admitted).
+    external: BTreeMap<RequestId, (u64, Loaded)>,
+    /// Loads planned by this step's admissions, in order: (request, its own hit's
+    /// tokens, external tokens).
+    pending_loads: Vec<(RequestId, u64, u64)>,
 }
 
 /// The scheduler; see the module documentation.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct VllmScheduler {
     config: VllmSchedulerConfig,
     cache: VllmKvCache,
     requests: BTreeMap<RequestId, VllmRequest>,
     waiting: VecDeque<RequestId>,
     running: Vec<RequestId>,
+    connector: Option<Connector>,
 }
 
 impl VllmScheduler {
@@ -98,7 +125,30 @@ impl VllmScheduler {
             requests: BTreeMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            connector: None,
         }
+    }
+
+    /// An idle engine with kvtwin's connector in front of `store`.
+    pub fn with_connector(
+        config: VllmSchedulerConfig,
+        cache: VllmCacheConfig,
+        store: TwinStore,
+    ) -> Self {
+        Self {
+            connector: Some(Connector {
+                store,
+                saved_upto: BTreeMap::new(),
+                external: BTreeMap::new(),
+                pending_loads: Vec::new(),
+            }),
+            ..Self::new(config, cache)
+        }
+    }
+
+    /// The connector's store, if the engine has one.
+    pub fn store(&self) -> Option<&TwinStore> {
+        self.connector.as_ref().map(|c| &c.store)
     }
 
     /// Its KV cache.
@@ -131,6 +181,7 @@ impl VllmScheduler {
             debug_assert!(events.is_empty() || !preempted.is_empty());
             return None;
         }
+        self.connector_step(&scheduled);
         let (sampled, finished) = self.update_from_output(&scheduled);
         Some(StepOutcome {
             scheduled,
@@ -173,7 +224,7 @@ impl VllmScheduler {
                 let empty = ComputedBlocks::default();
                 if self
                     .cache
-                    .allocate_slots(request, tokens, &empty, true, false)
+                    .allocate_slots(request, tokens, &empty, true, false, 0)
                     .is_some()
                 {
                     break true;
@@ -207,12 +258,24 @@ impl VllmScheduler {
                     break;
                 };
                 let request = &self.requests[&id];
-                let (hits, computed) = if request.num_computed_tokens == 0 {
+                let (hits, computed, external) = if request.num_computed_tokens == 0 {
                     let hits = self.cache.get_computed_blocks(request);
-                    let tokens = hits.tokens;
-                    (hits, tokens)
+                    let block_size = self.cache.config().block_size;
+                    let external = self.connector.as_ref().map_or(0, |c| {
+                        let prompt = usize::try_from(request.num_prompt_tokens / block_size)
+                            .unwrap_or(usize::MAX)
+                            .min(request.blocks.len());
+                        c.store.matched_tokens(
+                            &request.blocks[..prompt],
+                            request.num_prompt_tokens,
+                            hits.tokens,
+                            block_size,
+                        )
+                    });
+                    let tokens = hits.tokens + external;
+                    (hits, tokens, external)
                 } else {
-                    (ComputedBlocks::default(), request.num_computed_tokens)
+                    (ComputedBlocks::default(), request.num_computed_tokens, 0)
                 };
                 let mut tokens = request.num_tokens() - computed;
                 if 0 < threshold && threshold < tokens {
@@ -231,6 +294,7 @@ impl VllmScheduler {
                         &hits,
                         has_running,
                         self.config.reserve_full_isl,
+                        external,
                     )
                     .is_none()
                 {
@@ -245,7 +309,16 @@ impl VllmScheduler {
                 self.running.push(id);
                 let request = self.requests.get_mut(&id).expect("a waiting request");
                 if request.num_preemptions == 0 {
-                    request.num_cached_tokens = Some(hits.tokens);
+                    request.num_cached_tokens = Some(hits.tokens + external);
+                }
+                if let Some(connector) = &mut self.connector {
+                    if external > 0 {
+                        connector
+                            .external
+                            .entry(id)
+                            .or_insert((external, Loaded::default()));
+                        connector.pending_loads.push((id, hits.tokens, external));
+                    }
                 }
                 request.status = RequestStatus::Running;
                 request.num_computed_tokens = computed;
@@ -267,6 +340,49 @@ impl VllmScheduler {
             request.num_computed_tokens += step.tokens;
         }
         (scheduled, preempted)
+    }
+
+    /// The connector's worker in this step: the loads its admissions planned, before
+    /// the pass, then the saves of the prompt blocks the step filled (its
+    /// `build_connector_meta`: first-scheduled requests, then the others, each in
+    /// scheduling order; a request that went back saves again from there).
+    fn connector_step(&mut self, scheduled: &[ScheduledRequest]) {
+        let Some(connector) = &mut self.connector else {
+            return;
+        };
+        let block_size = self.cache.config().block_size.max(1);
+        let blocks = |tokens: u64| usize::try_from(tokens / block_size).unwrap_or(usize::MAX);
+        for (id, local, external) in std::mem::take(&mut connector.pending_loads) {
+            let Some(request) = self.requests.get(&id) else {
+                continue;
+            };
+            let first = blocks(local).min(request.blocks.len());
+            let last = (first + blocks(external)).min(request.blocks.len());
+            let hashes: Vec<_> = request.blocks[first..last]
+                .iter()
+                .map(|block| block.sequence_hash)
+                .collect();
+            let loaded = connector.store.load(&hashes);
+            if let Some((_, total)) = connector.external.get_mut(&id) {
+                *total += loaded;
+            }
+        }
+        let (first_time, again): (Vec<&ScheduledRequest>, Vec<&ScheduledRequest>) = scheduled
+            .iter()
+            .partition(|step| !connector.saved_upto.contains_key(&step.id));
+        for step in first_time.into_iter().chain(again) {
+            let Some(request) = self.requests.get(&step.id) else {
+                continue;
+            };
+            let upto = connector.saved_upto.entry(step.id).or_insert(0);
+            *upto = (*upto).min(blocks(step.context));
+            let prompt = blocks(request.num_prompt_tokens).min(request.blocks.len());
+            let full = blocks(request.num_computed_tokens).min(prompt);
+            if full > *upto {
+                connector.store.save(&request.blocks[*upto..full]);
+                *upto = full;
+            }
+        }
     }
 
     /// `_preempt_request`: frees `id`'s blocks and puts it back at the front of the
@@ -304,10 +420,19 @@ impl VllmScheduler {
                 continue;
             }
             request.status = RequestStatus::Finished;
+            let (external_tokens, loaded) = match &mut self.connector {
+                Some(connector) => {
+                    connector.saved_upto.remove(&step.id);
+                    connector.external.remove(&step.id).unwrap_or_default()
+                }
+                None => (0, Loaded::default()),
+            };
             finished.push(FinishedRequest {
                 id: step.id,
                 cached_tokens: request.num_cached_tokens.unwrap_or(0),
                 preemptions: request.num_preemptions,
+                external_tokens,
+                loaded,
             });
             self.running.retain(|&running| running != step.id);
             self.cache.free(step.id);

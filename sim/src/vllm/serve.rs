@@ -33,6 +33,7 @@
 //! iterate anything unordered.
 
 use super::cache::VllmCacheConfig;
+use super::connector::{ConnectorTiers, Loaded, TwinStore};
 use super::request::VllmRequest;
 use super::scheduler::{StepOutcome, VllmScheduler, VllmSchedulerConfig};
 use crate::compute::{ComputeModel, Pass};
@@ -56,6 +57,9 @@ pub struct TwinClusterConfig {
     pub scheduler: VllmSchedulerConfig,
     /// Each engine's KV cache.
     pub cache: VllmCacheConfig,
+    /// kvtwin's connector in front of each engine, with these tiers of its own (host
+    /// memory at least one block); `None`: the engines' own caches only.
+    pub connector: Option<ConnectorTiers>,
     /// The router's cost weights, temperature and seed (`kvtwin router`'s
     /// `--overlap-weight`, `--request-load-weight`, `--router-temperature`; seed 0).
     pub routing: SchedulerConfig,
@@ -198,6 +202,10 @@ pub struct TwinServed {
     pub e2e: Duration,
     /// Times it was preempted (and recomputed).
     pub preemptions: u32,
+    /// Of `cached_tokens`, those the connector's store held beyond the engine's own hit.
+    pub external_tokens: u64,
+    /// Blocks the connector loaded for it, by tier.
+    pub loaded: Loaded,
 }
 
 /// A whole run of the twin.
@@ -277,7 +285,15 @@ impl TwinCluster {
                         .get(&worker)
                         .unwrap_or(&config.compute)
                         .clone(),
-                    scheduler: VllmScheduler::new(config.scheduler, config.cache),
+                    scheduler: match config.connector {
+                        None => VllmScheduler::new(config.scheduler, config.cache),
+                        Some(tiers) => VllmScheduler::with_connector(
+                            config.scheduler,
+                            config.cache,
+                            TwinStore::new(tiers, config.cache.block_size as usize)
+                                .expect("a connector with host memory makes a store"),
+                        ),
+                    },
                     in_flight: None,
                     next_event_id: 0,
                 }
@@ -509,6 +525,8 @@ impl TwinCluster {
                     .then(|| Duration::from_nanos((p.last_token_ns - first) / (p.tokens - 1))),
                 e2e: Duration::from_nanos(now.saturating_sub(arrival)),
                 preemptions: done.preemptions,
+                external_tokens: done.external_tokens,
+                loaded: done.loaded,
             });
         }
         let twin = &mut self.engines[engine];

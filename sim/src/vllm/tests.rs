@@ -439,3 +439,86 @@ fn closed_loop_clients_that_outgrow_the_cache_are_preempted_and_all_still_served
     let stuck = compare::compare_closed_loop(scheduler, cache, &too_long, 4, 1);
     assert!(stuck.twin_unserved >= 1, "{stuck:?}");
 }
+
+/// An engine of `num_gpu_blocks` with kvtwin's connector in front of `memory_blocks` of
+/// host memory written through to `disk_blocks` on disk.
+fn with_connector(num_gpu_blocks: u32, memory_blocks: usize, disk_blocks: usize) -> VllmScheduler {
+    let (scheduler, cache) = configs(2048, num_gpu_blocks);
+    let tiers = ConnectorTiers {
+        memory_blocks,
+        disk_blocks,
+    };
+    VllmScheduler::with_connector(
+        scheduler,
+        cache,
+        TwinStore::new(tiers, BLOCK as usize).unwrap(),
+    )
+}
+
+/// Serves `prompt` (with 2 outputs) alone; how it finished.
+fn serve_alone(engine: &mut VllmScheduler, id: u64, prompt: &[u32]) -> FinishedRequest {
+    engine.add_request(request(id, prompt, &[1, 2]));
+    let finished: Vec<FinishedRequest> = run_all(engine)
+        .into_iter()
+        .flat_map(|s| s.finished)
+        .collect();
+    assert_eq!(finished.len(), 1);
+    finished[0]
+}
+
+#[test]
+fn the_connector_serves_what_the_engine_evicted_from_memory_then_from_disk() {
+    // An engine of 8 usable blocks; the connector's host memory holds 6, its disk 32.
+    let mut engine = with_connector(9, 6, 32);
+    let a = tokens(1000, 4 * BLOCK as u32 + 5);
+    let b = tokens(2000, 7 * BLOCK as u32 + 5);
+    let first = serve_alone(&mut engine, 0, &a);
+    assert_eq!((first.cached_tokens, first.external_tokens), (0, 0));
+    // B takes all 8 of the engine's blocks (A's among them), and its 7 prompt blocks
+    // push A's 4 out of host memory (6 blocks); the disk keeps all 11.
+    let b_first = serve_alone(&mut engine, 1, &b);
+    assert_eq!(b_first.external_tokens, 0);
+    assert_eq!(engine.store().unwrap().blocks_by_tier(), (6, 11));
+    // A again: nothing of it in the engine, all 4 full blocks on disk only: read from
+    // there (a load does not promote), and its save finds them held.
+    let again = serve_alone(&mut engine, 2, &a);
+    assert_eq!(again.cached_tokens, 4 * BLOCK);
+    assert_eq!(again.external_tokens, 4 * BLOCK);
+    assert_eq!((again.loaded.memory, again.loaded.disk), (0, 4));
+    assert_eq!(engine.store().unwrap().blocks_by_tier(), (6, 11));
+    // B again: A's 5 blocks took B's last 5 from the engine (freed tail first, taken
+    // first), so the engine finds B's first 3 itself and the store gives the other 4.
+    // Host memory holds B1-B5 and B7: B's save came in two runs of at most 6, and the
+    // second evicted the first's tail, B6 (kvtwin releases a chain tail first, so its
+    // tail is the least recent). The load's run in memory is B4 and B5; from B6 on the
+    // lookup goes on in the tier below, so B7 is read from disk too.
+    let b_again = serve_alone(&mut engine, 3, &b);
+    assert_eq!(b_again.cached_tokens, 7 * BLOCK);
+    assert_eq!(b_again.external_tokens, 4 * BLOCK);
+    assert_eq!((b_again.loaded.memory, b_again.loaded.disk), (2, 2));
+}
+
+#[test]
+fn the_connector_leaves_the_last_prompt_token_to_compute() {
+    let mut engine = with_connector(9, 16, 0);
+    // A prompt of exactly 4 blocks: the store offers 3 at most (the 4th holds the token
+    // that samples the first output), and B in between evicted it from the engine.
+    let a = tokens(1000, 4 * BLOCK as u32);
+    serve_alone(&mut engine, 0, &a);
+    serve_alone(&mut engine, 1, &tokens(2000, 7 * BLOCK as u32));
+    let again = serve_alone(&mut engine, 2, &a);
+    assert_eq!(again.cached_tokens, 3 * BLOCK);
+    assert_eq!(again.external_tokens, 3 * BLOCK);
+    assert_eq!((again.loaded.memory, again.loaded.disk), (3, 0));
+    // Without a connector nothing comes back.
+    let mut plain = engine_without_connector();
+    serve_alone(&mut plain, 0, &a);
+    serve_alone(&mut plain, 1, &tokens(2000, 7 * BLOCK as u32));
+    let plain_again = serve_alone(&mut plain, 2, &a);
+    assert_eq!(plain_again.external_tokens, 0);
+    assert_eq!(plain_again.cached_tokens, 0);
+}
+
+fn engine_without_connector() -> VllmScheduler {
+    engine(9, 2048)
+}

@@ -38,9 +38,16 @@ use kvtwin_sim::compute::table::BesideDecode;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
-/// Outputs of each long answer: it decodes well past the probe (48 steps of a few to a
-/// few tens of milliseconds).
+/// Outputs of each long answer at least: it decodes well past the probe (48 steps of a
+/// few to a few tens of milliseconds); more where the probe's prompt is long against a
+/// pass ([`background_tokens`]).
 const BACKGROUND_TOKENS: u32 = 48;
+
+/// How many passes' time the long answers outlast a probe's lone time to first token
+/// by: beside decodes its prefill is longer and its way in slower (on a 2-core VM with
+/// one engine on both cores, a 1,024-token probe took 1.5 times its lone TTFT beside
+/// one answer, and its API server lagged behind four fast streams by more).
+const OUTLAST: f64 = 6.0;
 
 /// How long after the long answers are sent the probe goes: past their prefills, into
 /// their decode.
@@ -64,6 +71,8 @@ pub(super) struct BesideDecodes {
     pub(super) isl: u64,
     /// That point's median inside the engine, alone, ms.
     pub(super) lone_engine_ms: f64,
+    /// Outputs of each long answer.
+    pub(super) background_tokens: u32,
     /// By decodes beside, ascending; 1 always among them.
     pub(super) points: Vec<BesidePoint>,
     /// How much a probe lengthened the steps of the one answer beside it.
@@ -98,6 +107,26 @@ pub(super) fn plan(
     Some((point, decodes))
 }
 
+/// Outputs of each long answer: enough passes (`pass_ms` each, a short lone prefill's)
+/// to outlast [`OUTLAST`] times the probe's lone TTFT (`probe_ttft_ms`), at least
+/// [`BACKGROUND_TOKENS`], and no more than `most` answers of `block_size` prompt tokens
+/// leave room for the probe's `isl` in `max_kv`. A long answer that ends before the
+/// probe spoils the sample (its own time counts in the window).
+pub(super) fn background_tokens(
+    probe_ttft_ms: f64,
+    pass_ms: f64,
+    (most, isl, block_size, max_kv): (u64, u64, u64, u64),
+) -> u32 {
+    let needed = if pass_ms > 0.0 {
+        (OUTLAST * probe_ttft_ms / pass_ms).ceil() as u64
+    } else {
+        0
+    };
+    let room = (max_kv.saturating_sub(isl + 1) / most.max(1)).saturating_sub(block_size);
+    let tokens = needed.max(u64::from(BACKGROUND_TOKENS)).min(room);
+    u32::try_from(tokens).unwrap_or(u32::MAX)
+}
+
 /// Probes each engine (`targets`, all at once) `repeats` times at each of `decodes`
 /// with fresh prompts of `isl` tokens; `lone_engine_ms` is that length's lone prefill.
 /// Beside one decode, each probe is followed by a control window as long as
@@ -112,6 +141,7 @@ pub(super) async fn measure(
     control: Duration,
     decodes: &[u64],
     repeats: usize,
+    background: u32,
 ) -> Result<BesideDecodes> {
     let block_size = prompts.block_size;
     let mut points = Vec::with_capacity(decodes.len());
@@ -127,7 +157,7 @@ pub(super) async fn measure(
                     .iter()
                     .map(|_| {
                         let long: Vec<PlannedRequest> = (0..k)
-                            .map(|_| prompts.planned(block_size, BACKGROUND_TOKENS))
+                            .map(|_| prompts.planned(block_size, background))
                             .collect();
                         (long, with_probe.then(|| prompts.planned(isl, 1)))
                     })
@@ -164,6 +194,7 @@ pub(super) async fn measure(
     Ok(BesideDecodes {
         isl,
         lone_engine_ms,
+        background_tokens: background,
         points,
         stretch,
     })
@@ -330,6 +361,7 @@ impl BesideDecodes {
         json!({
             "isl": self.isl,
             "lone_engine_ms": self.lone_engine_ms,
+            "background_tokens": self.background_tokens,
             // Beside one answer, its steps' excess over its other steps in each window
             // with a probe (the probe's pass taken off) and without; the table's
             // `arrival_stretch_ms` is the difference of their medians.

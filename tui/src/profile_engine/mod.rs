@@ -379,6 +379,18 @@ async fn measure_and_write(
                 .zip(urls)
                 .map(|(target, url)| (target, url.as_str()))
                 .collect();
+            let probe_ttft_ms = prefill_points[point].1.median().max(0.0);
+            // The shortest lone prefill's engine part: about one pass.
+            let pass_ms = points
+                .iter()
+                .map(Repeats::median)
+                .fold(f64::INFINITY, f64::min);
+            let most = decodes.last().copied().unwrap_or(1);
+            let background = beside::background_tokens(
+                probe_ttft_ms,
+                pass_ms,
+                (most, isls[point], info.block_size, max_kv),
+            );
             beside = Some(
                 beside::measure(
                     &client,
@@ -386,9 +398,10 @@ async fn measure_and_write(
                     &mut prompts,
                     isls[point],
                     points[point].median(),
-                    Duration::from_secs_f64(prefill_points[point].1.median().max(0.0) / 1e3),
+                    Duration::from_secs_f64(probe_ttft_ms / 1e3),
                     &decodes,
                     grid.repeats,
+                    background,
                 )
                 .await?,
             );

@@ -244,3 +244,24 @@ fn each_engine_gets_its_own_prefills_decode_steps_and_overhead() {
         .unwrap()
         .is_none());
 }
+
+#[test]
+fn long_answers_outlast_the_probe_within_the_cache() {
+    // A 320-token probe of 26 ms beside passes of 9 ms: the 48 outputs at least.
+    assert_eq!(beside::background_tokens(26.0, 9.0, (4, 320, 32, 2048)), 48);
+    // A 1,024-token probe of 129 ms beside passes of 7.5 ms: 6 × 129 / 7.5 = 103.2.
+    assert_eq!(
+        beside::background_tokens(129.0, 7.5, (4, 1024, 32, 2048)),
+        104
+    );
+    // No more than the cache leaves: (2,048 - 1,025) / 4 - 32 = 223.
+    assert_eq!(
+        beside::background_tokens(500.0, 5.0, (4, 1024, 32, 2048)),
+        223
+    );
+    // An engine that does not say how long a pass takes: the floor.
+    assert_eq!(
+        beside::background_tokens(129.0, 0.0, (1, 1024, 32, 2048)),
+        48
+    );
+}

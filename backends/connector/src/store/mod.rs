@@ -375,6 +375,10 @@ impl TierStore {
         for run_start in (start..chain.len()).step_by(capacity) {
             let run = &chain[run_start..chain.len().min(run_start + capacity)];
             let blocks = self.allocate(run.len())?;
+            // What the allocation evicted is filed before this run's blocks are: a block
+            // it evicted from every tier and this run saves again must come out held
+            // (filed after, its Removed would drop the digest the run just kept).
+            self.pump();
             let mut complete = Vec::with_capacity(run.len());
             for (offset, (block, identity)) in blocks.into_iter().zip(run).enumerate() {
                 let position = run_start + offset;
