@@ -91,6 +91,10 @@ pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
         "vllm-cpu-tiny.ron",
         "c747dc7e0d656790065ed6ad8185587167cce513443af64da4da8d8d34a27c0d",
     ),
+    (
+        "vllm-cpu-tiny-connector.ron",
+        "6d1a1bd4864a462c3bc7b0a48a95252754d5adb10158e793c4b4ce7fbd15a63a",
+    ),
 ];
 
 /// Whether the JSON report of scenario file `file` has the digest [`REPORT_DIGESTS`]
