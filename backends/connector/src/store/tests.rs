@@ -290,3 +290,15 @@ fn a_journal_without_its_file_or_a_store_that_does_not_persist_finds_nothing() {
     }
     assert_eq!(std::fs::read_dir(other.path()).unwrap().count(), 0);
 }
+
+#[test]
+fn a_save_longer_than_the_copies_allowed_in_flight_reaches_the_disk_whole() {
+    // 100 blocks at once, more than the 64 copies the manager lets fly: every one
+    // lands on disk all the same.
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = store(128, 256, &dir);
+    let long = chain(7, 100);
+    assert_eq!(save(&mut store, &long), 100);
+    assert!(store.flush(Duration::from_secs(10)));
+    assert_eq!(store.blocks_by_tier(), (100, 100));
+}
