@@ -457,17 +457,18 @@ impl ComputeModel {
                     _ => self.prefill(new, 0),
                 };
                 // A prefill beside decodes as the engine measured it, where it did.
-                if let ComputeModel::Table(table) = self {
-                    let factor = (!pass.prefills.is_empty())
-                        .then(|| table.prefill_beside(pass.decodes))
-                        .flatten();
-                    if let Some(factor) = factor {
-                        let total = prefill.mul_f64(factor);
-                        return PassTime {
-                            prefill: total,
-                            total,
-                        };
+                let beside = match self {
+                    ComputeModel::Table(table) if !pass.prefills.is_empty() => {
+                        table.prefill_beside(pass.decodes)
                     }
+                    _ => None,
+                };
+                if let Some(factor) = beside {
+                    let total = prefill.mul_f64(factor);
+                    return PassTime {
+                        prefill: total,
+                        total,
+                    };
                 }
                 let decode = match self {
                     // One pass, one fixed cost: the prefill's pays it.

@@ -174,39 +174,35 @@ impl TwinStore {
     /// The worker's load of `hashes` (a chain, parent first): the leading run the store
     /// holds, by the tier each block is read from.
     pub fn load(&mut self, hashes: &[SequenceHash]) -> Loaded {
+        let (held, disk) = self.held_run(hashes);
+        // Read where they lie: nothing is promoted.
+        self.settle();
+        Loaded {
+            memory: (held - disk) as u64,
+            disk: disk as u64,
+        }
+    }
+
+    /// The manager's lookup of the leading run of `hashes` held (`TierStore::held_run`:
+    /// it refreshes each block's place in its tier's LRU order): how many blocks, and
+    /// how many of them are read from disk. The plan holds them only until it returns.
+    fn held_run(&mut self, hashes: &[SequenceHash]) -> (usize, usize) {
         self.settle();
         let plan = self.manager.lookup(hashes, self.now);
-        let memory = plan.device_blocks().block_ids().len() as u64;
         let disk = plan
             .onboard_blocks()
             .iter()
             .filter(|block| block.tier() == Tier::Disk)
-            .count() as u64;
-        let from_memory = plan
-            .onboard_blocks()
-            .iter()
-            .filter(|block| block.tier() != Tier::Disk)
-            .count() as u64;
-        // Read where they lie: the plan held them until here, and nothing is promoted.
-        drop(plan);
-        self.settle();
-        Loaded {
-            memory: memory + from_memory,
-            disk,
-        }
+            .count();
+        let held = plan.device_blocks().block_ids().len() + plan.onboard_blocks().len();
+        (held, disk)
     }
 
     /// The worker's save of `chain` (parent first): the blocks the store does not hold
     /// yet, past the leading run it does. How many were saved.
     pub fn save(&mut self, chain: &[BlockIdentity]) -> usize {
-        self.settle();
         let hashes: Vec<SequenceHash> = chain.iter().map(|id| id.sequence_hash).collect();
-        let start = {
-            let plan = self.manager.lookup(&hashes, self.now);
-            let held = plan.device_blocks().block_ids().len() + plan.onboard_blocks().len();
-            drop(plan);
-            held
-        };
+        let (start, _) = self.held_run(&hashes);
         let capacity = self.manager.device().capacity().max(1);
         let mut saved = 0;
         for run_start in (start..chain.len()).step_by(capacity) {
