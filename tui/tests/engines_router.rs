@@ -608,11 +608,25 @@ fn the_twin_of_both_engines(cluster: &Cluster, test: &str) {
         "30",
         "--repeat",
         "1",
+        // The engines' speed checked before and after: the router's tie-breaks (which
+        // the twin follows draw for draw) must not see the checks.
+        "--speed-check",
         "--json",
     ]);
     let report: Value =
         serde_json::from_str(answer.trim()).unwrap_or_else(|e| panic!("{e}: {answer}"));
     let run = &report["runs"][0];
+    let factors = run["speed"]["factors"].as_array().expect("speed factors");
+    assert_eq!(factors.len(), 2, "{report}");
+    for factor in factors {
+        let factor = factor.as_f64().unwrap_or_else(|| panic!("{report}"));
+        // The same machine minutes after its profile: not ten times off.
+        assert!((0.1..10.0).contains(&factor), "{factor}: {report}");
+    }
+    assert!(
+        report["metrics_at_profile_speed"].is_array(),
+        "the figures at the profile's own speed: {report}"
+    );
     assert_eq!(run["requests"], 300, "{report}");
     assert_eq!(run["failed"], 0, "{report}");
     assert_eq!(run["twin_unserved"], 0, "{report}");

@@ -381,6 +381,16 @@ impl ComputeModel {
         }
     }
 
+    /// What a request spends outside the steps of an engine busy with `held` requests
+    /// ([`table::TableModel::request_overhead_beside`]); [`Self::request_overhead_busy`]
+    /// for every model but a measured table that says.
+    pub fn request_overhead_beside(&self, held: u64) -> Duration {
+        match self {
+            ComputeModel::Table(table) => table.request_overhead_beside(held),
+            _ => self.request_overhead_busy(),
+        }
+    }
+
     /// What the step in flight takes longer when a request comes to its engine
     /// ([`table::TableModel::arrival_stretch`]); nothing for every model but a measured
     /// table that says.
@@ -463,8 +473,8 @@ impl ComputeModel {
                     }
                     _ => None,
                 };
-                if let Some(factor) = beside {
-                    let total = prefill.mul_f64(factor);
+                if let Some((factor, extra_ms)) = beside {
+                    let total = prefill.mul_f64(factor) + millis(extra_ms);
                     return PassTime {
                         prefill: total,
                         total,
@@ -624,10 +634,14 @@ mod tests {
             table::BesideDecode {
                 decodes: 4,
                 factor: 1.5,
+                extra_ms: 0.0,
+                overhead_ms: 0.0,
             },
             table::BesideDecode {
                 decodes: 12,
                 factor: 2.0,
+                extra_ms: 0.0,
+                overhead_ms: 0.0,
             },
         ];
         let beside = ComputeModel::Table(beside);

@@ -113,14 +113,31 @@ pub struct TableModel {
     pub prefill_beside_decode: Vec<BesideDecode>,
 }
 
-/// A prefill's pass beside `decodes` decoding sequences, over the prefill alone.
+/// A prefill's pass beside `decodes` decoding sequences against the prefill alone: the
+/// prefill's figure times `factor`, plus `extra_ms`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BesideDecode {
     /// Sequences decoding in the pass, at least 1.
     pub decodes: u64,
-    /// The pass's time over the prefill's figure alone.
+    /// The pass's time over the prefill's figure alone, before `extra_ms` (1, the
+    /// default, where the profile measured what the decodes add as time).
+    #[serde(default = "unit", skip_serializing_if = "is_unit")]
     pub factor: f64,
+    /// Milliseconds the decodes add to the pass whatever the prefill's length: their
+    /// own work and their answers' streaming on the pass's CPU. `kvtwin profile
+    /// --engine` measures this: on the 2-core VM a 64-token and a 320-token prompt
+    /// both took 1.5 ms longer beside one decode (×1.17 and ×1.08), 2.3 and 3.2 ms
+    /// beside two. 0 (the default): none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub extra_ms: f64,
+    /// Milliseconds the request spends outside the engine's steps when it comes to an
+    /// engine holding this many requests, the wait for the step in flight taken off (the
+    /// twin's engine makes it wait anyway): vLLM's API server streams each of them on
+    /// the CPU the request's way in runs on (the 2-core VM: 7.6 ms beside one, 11 ms
+    /// beside four). 0 (the default): [`TableModel::request_overhead_busy_ms`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub overhead_ms: f64,
 }
 
 /// One length of stall and how often the engine stalled that long.
@@ -135,6 +152,14 @@ pub struct Stall {
 
 fn is_zero(ms: &f64) -> bool {
     *ms == 0.0
+}
+
+fn unit() -> f64 {
+    1.0
+}
+
+fn is_unit(factor: &f64) -> bool {
+    *factor == 1.0
 }
 
 /// Decode step times at one context length.
@@ -270,13 +295,18 @@ impl TableModel {
             ascending("decodes", &decodes).map_err(|r| error("prefill_beside_decode", r))?;
         }
         for beside in &self.prefill_beside_decode {
-            if beside.decodes == 0 || !(beside.factor.is_finite() && beside.factor > 0.0) {
+            if beside.decodes == 0
+                || !(beside.factor.is_finite() && beside.factor > 0.0)
+                || !(beside.extra_ms.is_finite() && beside.extra_ms >= 0.0)
+                || !(beside.overhead_ms.is_finite() && beside.overhead_ms >= 0.0)
+            {
                 return Err(error(
                     "prefill_beside_decode",
                     format!(
-                        "{} decodes, factor {} (must be at least 1 decode and a positive \
-                         finite factor)",
-                        beside.decodes, beside.factor
+                        "{} decodes, factor {}, extra {} ms, overhead {} ms (must be at \
+                         least 1 decode, a positive finite factor, and finite times of 0 \
+                         or more)",
+                        beside.decodes, beside.factor, beside.extra_ms, beside.overhead_ms
                     ),
                 ));
             }
@@ -289,6 +319,29 @@ impl TableModel {
             ));
         }
         Ok(())
+    }
+
+    /// The same engine running `factor` times slower (above 1) or faster: every time the
+    /// table holds (prefills, decode steps, a request's way in and what it takes from
+    /// the step in flight, stalls) times `factor`; the ratios (the step spread, the
+    /// prefill-beside-decodes factors) as they are. `kvtwin validate --engine
+    /// --speed-check` re-levels a profile with it on a machine whose speed moved since
+    /// it was measured (a shared 2-core VM: 20 % within three minutes).
+    pub fn at_speed(&self, factor: f64) -> TableModel {
+        let mut table = self.clone();
+        table.prefill_ms.iter_mut().for_each(|ms| *ms *= factor);
+        for curve in &mut table.decode {
+            curve.ms.iter_mut().for_each(|ms| *ms *= factor);
+        }
+        table.request_overhead_ms *= factor;
+        table.request_overhead_busy_ms *= factor;
+        table.arrival_stretch_ms *= factor;
+        for beside in &mut table.prefill_beside_decode {
+            beside.extra_ms *= factor;
+            beside.overhead_ms *= factor;
+        }
+        table.stalls.iter_mut().for_each(|stall| stall.ms *= factor);
+        table
     }
 
     /// What a pass stalls beyond its figure when `u` (in [0, 1)) is drawn uniformly:
@@ -324,25 +377,32 @@ impl TableModel {
         millis(self.arrival_stretch_ms)
     }
 
-    /// A prefill's pass beside `decodes` decoding sequences over the prefill alone
-    /// ([`Self::prefill_beside_decode`]); `None` when the table has no such figures or
-    /// nothing decodes.
-    pub fn prefill_beside(&self, decodes: u64) -> Option<f64> {
+    /// A prefill's pass beside `decodes` decoding sequences against the prefill alone
+    /// ([`Self::prefill_beside_decode`]): the factor on the prefill's figure and the
+    /// milliseconds added, each linear from none (1 and 0) at no decodes to the
+    /// measured counts, the last count's beyond it; `None` when the table has no such
+    /// figures or nothing decodes.
+    pub fn prefill_beside(&self, decodes: u64) -> Option<(f64, f64)> {
         let last = self.prefill_beside_decode.last()?;
         if decodes == 0 {
             return None;
         }
-        let mut xs = vec![0];
-        let mut ys = vec![1.0];
-        for beside in &self.prefill_beside_decode {
-            xs.push(beside.decodes);
-            ys.push(beside.factor);
+        if decodes >= last.decodes {
+            return Some((last.factor, last.extra_ms));
         }
-        Some(if decodes >= last.decodes {
-            last.factor
-        } else {
-            interpolate(&xs, &ys, decodes as f64)
-        })
+        let xs: Vec<u64> = std::iter::once(0)
+            .chain(self.prefill_beside_decode.iter().map(|b| b.decodes))
+            .collect();
+        let series = |pick: fn(&BesideDecode) -> f64, none: f64| -> Vec<f64> {
+            std::iter::once(none)
+                .chain(self.prefill_beside_decode.iter().map(pick))
+                .collect()
+        };
+        let at = decodes as f64;
+        Some((
+            interpolate(&xs, &series(|b| b.factor, 1.0), at),
+            interpolate(&xs, &series(|b| b.extra_ms, 0.0), at),
+        ))
     }
 
     /// What a request spends outside the engine's steps ([`Self::request_overhead_ms`]).
@@ -354,6 +414,30 @@ impl TableModel {
     /// ([`Self::request_overhead_busy_ms`], never less than the overhead alone).
     pub fn request_overhead_busy(&self) -> Duration {
         millis(self.request_overhead_ms.max(self.request_overhead_busy_ms))
+    }
+
+    /// What a request spends outside the steps of an engine busy with `held` requests
+    /// ([`BesideDecode::overhead_ms`]): linear between the measured counts, the nearest
+    /// one's beyond them; [`Self::request_overhead_busy`] for a table without them. Never
+    /// less than the overhead alone.
+    pub fn request_overhead_beside(&self, held: u64) -> Duration {
+        let (xs, ys): (Vec<u64>, Vec<f64>) = self
+            .prefill_beside_decode
+            .iter()
+            .filter(|beside| beside.overhead_ms > 0.0)
+            .map(|beside| (beside.decodes, beside.overhead_ms))
+            .unzip();
+        let (Some(&first), Some(&last)) = (xs.first(), xs.last()) else {
+            return self.request_overhead_busy();
+        };
+        let ms = if held <= first {
+            ys[0]
+        } else if held >= last {
+            ys[ys.len() - 1]
+        } else {
+            interpolate(&xs, &ys, held as f64)
+        };
+        millis(self.request_overhead_ms.max(ms))
     }
 
     /// One pass's prefill chunks `(new, cached)`: the fixed cost once, plus each chunk's
@@ -753,6 +837,40 @@ mod tests {
     }
 
     #[test]
+    fn the_way_in_beside_requests_follows_the_measured_counts_and_never_undercuts_alone() {
+        let mut measured = table();
+        measured.request_overhead_ms = 4.0;
+        measured.request_overhead_busy_ms = 7.0;
+        // No counts measured: the busy figure, whatever the engine holds.
+        assert_eq!(measured.request_overhead_beside(3), millis(7.0));
+        measured.prefill_beside_decode = [(1, 6.0), (4, 12.0)]
+            .into_iter()
+            .map(|(decodes, overhead_ms)| BesideDecode {
+                decodes,
+                factor: 1.0,
+                extra_ms: 0.0,
+                overhead_ms,
+            })
+            .collect();
+        assert_eq!(measured.request_overhead_beside(1), millis(6.0));
+        assert_eq!(measured.request_overhead_beside(2), millis(8.0));
+        assert_eq!(
+            measured.request_overhead_beside(9),
+            millis(12.0),
+            "the last beyond"
+        );
+        measured.prefill_beside_decode[0].overhead_ms = 1.0;
+        assert_eq!(
+            measured.request_overhead_beside(1),
+            millis(4.0),
+            "never under alone"
+        );
+        // At another speed, every time with it.
+        let slower = measured.at_speed(2.0);
+        assert_eq!(slower.request_overhead_beside(9), millis(24.0));
+    }
+
+    #[test]
     fn prefills_beside_decodes_go_from_one_through_the_measured_factors() {
         let mut measured = table();
         assert_eq!(measured.prefill_beside(2), None, "no figures");
@@ -760,17 +878,28 @@ mod tests {
             BesideDecode {
                 decodes: 2,
                 factor: 1.4,
+                extra_ms: 2.0,
+                overhead_ms: 0.0,
             },
             BesideDecode {
                 decodes: 4,
                 factor: 1.6,
+                extra_ms: 3.0,
+                overhead_ms: 0.0,
             },
         ];
         assert_eq!(measured.validate(), Ok(()));
         assert_eq!(measured.prefill_beside(0), None, "nothing decodes");
-        assert!((measured.prefill_beside(1).unwrap() - 1.2).abs() < 1e-12);
-        assert!((measured.prefill_beside(3).unwrap() - 1.5).abs() < 1e-12);
-        assert_eq!(measured.prefill_beside(9), Some(1.6), "the last beyond it");
+        let near = |(factor, extra): (f64, f64), (f, e): (f64, f64)| {
+            (factor - f).abs() < 1e-12 && (extra - e).abs() < 1e-12
+        };
+        assert!(near(measured.prefill_beside(1).unwrap(), (1.2, 1.0)));
+        assert!(near(measured.prefill_beside(3).unwrap(), (1.5, 2.5)));
+        assert_eq!(
+            measured.prefill_beside(9),
+            Some((1.6, 3.0)),
+            "the last beyond it"
+        );
         let text = ron::to_string(&measured).expect("writes");
         assert_eq!(ron::from_str::<TableModel>(&text).expect("reads"), measured);
         assert!(!ron::to_string(&table())
@@ -786,10 +915,37 @@ mod tests {
             wrong.prefill_beside_decode[0] = BesideDecode {
                 decodes: bad.0,
                 factor: bad.1,
+                extra_ms: 0.0,
+                overhead_ms: 0.0,
             };
             let error = wrong.validate().expect_err("refused");
             assert_eq!(error.field, "prefill_beside_decode");
             assert!(error.reason.contains(says), "{}", error.reason);
+        }
+        // A factor left out reads as 1; negative or unknown times are refused.
+        let added: BesideDecode =
+            ron::from_str("(decodes: 1, extra_ms: 1.5, overhead_ms: 8.0)").expect("reads");
+        assert_eq!(
+            (added.factor, added.extra_ms, added.overhead_ms),
+            (1.0, 1.5, 8.0)
+        );
+        assert!(!ron::to_string(&added).expect("writes").contains("factor"));
+        for (extra_ms, overhead_ms) in [
+            (-1.0, 0.0),
+            (f64::NAN, 0.0),
+            (0.0, -2.0),
+            (0.0, f64::INFINITY),
+        ] {
+            let mut wrong = measured.clone();
+            wrong.prefill_beside_decode[0].extra_ms = extra_ms;
+            wrong.prefill_beside_decode[0].overhead_ms = overhead_ms;
+            let error = wrong.validate().expect_err("refused");
+            assert_eq!(error.field, "prefill_beside_decode");
+            assert!(
+                error.reason.contains("times of 0 or more"),
+                "{}",
+                error.reason
+            );
         }
     }
 }

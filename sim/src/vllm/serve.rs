@@ -24,9 +24,10 @@
 //! `request_overhead_ms`: HTTP, router, tokenizer and the queues between vLLM's
 //! processes, time its engine does not step for); a profile without one has that time
 //! inside its prefill times instead, and requests reach their engine on arrival. A
-//! request routed to an engine that is stepping takes `request_overhead_busy_ms` instead
-//! where the profile measured more there (vLLM's API server sharing the CPU with the
-//! pass), and the step in flight then takes the profile's `arrival_stretch_ms` longer
+//! request routed to an engine that is stepping takes the overhead the profile measured
+//! beside as many requests as that engine holds (`BesideDecode::overhead_ms`, else
+//! `request_overhead_busy_ms`) where it is more (vLLM's API server sharing the CPU with
+//! the pass and streaming the others' answers), and the step in flight then takes the profile's `arrival_stretch_ms` longer
 //! (the CPU the way in took from it). A pass may stall beyond its figure as often as
 //! the profile's `stalls` say.
 //! Never: read a clock (time is the trace's and the model's), talk to an engine, or
@@ -376,7 +377,8 @@ impl TwinCluster {
                 // vLLM's API server and engine core share the CPU with the pass.
                 let twin = &self.engines[engine];
                 let delay = nanos(if twin.in_flight.is_some() {
-                    twin.compute.request_overhead_busy()
+                    let held = twin.scheduler.num_unfinished().max(1) as u64;
+                    twin.compute.request_overhead_beside(held)
                 } else {
                     twin.compute.request_overhead()
                 });

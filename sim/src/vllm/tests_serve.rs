@@ -3,6 +3,7 @@
 
 use super::tests::{configs, BLOCK};
 use super::*;
+use crate::compute::table::BesideDecode;
 use crate::compute::ComputeModel;
 use kvtwin::ids::WorkerId;
 use kvtwin::router::scheduler::SchedulerConfig;
@@ -515,4 +516,52 @@ fn an_engine_with_its_own_table_steps_at_its_own_speed() {
     // 64 tokens at 1 ms a token from 64 ms: 128 ms, and twice that on engine 2.
     assert_eq!(on(&alike, 2), Duration::from_millis(128));
     assert_eq!(on(&apart, 2), Duration::from_millis(256));
+}
+
+#[test]
+fn a_request_reaches_a_busy_engine_after_the_overhead_measured_beside_as_many_requests() {
+    let beside = |two_ms: f64| {
+        let ComputeModel::Table(mut table) = measured(Vec::new()) else {
+            unreachable!("measured is a table")
+        };
+        table.prefill_beside_decode = [(1, 10.0), (2, two_ms)]
+            .into_iter()
+            .map(|(decodes, overhead_ms)| BesideDecode {
+                decodes,
+                factor: 1.0,
+                extra_ms: 0.0,
+                overhead_ms,
+            })
+            .collect();
+        let (scheduler, cache) = configs(2048, 65);
+        TwinCluster::new(TwinClusterConfig {
+            workers: vec![WorkerId::new(1)],
+            scheduler,
+            cache,
+            connector: None,
+            routing: SchedulerConfig::default(),
+            compute: ComputeModel::Table(table),
+            engine_compute: BTreeMap::new(),
+            seed: 0,
+        })
+    };
+    // The first finds the engine idle; the second comes while it prefills the first
+    // (one request held), the third long after, while it decodes both (two held).
+    let requests = [
+        request(0, 0, 1, 0, 2, 60),
+        request(1, 10, 2, 0, 2, 60),
+        request(2, 400, 3, 0, 2, 3),
+    ];
+    let flat = beside(10.0).serve(&requests, TwinArrivals::Open);
+    let steep = beside(40.0).serve(&requests, TwinArrivals::Open);
+    // Beside one, both tables say 10 ms: the first two are served alike up to the third.
+    assert_eq!(served(&flat, 1).scheduled, served(&steep, 1).scheduled);
+    assert_eq!(served(&flat, 1).ttft, served(&steep, 1).ttft);
+    // Beside two, the steep one says 30 ms more: the third is scheduled that much later,
+    // to the next step's start (10 ms decode steps).
+    let later = served(&steep, 2).scheduled - served(&flat, 2).scheduled;
+    assert!(
+        (Duration::from_millis(30)..Duration::from_millis(40)).contains(&later),
+        "{later:?}"
+    );
 }

@@ -20,10 +20,13 @@
 //!   VM about what the probe's way in lost to the steps, as sharing one core fairly
 //!   would have it);
 //! - the engine's part, the pass that prefills the probe beside the decodes, is longer
-//!   than the same prompt's prefill alone by much more than the decodes' own work (1.3
-//!   to 1.7 times beside two, against a few percent): the table's
-//!   `prefill_beside_decode`, each `k`'s median over the lone prefill of the same
-//!   length.
+//!   than the same prompt's prefill alone by more than the decodes' own work, and by
+//!   about as many milliseconds whatever the prompt's length (a 64-token and a
+//!   320-token prompt: 1.5 ms beside one decode; 2.3 and 3.2 ms beside two): the
+//!   table's `prefill_beside_decode` keeps each `k`'s median less the lone prefill of
+//!   the same length (`extra_ms`), and its outside median less half the long answers'
+//!   step (`overhead_ms`: the twin makes a request wait for the step in flight
+//!   anyway), the way in and out beside `k` requests.
 //!
 //! Owns: the probes' timing, their samples and what the table takes of them. Never:
 //! runs without the engine's histograms (a sample needs them) or measures a lone
@@ -333,9 +336,18 @@ impl BesideDecodes {
         Some((beside_one - lone_step_ms / 2.0).max(0.0))
     }
 
-    /// The table's `prefill_beside_decode`: each point's engine median over the lone
-    /// prefill, where it has samples.
-    pub(super) fn factors(&self) -> Vec<BesideDecode> {
+    /// The table's `prefill_beside_decode`: each point's engine median less the lone
+    /// prefill, where it has samples, and its outside median less half the step its
+    /// long answers took (`step_ms(batch, context_tokens)`, the table's decode step: the
+    /// probe came at a random moment of one, and the twin makes a request arriving
+    /// mid-step wait for its end anyway).
+    pub(super) fn factors(
+        &self,
+        block_size: u64,
+        step_ms: impl Fn(u64, u64) -> f64,
+    ) -> Vec<BesideDecode> {
+        // Each long answer's tokens at the middle of its decode.
+        let per_answer = block_size + u64::from(self.background_tokens) / 2;
         if self.lone_engine_ms <= 0.0 {
             return Vec::new();
         }
@@ -344,7 +356,15 @@ impl BesideDecodes {
             .filter(|p| !p.inside.0.is_empty())
             .map(|p| BesideDecode {
                 decodes: p.decodes,
-                factor: p.inside.median() / self.lone_engine_ms,
+                // The decodes add time, not a share: a 64-token and a 320-token prompt
+                // took alike longer beside one decode on the 2-core VM (1.5 ms each).
+                factor: 1.0,
+                extra_ms: (p.inside.median() - self.lone_engine_ms).max(0.0),
+                overhead_ms: if p.outside.0.is_empty() {
+                    0.0
+                } else {
+                    (p.outside.median() - step_ms(p.decodes, p.decodes * per_answer) / 2.0).max(0.0)
+                },
             })
             .collect()
     }
@@ -381,8 +401,8 @@ impl BesideDecodes {
         self.point(1).map(|p| &p.outside)
     }
 
-    /// The report's lines.
-    pub(super) fn print(&self, lone_step_ms: f64, busy_ms: f64) {
+    /// The report's lines; `table` is what the table took of the points ([`Self::factors`]).
+    pub(super) fn print(&self, lone_step_ms: f64, busy_ms: f64, table: &[BesideDecode]) {
         if let Some(one) = self.beside_one() {
             println!(
                 "the same while the engine decodes another answer: {:.2} ms ({:.2} to {:.2}); \
@@ -410,19 +430,25 @@ impl BesideDecodes {
             self.isl, self.lone_engine_ms
         );
         println!(
-            "{:>8}  {:>10}  {:>19}  {:>7}  {:>10}",
-            "decodes", "engine ms", "spread ms", "factor", "outside ms"
+            "{:>8}  {:>10}  {:>19}  {:>9}  {:>10}  {:>11}",
+            "decodes", "engine ms", "spread ms", "added ms", "outside ms", "overhead ms"
         );
         for p in self.points.iter().filter(|p| !p.inside.0.is_empty()) {
+            let taken = table.iter().find(|b| b.decodes == p.decodes);
             println!(
-                "{:>8}  {:>10.2}  {:>8.2} to {:>7.2}  {:>7.2}  {:>10.2}",
+                "{:>8}  {:>10.2}  {:>8.2} to {:>7.2}  {:>9.2}  {:>10.2}  {:>11.2}",
                 p.decodes,
                 p.inside.median(),
                 p.inside.min(),
                 p.inside.max(),
-                p.inside.median() / self.lone_engine_ms.max(f64::MIN_POSITIVE),
-                p.outside.median()
+                taken.map_or(0.0, |b| b.extra_ms),
+                p.outside.median(),
+                taken.map_or(0.0, |b| b.overhead_ms)
             );
         }
+        println!(
+            "(added: the engine's pass over the prompt's alone, the table's extra_ms; \
+             overhead: outside less half the answers' step, the table's overhead_ms)"
+        );
     }
 }

@@ -54,6 +54,7 @@ mod beside;
 mod engine_http;
 mod engine_time;
 mod per_engine;
+pub(crate) mod speed;
 mod steps;
 
 use anyhow::{bail, Context, Result};
@@ -544,7 +545,8 @@ async fn measure_and_write(
         if let Some(busy) = beside.overhead_busy_ms(lone_step) {
             table.request_overhead_busy_ms = busy;
         }
-        table.prefill_beside_decode = beside.factors();
+        let step_ms = |batch, context| table.decode_step(batch, context).as_secs_f64() * 1e3;
+        table.prefill_beside_decode = beside.factors(info.block_size, step_ms);
         table.arrival_stretch_ms = beside.arrival_stretch_ms().unwrap_or(0.0);
     }
     let step_spread = percentiles(&step_ratios);
@@ -577,6 +579,7 @@ async fn measure_and_write(
     }
     let compute = out.join("compute.ron");
     let busy_ms = table.request_overhead_busy_ms;
+    let beside_taken = table.prefill_beside_decode.clone();
     let ron = ron::ser::to_string_pretty(&ComputeModel::Table(table), Default::default())
         .context("writing the compute table")?;
     write(&compute, &(ron + "\n"))?;
@@ -683,7 +686,7 @@ async fn measure_and_write(
         ),
     }
     if let Some(beside) = &beside {
-        beside.print(lone_step, busy_ms);
+        beside.print(lone_step, busy_ms, &beside_taken);
     }
     println!(
         "\ndecode: a batch streaming together{on_each}, {} outputs each; {}",

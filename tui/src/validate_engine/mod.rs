@@ -18,6 +18,8 @@
 //! `validation::Metric`s summarised over the repeats by `validation::spread`, so each
 //! error stands beside the real run-to-run spread with a verdict), the table, `--json`
 //! (every request, real and twin, too) and `--plot DIR` (CDFs, real against twin).
+//! With `--speed-check` (`speed`), each repeat's twin steps at the engines' speed
+//! measured around it, and the errors at the profile's own speed are reported beside.
 //!
 //! The twin's tie-breaks follow a fresh router's seeded RNG: the first repeat on a
 //! router just started is choice for choice; later repeats (and a router that has
@@ -27,7 +29,10 @@
 //! by their speed, which the profile models and the machine varies.
 //! Never: start or stop engines or the router, or time the twin with a wall clock.
 
+mod speed;
+
 use crate::bench_serve::WorkloadArgs;
+use crate::profile_engine::speed::Speed;
 use crate::profile_engine::{
     engine_clocks, engine_info, get_ok, post, reset_prefix_cache, EngineClock, EngineInfo,
 };
@@ -51,6 +56,7 @@ use kvtwin_sim::vllm::{
     VllmCacheConfig, VllmSchedulerConfig,
 };
 use serde_json::{json, Value};
+use speed::{at_profile_line, Levelled, SpeedLevel};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -89,6 +95,14 @@ pub(crate) struct EngineValidateArgs {
     /// Each request's deadline in seconds [default: 120].
     #[arg(long, value_name = "S", requires = "engine")]
     timeout_s: Option<f64>,
+    /// Checks every engine's speed against its table before the first repeat and
+    /// after each (a second or two: a lone prefill and a decode batch at two of the
+    /// table's own points), and runs each repeat's twin at its engines' speed then (the
+    /// mean of the checks around it): the profile's shape at the machine's present
+    /// speed, for a machine whose speed moves between a profile and a run. The errors
+    /// at the profile's own speed are printed beside.
+    #[arg(long, requires = "engine")]
+    speed_check: bool,
 }
 
 /// One engine behind the router.
@@ -106,6 +120,23 @@ struct Repeat {
     /// The engines' own mean time per request from queued to first token (vLLM's
     /// queue and prefill histograms over the repeat), ms; `None` where one does not say.
     engine_ms: Option<f64>,
+    /// With `--speed-check`: what the twin was levelled by, and the twin at the
+    /// profile's own speed.
+    levelled: Option<Levelled>,
+}
+
+impl Repeat {
+    /// The repeat with the twin at the profile's own speed, where it was levelled.
+    fn at_profile_speed(&self) -> Option<Repeat> {
+        let levelled = self.levelled.as_ref()?;
+        Some(Repeat {
+            records: self.records.clone(),
+            twin: levelled.at_profile.clone(),
+            twin_index: self.twin_index.clone(),
+            engine_ms: self.engine_ms,
+            levelled: None,
+        })
+    }
 }
 
 pub(crate) fn validate_engine(
@@ -195,6 +226,14 @@ pub(crate) fn validate_engine(
         "{elapsed_precise} [{bar:30}] {pos}/{len} requests {msg}",
     );
     let engine_urls: Vec<String> = engines.iter().map(|engine| engine.url.clone()).collect();
+    let mut speed = match args.speed_check {
+        false => None,
+        true => Some(SpeedLevel::new(&twin_config, &engines, &info, &config)?),
+    };
+    let mut speed_before = match &mut speed {
+        None => Vec::new(),
+        Some(level) => runtime.block_on(level.check(&client, &engine_urls))?,
+    };
     let mut runs = Vec::with_capacity(repeats);
     for repeat in 0..repeats {
         bar.set_message(format!("repeat {} of {repeats}", repeat + 1));
@@ -212,21 +251,48 @@ pub(crate) fn validate_engine(
         let clocks_after = runtime.block_on(engine_clocks(&client, &engine_urls));
         let engine_ms = engine_part_ms(&clocks_before, &clocks_after);
         let (requests, twin_index) = twin_requests(&records, &prompts, info.block_size)?;
-        let twin = TwinCluster::new(TwinClusterConfig {
+        let repeat_config = TwinClusterConfig {
             seed: twin_config.seed.wrapping_add(repeat as u64),
             ..twin_config.clone()
-        })
-        .serve(&requests, arrivals);
+        };
+        let twin = TwinCluster::new(repeat_config.clone()).serve(&requests, arrivals);
+        let (twin, levelled) = match &mut speed {
+            None => (twin, None),
+            Some(level) => {
+                let after = runtime.block_on(level.check(&client, &engine_urls))?;
+                let factors = SpeedLevel::factors(&speed_before, &after);
+                let levelled = TwinCluster::new(level.config(&repeat_config, &factors))
+                    .serve(&requests, arrivals);
+                let before = std::mem::replace(&mut speed_before, after.clone());
+                (
+                    levelled,
+                    Some(Levelled {
+                        before,
+                        after,
+                        factors,
+                        at_profile: twin,
+                    }),
+                )
+            }
+        };
         runs.push(Repeat {
             records,
             twin,
             twin_index,
             engine_ms,
+            levelled,
         });
     }
     bar.finish_and_clear();
     let per_run: Vec<Vec<Metric>> = runs.iter().map(|run| metrics(run, &engines)).collect();
     let summary = spread(&per_run);
+    // With `--speed-check`, the same figures at the profile's own speed.
+    let at_profile: Vec<Vec<Metric>> = runs
+        .iter()
+        .filter_map(Repeat::at_profile_speed)
+        .map(|run| metrics(&run, &engines))
+        .collect();
+    let at_profile = (!at_profile.is_empty()).then(|| spread(&at_profile));
     if let Some(dir) = &args.plot {
         let written = plot(dir, &runs)?;
         for path in written {
@@ -247,6 +313,8 @@ pub(crate) fn validate_engine(
             "engine_compute": args.engine_compute,
             "requests": prompts.len(),
             "metrics": summary,
+            // With --speed-check: the metrics of the twin at the profile's own speed.
+            "metrics_at_profile_speed": at_profile,
             "runs": runs.iter().zip(&per_run).map(|(run, metrics)| run_json(run, metrics)).collect::<Vec<_>>(),
         });
         println!("{json}");
@@ -256,6 +324,9 @@ pub(crate) fn validate_engine(
         "{}",
         table(router, &engines, &info, prompts.len(), &runs, &summary)
     );
+    if let Some(at_profile) = &at_profile {
+        println!("{}", at_profile_line(at_profile));
+    }
     if !twin_config.compute.steps_vary() {
         println!(
             "the profile has no step_spread: every twin step takes its figure, and closed-loop clients stay in phase (profile again with kvtwin profile --engine)"
@@ -652,6 +723,13 @@ fn run_json(run: &Repeat, metrics: &[Metric]) -> Value {
             "rows": per_request_rows(run),
         },
         "metrics": metrics,
+        // With --speed-check: the checks before and after the repeat, and each engine's
+        // factor (the engines' order).
+        "speed": run.levelled.as_ref().map(|levelled| json!({
+            "before": levelled.before.iter().map(Speed::to_json).collect::<Vec<_>>(),
+            "after": levelled.after.iter().map(Speed::to_json).collect::<Vec<_>>(),
+            "factors": levelled.factors,
+        })),
     })
 }
 
@@ -697,6 +775,18 @@ fn table(
             .count();
         if merged > 0 {
             let _ = write!(out, "; {merged} answered with several tokens in a chunk");
+        }
+        if let Some(levelled) = &run.levelled {
+            let factors: Vec<String> = levelled
+                .factors
+                .iter()
+                .map(|factor| factor.map_or_else(|| "?".to_string(), |f| format!("×{f:.2}")))
+                .collect();
+            let _ = write!(
+                out,
+                "; the engines ran {} their profile's time",
+                factors.join(" and ")
+            );
         }
         let unserved = run.twin.served.iter().filter(|s| s.is_none()).count();
         if failed > 0 || unserved > 0 {
