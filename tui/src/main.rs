@@ -28,6 +28,7 @@ mod profile;
 mod profile_engine;
 mod progress;
 mod service;
+mod store_cmd;
 mod sweep;
 mod sweep_plot;
 mod trace_args;
@@ -167,6 +168,9 @@ enum Command {
     Router(service::RouterArgs),
     /// Relay one engine's ZMQ KV events onto NATS as Dynamo RouterEvents until Ctrl-C.
     Relay(service::RelayArgs),
+    /// The shared KV block store (G4): DRAM, disk and object tiers behind the Redis
+    /// protocol, until Ctrl-C.
+    Store(store_cmd::StoreArgs),
     /// A live dashboard of a router, the engines' events, a simulation or a recording.
     Dash(dash::cli::DashArgs),
     /// Benchmarks.
@@ -313,6 +317,7 @@ fn main() -> Result<()> {
         Command::Profile(args) => profile::profile(&args),
         Command::Estimate(args) => estimate::run(&args),
         Command::Relay(args) => service::relay(&args),
+        Command::Store(args) => store_cmd::store(&args),
         Command::Calibrate(args) => calibrate::calibrate(&args),
         Command::Validate(args) => calibrate::validate(&args),
     }

@@ -363,7 +363,7 @@ fn zmq_endpoint(text: &str) -> Result<String, String> {
     check_endpoint("endpoint", text).map(|()| text.to_string())
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -375,7 +375,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 /// soon as the caller says it is ready is never missed: until then SIGINT keeps the
 /// disposition the process inherited, which under a parent that ignores it (a
 /// non-interactive shell's `&`) would make Ctrl-C do nothing at all.
-fn stop_on_signal() -> Result<watch::Sender<bool>> {
+pub(crate) fn stop_on_signal() -> Result<watch::Sender<bool>> {
     let (stop, _) = watch::channel(false);
     let sender = stop.clone();
     #[cfg(unix)]
@@ -408,7 +408,9 @@ fn signal_stop(stop: &watch::Sender<bool>) {
     stop.send_replace(true);
 }
 
-fn stopped(stop: &watch::Sender<bool>) -> impl std::future::Future<Output = ()> + Send + 'static {
+pub(crate) fn stopped(
+    stop: &watch::Sender<bool>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let mut receiver = stop.subscribe();
     async move {
         let _ = receiver.wait_for(|stop| *stop).await;

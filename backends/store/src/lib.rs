@@ -1,0 +1,22 @@
+//! kvtwin's shared KV block store (G4): one server many engines read and write blocks
+//! through, with tiers DRAM → local disk → an object store (the `object_store` crate: a
+//! local directory by default, S3-compatible with the `s3` feature), each bounded in
+//! bytes and least recently used first out, BLAKE3 on every value, and leases so that a
+//! value being read is never moved or deleted under its reader.
+//!
+//! - [`index`]: the bookkeeping (which copy lies where, LRU, leases), as steps for the
+//!   store to carry out; no I/O.
+//! - [`record`]: a value's self-describing form on the disk and object tiers.
+//! - [`store`]: [`store::Store`], the tiers' bytes behind the index: put, get, delete,
+//!   recovery after a restart.
+//! - [`resp`] and [`server`]: the Redis protocol (RESP2) subset that `redis-cli`, the
+//!   `redis` Python client and LMCache's Redis connector speak.
+//!
+//! Never: routing or simulation (the router and the simulator model this tier; this
+//! crate is the real one).
+
+pub mod index;
+pub mod record;
+pub mod resp;
+pub mod server;
+pub mod store;

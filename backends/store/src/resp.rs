@@ -1,0 +1,312 @@
+//! RESP2, the Redis protocol's second version, as far as a key-value server needs it:
+//! requests in (arrays of bulk strings, or inline commands as `redis-cli` and telnet
+//! send them), replies out (simple strings, errors, integers, bulk strings, arrays).
+//!
+//! Requests come from outside: every length is bounded ([`Limits`]), a partial request
+//! waits for more bytes, and a malformed one is a [`ProtocolError`] with Redis's own
+//! words (after which Redis, and this server, close the connection), never a panic.
+//!
+//! Owns: framing. Never: what a command means (`server`).
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+/// Bounds on one request.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// The longest bulk string (a value), bytes.
+    pub max_bulk: usize,
+    /// The most arguments in one request.
+    pub max_args: usize,
+    /// The longest inline command, bytes.
+    pub max_inline: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_bulk: 512 << 20,
+            max_args: 1 << 20,
+            max_inline: 64 << 10,
+        }
+    }
+}
+
+/// A malformed request, in Redis's words.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// A count that is not a number in range.
+    #[error("Protocol error: invalid multibulk length")]
+    MultibulkLength,
+    /// A bulk length that is not a number in range.
+    #[error("Protocol error: invalid bulk length")]
+    BulkLength,
+    /// Something other than `$` where a bulk string must start.
+    #[error("Protocol error: expected '$', got '{0}'")]
+    ExpectedBulk(char),
+    /// An inline command with no line end in sight.
+    #[error("Protocol error: too big inline request")]
+    InlineTooBig,
+    /// A bulk string without its line end.
+    #[error("Protocol error: bulk string not terminated by CRLF")]
+    BulkUnterminated,
+}
+
+/// A reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// `+OK`.
+    Simple(&'static str),
+    /// `-ERR ...` (the text after the dash).
+    Error(String),
+    /// `:n`.
+    Integer(i64),
+    /// `$n` and the bytes, or `$-1` (nil).
+    Bulk(Option<Bytes>),
+    /// `*n` and the elements.
+    Array(Vec<Reply>),
+}
+
+impl Reply {
+    /// `-ERR text`.
+    pub fn err(text: impl std::fmt::Display) -> Reply {
+        Reply::Error(format!("ERR {text}"))
+    }
+
+    /// Appends the reply's bytes to `out`.
+    pub fn encode(&self, out: &mut BytesMut) {
+        match self {
+            Reply::Simple(text) => {
+                out.put_u8(b'+');
+                out.put_slice(text.as_bytes());
+            }
+            Reply::Error(text) => {
+                out.put_u8(b'-');
+                // A line end inside would end the reply early.
+                out.put_slice(text.replace(['\r', '\n'], " ").as_bytes());
+            }
+            Reply::Integer(n) => {
+                out.put_u8(b':');
+                out.put_slice(n.to_string().as_bytes());
+            }
+            Reply::Bulk(None) => out.put_slice(b"$-1"),
+            Reply::Bulk(Some(bytes)) => {
+                out.put_u8(b'$');
+                out.put_slice(bytes.len().to_string().as_bytes());
+                out.put_slice(b"\r\n");
+                out.put_slice(bytes);
+            }
+            Reply::Array(items) => {
+                out.put_u8(b'*');
+                out.put_slice(items.len().to_string().as_bytes());
+                out.put_slice(b"\r\n");
+                for item in items {
+                    item.encode(out);
+                }
+                return;
+            }
+        }
+        out.put_slice(b"\r\n");
+    }
+}
+
+/// The next whole request at the start of `buf`, taken out of it: its arguments
+/// (an empty inline line gives none); `None` until the bytes of one whole request are
+/// there.
+pub fn next_request(
+    buf: &mut BytesMut,
+    limits: &Limits,
+) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    if buf[0] != b'*' {
+        return inline(buf, limits);
+    }
+    let Some((count, mut at)) = line_number(buf, 1)? else {
+        return Ok(None);
+    };
+    let count = count.map_err(|_| ProtocolError::MultibulkLength)?;
+    if count > limits.max_args as i64 {
+        return Err(ProtocolError::MultibulkLength);
+    }
+    if count <= 0 {
+        buf.advance(at);
+        return Ok(Some(Vec::new()));
+    }
+    // Where each argument lies, found before anything is taken.
+    let mut spans = Vec::with_capacity(count.min(1024) as usize);
+    for _ in 0..count {
+        let Some(&first) = buf.get(at) else {
+            return Ok(None);
+        };
+        if first != b'$' {
+            return Err(ProtocolError::ExpectedBulk(first as char));
+        }
+        let Some((len, after)) = line_number(buf, at + 1)? else {
+            return Ok(None);
+        };
+        let len = len.map_err(|_| ProtocolError::BulkLength)?;
+        if len < 0 || len as usize > limits.max_bulk {
+            return Err(ProtocolError::BulkLength);
+        }
+        let end = after + len as usize;
+        if buf.len() < end + 2 {
+            return Ok(None);
+        }
+        if &buf[end..end + 2] != b"\r\n" {
+            return Err(ProtocolError::BulkUnterminated);
+        }
+        spans.push((after, end));
+        at = end + 2;
+    }
+    let request = buf.split_to(at).freeze();
+    Ok(Some(
+        spans
+            .into_iter()
+            .map(|(start, end)| request.slice(start..end))
+            .collect(),
+    ))
+}
+
+/// The number on the line starting at `from` (after its type byte) and where the next
+/// line starts; `None` until the line end is there. The number is `Err` when the line
+/// is not one.
+#[allow(clippy::type_complexity)]
+fn line_number(buf: &[u8], from: usize) -> Result<Option<(Result<i64, ()>, usize)>, ProtocolError> {
+    let Some(end) = buf[from.min(buf.len())..]
+        .windows(2)
+        .position(|w| w == b"\r\n")
+    else {
+        // A number line is short: a long one without its end is not a number.
+        if buf.len() - from.min(buf.len()) > 32 {
+            return Err(ProtocolError::MultibulkLength);
+        }
+        return Ok(None);
+    };
+    let text = &buf[from..from + end];
+    let number = std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| t.parse::<i64>().ok())
+        .ok_or(());
+    Ok(Some((number, from + end + 2)))
+}
+
+/// An inline command: one line, arguments split by spaces.
+fn inline(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    let Some(end) = buf.iter().position(|&b| b == b'\n') else {
+        if buf.len() > limits.max_inline {
+            return Err(ProtocolError::InlineTooBig);
+        }
+        return Ok(None);
+    };
+    let line = buf.split_to(end + 1).freeze();
+    let text = line.slice(..end);
+    let text = text.strip_suffix(b"\r").unwrap_or(&text);
+    Ok(Some(
+        text.split(|b| *b == b' ' || *b == b'\t')
+            .filter(|word| !word.is_empty())
+            .map(Bytes::copy_from_slice)
+            .collect(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn parse(bytes: &[u8]) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        next_request(&mut BytesMut::from(bytes), &Limits::default())
+    }
+
+    #[test]
+    fn requests_split_into_their_arguments_and_wait_for_their_last_byte() {
+        let whole = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nvalue\r\n";
+        let mut buf = BytesMut::from(&whole[..]);
+        buf.put_slice(b"PING\r\n");
+        let limits = Limits::default();
+        assert_eq!(
+            next_request(&mut buf, &limits).unwrap().unwrap(),
+            vec![Bytes::from("SET"), Bytes::from("k"), Bytes::from("value")]
+        );
+        assert_eq!(
+            next_request(&mut buf, &limits).unwrap().unwrap(),
+            vec![Bytes::from("PING")]
+        );
+        assert!(buf.is_empty());
+        for cut in 1..whole.len() {
+            assert_eq!(parse(&whole[..cut]), Ok(None), "cut at {cut}");
+        }
+        // A binary value with line ends inside is taken by its length.
+        assert_eq!(
+            parse(b"*1\r\n$4\r\na\r\nb\r\n").unwrap().unwrap(),
+            vec![Bytes::from("a\r\nb")]
+        );
+    }
+
+    #[test]
+    fn malformed_requests_are_refused_in_redis_words() {
+        assert_eq!(parse(b"*x\r\n"), Err(ProtocolError::MultibulkLength));
+        assert_eq!(parse(b"*1\r\n$x\r\n"), Err(ProtocolError::BulkLength));
+        assert_eq!(
+            parse(b"*1\r\n:1\r\n"),
+            Err(ProtocolError::ExpectedBulk(':'))
+        );
+        assert_eq!(
+            parse(b"*1\r\n$1\r\nabc\r\n"),
+            Err(ProtocolError::BulkUnterminated)
+        );
+        let small = Limits {
+            max_bulk: 4,
+            max_args: 2,
+            max_inline: 8,
+        };
+        let refused = |bytes: &[u8]| next_request(&mut BytesMut::from(bytes), &small);
+        assert_eq!(refused(b"*3\r\n"), Err(ProtocolError::MultibulkLength));
+        assert_eq!(refused(b"*1\r\n$5\r\n"), Err(ProtocolError::BulkLength));
+        assert_eq!(refused(b"PINGPINGPING"), Err(ProtocolError::InlineTooBig));
+        assert_eq!(
+            ProtocolError::MultibulkLength.to_string(),
+            "Protocol error: invalid multibulk length"
+        );
+    }
+
+    #[test]
+    fn replies_are_redis_bytes() {
+        let mut out = BytesMut::new();
+        Reply::Array(vec![
+            Reply::Simple("OK"),
+            Reply::err("no\r\nline"),
+            Reply::Integer(-3),
+            Reply::Bulk(None),
+            Reply::Bulk(Some(Bytes::from("v"))),
+        ])
+        .encode(&mut out);
+        assert_eq!(
+            &out[..],
+            b"*5\r\n+OK\r\n-ERR no  line\r\n:-3\r\n$-1\r\n$1\r\nv\r\n"
+        );
+    }
+
+    proptest! {
+        /// Any bytes: a request, a wait, or a protocol error; never a panic, and a
+        /// request taken leaves the rest of the buffer.
+        #[test]
+        fn any_bytes_parse_or_are_refused(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut buf = BytesMut::from(&bytes[..]);
+            let before = buf.len();
+            if let Ok(Some(_)) = next_request(&mut buf, &Limits::default()) {
+                prop_assert!(buf.len() < before);
+            }
+        }
+
+        /// Any arguments, framed as clients frame them, come back as they were.
+        #[test]
+        fn framed_arguments_round_trip(args in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..8)) {
+            let mut buf = BytesMut::new();
+            Reply::Array(args.iter().map(|a| Reply::Bulk(Some(Bytes::from(a.clone())))).collect()).encode(&mut buf);
+            let parsed = next_request(&mut buf, &Limits::default()).unwrap().unwrap();
+            prop_assert_eq!(parsed.iter().map(|b| b.to_vec()).collect::<Vec<_>>(), args);
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! `kvtwin store` as a user runs it: started on a free port, spoken to in the Redis
+//! protocol over a plain socket, killed with SIGKILL and restarted on the same
+//! directories, a token required when one is given, and flags refused by name.
+
+mod common;
+
+use common::Process;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// The store's address from its "listening on redis://ADDR; ..." line.
+fn address(store: &Process) -> String {
+    address_of_line(&store.wait_line("listening on redis://"))
+}
+
+/// Sends each command (arguments framed as RESP arrays) on one connection; the raw
+/// replies, read until every one has come.
+fn send(address: &str, commands: &[&[&[u8]]]) -> Vec<u8> {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut request = Vec::new();
+    for args in commands {
+        request.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+        for arg in *args {
+            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            request.extend_from_slice(arg);
+            request.extend_from_slice(b"\r\n");
+        }
+    }
+    stream.write_all(&request).unwrap();
+    // QUIT last: the store closes the connection after answering it.
+    stream.write_all(b"*1\r\n$4\r\nQUIT\r\n").unwrap();
+    let mut replies = Vec::new();
+    stream.read_to_end(&mut replies).unwrap();
+    replies.truncate(replies.len() - b"+OK\r\n".len());
+    replies
+}
+
+#[test]
+fn values_on_disk_and_in_the_object_tier_outlive_a_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    let object = dir.path().join("object");
+    let args = [
+        "store",
+        "--listen",
+        "127.0.0.1:0",
+        // No DRAM: every value goes straight to disk, then down to the object tier.
+        "--memory",
+        "0",
+        "--disk-dir",
+        disk.to_str().unwrap(),
+        "--disk",
+        "3KiB",
+        "--object-dir",
+        object.to_str().unwrap(),
+        "--object",
+        "1MiB",
+    ];
+    let value = vec![7u8; 1000];
+    let store = Process::start(&args);
+    let at = address(&store);
+    let mut commands: Vec<Vec<Vec<u8>>> = Vec::new();
+    for n in 0..8 {
+        commands.push(vec![
+            b"SET".to_vec(),
+            format!("block{n}").into_bytes(),
+            value.clone(),
+        ]);
+    }
+    let framed: Vec<Vec<&[u8]>> = commands
+        .iter()
+        .map(|c| c.iter().map(Vec::as_slice).collect())
+        .collect();
+    let framed: Vec<&[&[u8]]> = framed.iter().map(Vec::as_slice).collect();
+    assert_eq!(send(&at, &framed), b"+OK\r\n".repeat(8));
+    // SIGKILL: no chance to flush or say goodbye.
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &store.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    drop(store);
+
+    let store = Process::start(&args);
+    let line = store.wait_line("listening on redis://");
+    assert!(line.contains("8 keys found"), "{line}");
+    let at = address_of_line(&line);
+    let mut expected = b"*8\r\n".to_vec();
+    for _ in 0..8 {
+        expected.extend_from_slice(b"$1000\r\n");
+        expected.extend_from_slice(&value);
+        expected.extend_from_slice(b"\r\n");
+    }
+    let keys: Vec<Vec<u8>> = (0..8).map(|n| format!("block{n}").into_bytes()).collect();
+    let mut mget: Vec<&[u8]> = vec![b"MGET"];
+    mget.extend(keys.iter().map(Vec::as_slice));
+    assert_eq!(send(&at, &[&mget]), expected);
+    let info = send(&at, &[&[b"INFO"]]);
+    let info = String::from_utf8_lossy(&info);
+    assert!(info.contains("db0:keys=8"), "{info}");
+}
+
+fn address_of_line(line: &str) -> String {
+    let start = line.find("redis://").unwrap() + "redis://".len();
+    line[start..]
+        .split(|c: char| c == ';' || c.is_whitespace())
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn with_a_token_the_store_refuses_until_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let store = Process::start(&[
+        "store",
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        token.to_str().unwrap(),
+    ]);
+    let line = store.wait_line("listening on redis://");
+    assert!(line.contains("AUTH required"), "{line}");
+    let at = address_of_line(&line);
+    let replies = send(
+        &at,
+        &[
+            &[b"GET", b"k"],
+            &[b"AUTH", b"wrong"],
+            &[b"AUTH", b"s3cret"],
+            &[b"SET", b"k", b"v"],
+            &[b"GET", b"k"],
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&replies),
+        "-NOAUTH Authentication required.\r\n-WRONGPASS invalid username-password pair or user is disabled.\r\n+OK\r\n+OK\r\n$1\r\nv\r\n"
+    );
+}
+
+#[test]
+fn bad_sizes_and_flags_are_refused_by_name() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kvtwin"))
+        .args(["store", "--memory", "12 parsecs"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--memory") && stderr.contains("unknown unit"),
+        "{stderr}"
+    );
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kvtwin"))
+        .args(["store", "--disk", "1GiB"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "--disk without --disk-dir");
+}
