@@ -2,7 +2,8 @@
 //! that reads bytes from outside the process: vLLM / SGLang ZMQ frames, Dynamo's NATS
 //! payloads (JSON events and msgpack envelopes), MRDN frames, scenario RON, Mooncake trace
 //! lines, the router's HTTP request bodies, the `/v1/stream` SSE body a client reads, and
-//! the OpenAI request bodies and answers the router's front door reads.
+//! the OpenAI request bodies and answers the router's front door reads, and the shared
+//! store's Redis requests and its records on disk.
 //!
 //! Owns: [`TARGETS`] (name → body), the frame split every multi-frame target shares
 //! ([`split_frames`], [`join_frames`]) and [`seeds`] (a corpus from the project's own
@@ -33,7 +34,7 @@ use std::sync::{Arc, Mutex};
 pub type Body = fn(&[u8]);
 
 /// Every target: its name (the `fuzz/targets/fuzz_targets/NAME.rs` binary) and its body.
-pub const TARGETS: [(&str, Body); 10] = [
+pub const TARGETS: [(&str, Body); 11] = [
     ("engine_zmq", engine_zmq),
     ("zmq_frames", zmq_frames),
     ("nats_json", nats_json),
@@ -44,7 +45,38 @@ pub const TARGETS: [(&str, Body); 10] = [
     ("http_route", http_route),
     ("sse_stream", sse_stream),
     ("openai_request", openai_request),
+    ("store_bytes", store_bytes),
 ];
+
+/// The shared store's bytes from outside: a connection's RESP2 requests, parsed one
+/// after another as the server does (each one taken must consume bytes), and a record
+/// read off a tier (one that decodes must re-encode to the same bytes).
+pub fn store_bytes(data: &[u8]) {
+    use kvtwin_store::record;
+    use kvtwin_store::resp::{next_request, Limits};
+    let limits = Limits {
+        max_bulk: 1 << 16,
+        max_args: 1 << 10,
+        max_inline: 1 << 12,
+    };
+    let mut buf = bytes::BytesMut::from(data);
+    loop {
+        let before = buf.len();
+        match next_request(&mut buf, &limits) {
+            Ok(Some(_)) => assert!(buf.len() < before, "a request taken consumed nothing"),
+            _ => break,
+        }
+    }
+    let _ = record::decode_header(data);
+    if let Ok((header, value)) = record::decode(bytes::Bytes::copy_from_slice(data)) {
+        let again = record::encode(header.copy, &header.key, &value, &header.digest);
+        assert_eq!(
+            &again[..],
+            data,
+            "a record that does not re-encode to itself"
+        );
+    }
+}
 
 /// Splits `data` into frames, each a length byte then that many bytes (the last frame
 /// takes what is left): the multi-frame targets' input format.
@@ -406,6 +438,17 @@ pub fn seeds(repo: &Path) -> Vec<(&'static str, Vec<u8>)> {
         let (head, tail) = bytes.split_at(bytes.len() / 2);
         out.push(("sse_stream", join_frames(&[head, tail])));
     }
+    // The store: a pipelined SET and GET with a binary value, an inline PING, a record.
+    out.push((
+        "store_bytes",
+        b"*3\r\n$3\r\nSET\r\n$2\r\nk1\r\n$4\r\na\r\nb\r\n*2\r\n$3\r\nGET\r\n$2\r\nk1\r\nPING\r\n"
+            .to_vec(),
+    ));
+    let value = b"a value".as_slice();
+    out.push((
+        "store_bytes",
+        kvtwin_store::record::encode(7, b"key", value, blake3::hash(value).as_bytes()).to_vec(),
+    ));
     out
 }
 

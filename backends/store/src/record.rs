@@ -46,9 +46,10 @@ impl Header {
         false
     }
 
-    /// The whole record's length.
+    /// The whole record's length (saturating: a header from outside may claim any
+    /// value length, and no record is that long).
     pub fn record_len(&self) -> u64 {
-        self.len() as u64 + self.value_len
+        (self.len() as u64).saturating_add(self.value_len)
     }
 }
 
@@ -179,6 +180,18 @@ mod tests {
         fn any_bytes_decode_to_a_header_or_an_error(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode_header(&bytes);
             let _ = decode(Bytes::from(bytes));
+        }
+
+        /// A header that claims any value length at all is refused as truncated, not
+        /// overflowed (the fuzz target `store_bytes` found the overflow).
+        #[test]
+        fn any_claimed_length_is_truncated_not_overflowed(value_len in any::<u64>()) {
+            let mut record = encode(1, b"k", b"", blake3::hash(b"").as_bytes()).to_vec();
+            record[20..28].copy_from_slice(&value_len.to_le_bytes());
+            if value_len > 0 {
+                let refused = matches!(decode(Bytes::from(record)), Err(RecordError::Truncated { .. }));
+                prop_assert!(refused);
+            }
         }
 
         /// Whatever the key and value, a record decodes to them.
