@@ -48,6 +48,9 @@ pub(crate) struct StoreArgs {
     /// to DRAM, its hot copy).
     #[arg(long)]
     no_promote: bool,
+    /// Serve `GET /metrics` (OpenMetrics: kvtwin_store_* by tier) and `/healthz` here.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
     /// Clients served at once.
     #[arg(long, default_value_t = 1024)]
     max_clients: usize,
@@ -92,6 +95,11 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
         return Err(format!("{text:?}: too large"));
     }
     Ok(bytes.round() as u64)
+}
+
+/// Serves `app` on `listener` (HTTP/1) until the process ends.
+async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) -> std::io::Result<()> {
+    axum::serve(listener, app).await
 }
 
 fn directory_tier(dir: &Path, flag: &str) -> Result<Arc<dyn ObjectStore>> {
@@ -151,16 +159,33 @@ pub(crate) fn store(args: &StoreArgs) -> Result<()> {
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
         let address = listener.local_addr().context("the listening address")?;
+        let metrics_at = match args.metrics_listen {
+            None => None,
+            Some(at) => {
+                let metrics = tokio::net::TcpListener::bind(at)
+                    .await
+                    .with_context(|| format!("--metrics-listen {at}"))?;
+                let bound = metrics.local_addr().context("the metrics address")?;
+                let app = kvtwin_store::metrics::app(store.clone());
+                tokio::spawn(async move {
+                    if let Err(error) = axum_serve(metrics, app).await {
+                        tracing::warn!(%error, "kvtwin store: the metrics server stopped");
+                    }
+                });
+                Some(bound)
+            }
+        };
         let occupancy = store.occupancy().await;
         tracing::info!(
-            "kvtwin store: listening on redis://{address}; memory {} bytes, disk {} bytes{}, object {} bytes{}; {} keys found{}",
+            "kvtwin store: listening on redis://{address}; memory {} bytes, disk {} bytes{}, object {} bytes{}; {} keys found{}{}",
             args.memory,
             occupancy.tiers[1].2,
             args.disk_dir.as_ref().map_or(String::new(), |d| format!(" in {}", d.display())),
             occupancy.tiers[2].2,
             args.object_dir.as_ref().map_or(String::new(), |d| format!(" in {}", d.display())),
             occupancy.keys,
-            if token.is_some() { "; AUTH required" } else { "" }
+            if token.is_some() { "; AUTH required" } else { "" },
+            metrics_at.map_or(String::new(), |at| format!("; metrics on http://{at}/metrics"))
         );
         let server = ServerConfig {
             token,

@@ -59,6 +59,8 @@ fn values_on_disk_and_in_the_object_tier_outlive_a_kill_9() {
         object.to_str().unwrap(),
         "--object",
         "1MiB",
+        "--metrics-listen",
+        "127.0.0.1:0",
     ];
     let value = vec![7u8; 1000];
     let store = Process::start(&args);
@@ -102,6 +104,28 @@ fn values_on_disk_and_in_the_object_tier_outlive_a_kill_9() {
     let info = send(&at, &[&[b"INFO"]]);
     let info = String::from_utf8_lossy(&info);
     assert!(info.contains("db0:keys=8"), "{info}");
+    // Two 1,066-byte records fit the disk's 3 KiB, the other six went to the object
+    // tier; the reads were hits there, and nothing moved into a DRAM of 0 bytes.
+    let metrics_at = line
+        .split("metrics on http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no metrics address in {line}"));
+    let (status, text) = common::http(metrics_at, "GET", "/metrics", "");
+    assert_eq!(status, 200, "{text}");
+    for sample in [
+        "kvtwin_store_keys{tier=\"disk\"} 2",
+        "kvtwin_store_keys{tier=\"object\"} 6",
+        "kvtwin_store_hits_total{tier=\"disk\"} 2",
+        "kvtwin_store_hits_total{tier=\"object\"} 6",
+        "kvtwin_store_promotions_total 0",
+        "kvtwin_store_leased_copies 0",
+    ] {
+        assert!(
+            text.lines().any(|l| l == sample),
+            "no {sample:?} in\n{text}"
+        );
+    }
 }
 
 fn address_of_line(line: &str) -> String {

@@ -11,11 +11,13 @@
 //!   recovery after a restart.
 //! - [`resp`] and [`server`]: the Redis protocol (RESP2) subset that `redis-cli`, the
 //!   `redis` Python client and LMCache's Redis connector speak.
+//! - [`metrics`]: `/metrics` and `/healthz`.
 //!
 //! Never: routing or simulation (the router and the simulator model this tier; this
 //! crate is the real one).
 
 pub mod index;
+pub mod metrics;
 pub mod record;
 pub mod resp;
 pub mod server;

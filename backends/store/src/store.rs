@@ -246,7 +246,9 @@ impl Store {
         match read {
             Some((header, value)) if header.digest == entry.digest => {
                 self.counters.hits[entry.tier as usize].fetch_add(1, Ordering::Relaxed);
-                if self.promote_on_hit && still_this_copy {
+                // Only into DRAM: a store without room there leaves the value where it is.
+                let fits = inner.index.limit(Tier::Memory) >= entry.size;
+                if self.promote_on_hit && still_this_copy && fits {
                     let key = Bytes::copy_from_slice(key);
                     if self
                         .place(&mut inner, key, value.clone(), entry.digest)
