@@ -21,6 +21,7 @@
 //! are predictions of the model, not measurements.
 //! Never: be a dependency of `kvtwin` itself.
 
+pub mod advisor;
 pub mod autoscale;
 pub mod cache;
 pub mod checkers;

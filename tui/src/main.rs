@@ -5,6 +5,7 @@
 //! answers "how big must the cache be for this trace?"; `kvtwin router` and `kvtwin
 //! relay` run the event plane's services. All logic lives in the libraries.
 
+mod advisor_cmd;
 mod autoscale_plot;
 mod bench;
 mod bench_cuda;
@@ -171,6 +172,9 @@ enum Command {
     /// The shared KV block store (G4): DRAM, disk and object tiers behind the Redis
     /// protocol, until Ctrl-C.
     Store(store_cmd::StoreArgs),
+    /// The storage advisor: a recorded KV event stream replayed through a shared tier of
+    /// each size under each tiering policy (LRU, LFU, S3-FIFO, ARC).
+    Advisor(advisor_cmd::AdvisorArgs),
     /// A live dashboard of a router, the engines' events, a simulation or a recording.
     Dash(dash::cli::DashArgs),
     /// Benchmarks.
@@ -318,6 +322,7 @@ fn main() -> Result<()> {
         Command::Estimate(args) => estimate::run(&args),
         Command::Relay(args) => service::relay(&args),
         Command::Store(args) => store_cmd::store(&args),
+        Command::Advisor(args) => advisor_cmd::advisor(&args),
         Command::Calibrate(args) => calibrate::calibrate(&args),
         Command::Validate(args) => calibrate::validate(&args),
     }
