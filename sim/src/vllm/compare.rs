@@ -7,7 +7,8 @@
 //! each request's prompt, the outputs the engine generated and its reported cached
 //! tokens; the engine's events with its own hashes and the token ids they carry), the
 //! translation of engine hashes into kvtwin's chained hashes through those token ids,
-//! [`compare_one_at_a_time`] and [`compare_closed_loop`]. Both streams are flattened to one entry per block
+//! [`compare_one_at_a_time`], [`compare_closed_loop`] and [`compare_timed`] (the same
+//! clients on the twin in time, on the engine's own profile). Both streams are flattened to one entry per block
 //! (a `Stored` of several blocks is the same as one per block, each the parent of the
 //! next), so batching never counts as a difference. Never: talk to an engine (the
 //! capture is the caller's), or time anything.
@@ -433,6 +434,80 @@ pub fn compare_closed_loop(
         twin_preemptions,
         twin_unserved,
         twin_partial_prefills,
+    }
+}
+
+/// Serves `requests` on the twin in time as `clients` closed-loop clients would
+/// (`super::serve::TwinCluster`, one engine): each step priced by `compute` (the
+/// engine's own profile, `kvtwin profile --engine`), each next request sent when an
+/// answer is in and reaching the engine the profile's request overhead later, so a
+/// request joins the step the engine's speed puts it in rather than a fixed number of
+/// steps after the answer that sent it ([`compare_closed_loop`]'s model). Prefill chunks
+/// are not counted (`twin_partial_prefills` is 0).
+pub fn compare_timed(
+    scheduler: VllmSchedulerConfig,
+    cache: VllmCacheConfig,
+    requests: &[ServedRequest],
+    clients: usize,
+    compute: crate::compute::ComputeModel,
+    seed: u64,
+) -> ClosedLoopComparison {
+    use super::serve::{TwinArrivals, TwinCluster, TwinClusterConfig, TwinRequest};
+    let block_size = cache.block_size.max(1);
+    let twin_requests: Vec<TwinRequest> = requests
+        .iter()
+        .enumerate()
+        .map(|(index, served)| {
+            let blocks = BlockIdentity::chain(&compute_local_hashes(
+                &served.prompt,
+                usize::try_from(block_size).unwrap_or(usize::MAX),
+                HashSeed::default(),
+            ));
+            TwinRequest::new(
+                index,
+                std::time::Duration::ZERO,
+                &blocks,
+                served.prompt.len() as u64,
+                served.outputs.len().max(1) as u64,
+                block_size,
+            )
+        })
+        .collect();
+    let worker = kvtwin::ids::WorkerId::new(1);
+    let run = TwinCluster::new(TwinClusterConfig {
+        workers: vec![worker],
+        scheduler,
+        cache,
+        connector: None,
+        routing: kvtwin::router::scheduler::SchedulerConfig::default(),
+        compute,
+        engine_compute: BTreeMap::new(),
+        seed,
+    })
+    .serve(
+        &twin_requests,
+        TwinArrivals::Closed {
+            clients,
+            think: std::time::Duration::ZERO,
+        },
+    );
+    ClosedLoopComparison {
+        cached: requests
+            .iter()
+            .zip(&run.served)
+            .map(|(served, twin)| CachedTokens {
+                engine: served.cached_tokens,
+                twin: twin.as_ref().map_or(0, |t| t.cached_tokens),
+            })
+            .collect(),
+        twin_preemptions: run
+            .served
+            .iter()
+            .flatten()
+            .map(|t| u64::from(t.preemptions))
+            .sum(),
+        twin_unserved: run.served.iter().filter(|t| t.is_none()).count(),
+        twin_partial_prefills: 0,
     }
 }
 
