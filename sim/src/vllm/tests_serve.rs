@@ -433,6 +433,21 @@ fn a_busy_engine_slows_only_the_requests_that_come_while_it_steps() {
     assert_eq!(closed_loop(with_busy(5.0), 2, 24, 1), alone);
 }
 
+/// One engine of 65 blocks under `table`, seed 0.
+fn one_engine(table: crate::compute::table::TableModel) -> TwinCluster {
+    let (scheduler, cache) = configs(2048, 65);
+    TwinCluster::new(TwinClusterConfig {
+        workers: vec![WorkerId::new(1)],
+        scheduler,
+        cache,
+        connector: None,
+        routing: SchedulerConfig::default(),
+        compute: ComputeModel::Table(table),
+        engine_compute: BTreeMap::new(),
+        seed: 0,
+    })
+}
+
 #[test]
 fn a_request_coming_to_a_stepping_engine_lengthens_the_step_in_flight_by_the_stretch() {
     let stretched = |stretch_ms: f64| {
@@ -440,17 +455,7 @@ fn a_request_coming_to_a_stepping_engine_lengthens_the_step_in_flight_by_the_str
             unreachable!("measured is a table")
         };
         table.arrival_stretch_ms = stretch_ms;
-        let (scheduler, cache) = configs(2048, 65);
-        TwinCluster::new(TwinClusterConfig {
-            workers: vec![WorkerId::new(1)],
-            scheduler,
-            cache,
-            connector: None,
-            routing: SchedulerConfig::default(),
-            compute: ComputeModel::Table(table),
-            engine_compute: BTreeMap::new(),
-            seed: 0,
-        })
+        one_engine(table)
     };
     // The first comes to an idle engine: nothing to stretch.
     let first = [request(0, 0, 1, 0, 2, 3)];
@@ -533,17 +538,7 @@ fn a_request_reaches_a_busy_engine_after_the_overhead_measured_beside_as_many_re
                 overhead_ms,
             })
             .collect();
-        let (scheduler, cache) = configs(2048, 65);
-        TwinCluster::new(TwinClusterConfig {
-            workers: vec![WorkerId::new(1)],
-            scheduler,
-            cache,
-            connector: None,
-            routing: SchedulerConfig::default(),
-            compute: ComputeModel::Table(table),
-            engine_compute: BTreeMap::new(),
-            seed: 0,
-        })
+        one_engine(table)
     };
     // The first finds the engine idle; the second comes while it prefills the first
     // (one request held), the third long after, while it decodes both (two held).
