@@ -15,6 +15,7 @@ mod bench_relay;
 mod bench_serve;
 mod bench_sim;
 mod bench_soak;
+mod bench_store;
 mod calibrate;
 mod dash;
 mod estimate;
@@ -222,6 +223,9 @@ enum Bench {
     /// Mooncake trace replayed; TTFT, ITL, end to end, throughput, cached tokens and
     /// requests per worker as one JSON line (a table on stderr).
     Serve(bench_serve::ServeArgs),
+    /// A `kvtwin store` under concurrent SETs and GETs over twice its DRAM: torn reads
+    /// (every value checked against its BLAKE3), RSS, evictions; one JSON line.
+    Store(bench_store::StoreBenchArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -314,6 +318,7 @@ fn main() -> Result<()> {
         Command::Bench(Bench::Soak(args)) => bench_soak::run(&args),
         Command::Bench(Bench::Dash(args)) => bench_dash::run(&args),
         Command::Bench(Bench::Serve(args)) => bench_serve::run(&args),
+        Command::Bench(Bench::Store(args)) => bench_store::run(&args),
         Command::Sweep(args) => sweep::run(&args),
         Command::Router(args) => service::router(&args),
         Command::Dash(args) => dash::cli::dash(&args),

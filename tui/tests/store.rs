@@ -186,3 +186,30 @@ fn bad_sizes_and_flags_are_refused_by_name() {
         .unwrap();
     assert!(!output.status.success(), "--disk without --disk-dir");
 }
+
+#[test]
+fn the_bench_keeps_every_value_whole_under_eight_clients_over_twice_dram() {
+    let (ok, stdout, stderr) = common::kvtwin_outcome(&[
+        "bench",
+        "store",
+        "--seconds",
+        "2",
+        "--memory",
+        "4MiB",
+        "--value-bytes",
+        "64KiB",
+    ]);
+    assert!(ok, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["torn_reads"], 0, "{report}");
+    assert_eq!(report["errors"], 0, "{report}");
+    assert_eq!(
+        report["keys"], 128,
+        "twice 4 MiB in 64 KiB values: {report}"
+    );
+    assert!(report["sets"].as_u64().unwrap() > 0 && report["hits"].as_u64().unwrap() > 0);
+    // The store's own word: values went down to disk, none failed its check.
+    let info = report["store_info"].as_str().unwrap();
+    assert!(info.contains("corrupt_values:0"), "{info}");
+    assert!(!info.contains("disk:keys=0,"), "{info}");
+}

@@ -1,0 +1,326 @@
+//! `kvtwin bench store`: a `kvtwin store` (this binary, as a child process on a free
+//! loopback port, its disk tier in a directory of its own) under concurrent SETs and
+//! GETs from `--clients` connections for `--seconds`, over twice as many bytes of values
+//! as its DRAM holds, so that values move to disk and back all the time.
+//!
+//! Every value says which key and which write it is and ends in the BLAKE3 of the rest,
+//! so a client checks every value it reads: one that is not whole, or is another key's,
+//! is a torn read, counted (the store must never serve one). The store's RSS
+//! (`/proc/PID/status`) is sampled every 100 ms; the store's own counters (evictions,
+//! leases, corrupt values) are read from its INFO at the end. One JSON line on stdout, a
+//! table on stderr.
+//!
+//! Owns: the flags, the clients, the checks and the report. Never: the store's logic.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+#[derive(Args, Debug)]
+pub(crate) struct StoreBenchArgs {
+    /// How long the clients run.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Concurrent connections, each a closed loop of SETs and GETs.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// The store's DRAM tier.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = crate::store_cmd::parse_size)]
+    memory: u64,
+    /// Bytes of each value.
+    #[arg(long, value_name = "SIZE", default_value = "256KiB", value_parser = crate::store_cmd::parse_size)]
+    value_bytes: u64,
+    /// Seeds the clients' choices.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// What the clients saw.
+#[derive(Default)]
+struct Tally {
+    sets: AtomicU64,
+    gets: AtomicU64,
+    hits: AtomicU64,
+    torn: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// A value of `len` bytes for write `version` of key `key`: both ids, bytes drawn from
+/// them, then the BLAKE3 of everything before it.
+fn value_of(key: u64, version: u64, len: usize) -> Vec<u8> {
+    let len = len.max(48);
+    let mut value = Vec::with_capacity(len);
+    value.extend_from_slice(&key.to_le_bytes());
+    value.extend_from_slice(&version.to_le_bytes());
+    let mut draw = ChaCha8Rng::seed_from_u64(key.rotate_left(32) ^ version);
+    value.resize(len - 32, 0);
+    draw.fill(&mut value[16..]);
+    let digest = blake3::hash(&value);
+    value.extend_from_slice(digest.as_bytes());
+    value
+}
+
+/// Whether `value` is whole and `key`'s.
+fn checks(key: u64, value: &[u8]) -> bool {
+    if value.len() < 48 {
+        return false;
+    }
+    let (body, digest) = value.split_at(value.len() - 32);
+    blake3::hash(body).as_bytes() == digest && body[..8] == key.to_le_bytes()
+}
+
+fn command(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// Reads one reply: a bulk string's bytes (`None` for nil), or the line of a simple
+/// reply as bytes.
+async fn reply(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Option<Vec<u8>>> {
+    loop {
+        if let Some(end) = buf.windows(2).position(|w| w == b"\r\n") {
+            let line = buf[..end].to_vec();
+            match line.first() {
+                Some(b'$') => {
+                    let len: i64 = std::str::from_utf8(&line[1..])?.parse()?;
+                    if len < 0 {
+                        buf.drain(..end + 2);
+                        return Ok(None);
+                    }
+                    let need = end + 2 + len as usize + 2;
+                    while buf.len() < need {
+                        if stream.read_buf(buf).await? == 0 {
+                            bail!("the store closed the connection");
+                        }
+                    }
+                    let value = buf[end + 2..end + 2 + len as usize].to_vec();
+                    buf.drain(..need);
+                    return Ok(Some(value));
+                }
+                Some(b'-') => bail!("{}", String::from_utf8_lossy(&line)),
+                _ => {
+                    buf.drain(..end + 2);
+                    return Ok(Some(line));
+                }
+            }
+        }
+        if stream.read_buf(buf).await? == 0 {
+            bail!("the store closed the connection");
+        }
+    }
+}
+
+async fn client(
+    address: String,
+    keys: u64,
+    value_bytes: usize,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+    tally: Arc<Tally>,
+) -> Result<()> {
+    let mut stream = TcpStream::connect(&address).await?;
+    let mut draw = ChaCha8Rng::seed_from_u64(seed);
+    let mut buf = Vec::new();
+    let mut version = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let key = draw.gen_range(0..keys);
+        let name = format!("bench:{key}");
+        if draw.gen_bool(0.5) {
+            version += 1;
+            let value = value_of(key, (seed << 32) | version, value_bytes);
+            stream
+                .write_all(&command(&[b"SET", name.as_bytes(), &value]))
+                .await?;
+            match reply(&mut stream, &mut buf).await {
+                Ok(_) => tally.sets.fetch_add(1, Ordering::Relaxed),
+                Err(_) => tally.errors.fetch_add(1, Ordering::Relaxed),
+            };
+        } else {
+            stream
+                .write_all(&command(&[b"GET", name.as_bytes()]))
+                .await?;
+            tally.gets.fetch_add(1, Ordering::Relaxed);
+            match reply(&mut stream, &mut buf).await? {
+                None => {}
+                Some(value) if checks(key, &value) => {
+                    tally.hits.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(_) => {
+                    tally.torn.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The resident set of process `pid`, bytes.
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// `kvtwin bench store`.
+pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
+    if args.clients == 0 || args.value_bytes < 48 {
+        bail!("--clients must be at least 1 and --value-bytes at least 48");
+    }
+    let dir = std::env::temp_dir().join(format!("kvtwin-bench-store-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // Twice DRAM in values, and a disk that holds them all.
+    let keys = (2 * args.memory / args.value_bytes).max(1);
+    let disk = 4 * args.memory + (64 << 20);
+    let exe = std::env::current_exe().context("this binary's path")?;
+    let mut store = Command::new(exe)
+        .args(["store", "--listen", "127.0.0.1:0", "--memory"])
+        .arg(args.memory.to_string())
+        .arg("--disk-dir")
+        .arg(dir.join("disk"))
+        .args(["--disk", &disk.to_string(), "--max-value"])
+        .arg((args.value_bytes + 4096).to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting kvtwin store")?;
+    let pid = store.id();
+    let stderr = store.stderr.take().context("the store's stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    let address = loop {
+        let Some(line) = lines.next() else {
+            let _ = store.kill();
+            bail!("kvtwin store exited before it listened");
+        };
+        let line = line?;
+        if let Some(rest) = line.split("listening on redis://").nth(1) {
+            break rest
+                .split(|c: char| c == ';' || c.is_whitespace())
+                .next()
+                .unwrap_or_default()
+                .to_string();
+        }
+    };
+    // Keep draining its log so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let (max_rss, info) = runtime.block_on(async {
+        let clients: Vec<_> = (0..args.clients)
+            .map(|i| {
+                tokio::spawn(client(
+                    address.clone(),
+                    keys,
+                    args.value_bytes as usize,
+                    args.seed.wrapping_mul(1000) + i as u64 + 1,
+                    stop.clone(),
+                    tally.clone(),
+                ))
+            })
+            .collect();
+        let mut max_rss = 0u64;
+        while started.elapsed() < Duration::from_secs(args.seconds) {
+            max_rss = max_rss.max(rss_bytes(pid).unwrap_or(0));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stop.store(true, Ordering::Relaxed);
+        for client in clients {
+            if let Ok(Err(error)) = client.await {
+                eprintln!("kvtwin bench store: a client stopped: {error:#}");
+                tally.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let mut stream = TcpStream::connect(&address).await?;
+        stream.write_all(&command(&[b"INFO"])).await?;
+        let info = reply(&mut stream, &mut Vec::new())
+            .await?
+            .unwrap_or_default();
+        anyhow::Ok((max_rss, String::from_utf8_lossy(&info).into_owned()))
+    })?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let _ = store.kill();
+    let _ = store.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let field = |name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let report = json!({
+        "seconds": elapsed,
+        "clients": args.clients,
+        "memory_bytes": args.memory,
+        "value_bytes": args.value_bytes,
+        "keys": keys,
+        "sets": load(&tally.sets),
+        "gets": load(&tally.gets),
+        "hits": load(&tally.hits),
+        "torn_reads": load(&tally.torn),
+        "errors": load(&tally.errors),
+        "ops_per_s": (load(&tally.sets) + load(&tally.gets)) as f64 / elapsed,
+        "max_rss_bytes": max_rss,
+        "evicted_keys": field("evicted_keys"),
+        "corrupt_values": field("corrupt_values"),
+        "store_info": info,
+    });
+    eprintln!(
+        "kvtwin bench store: {} clients for {elapsed:.0} s over {keys} keys of {} bytes ({:.1}x DRAM): {} SETs, {} GETs ({} hits), {:.0} ops/s; torn reads {}, errors {}; max RSS {:.1} MiB against {:.1} MiB of DRAM; evicted {}, corrupt {}",
+        args.clients,
+        args.value_bytes,
+        (keys * args.value_bytes) as f64 / args.memory as f64,
+        load(&tally.sets),
+        load(&tally.gets),
+        load(&tally.hits),
+        report["ops_per_s"].as_f64().unwrap_or(0.0),
+        load(&tally.torn),
+        load(&tally.errors),
+        max_rss as f64 / (1u64 << 20) as f64,
+        args.memory as f64 / (1u64 << 20) as f64,
+        field("evicted_keys"),
+        field("corrupt_values"),
+    );
+    println!("{report}");
+    if load(&tally.torn) > 0 {
+        bail!("the store served {} torn value(s)", load(&tally.torn));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{checks, value_of};
+
+    #[test]
+    fn a_value_checks_only_whole_and_under_its_own_key() {
+        let value = value_of(7, 3, 1000);
+        assert_eq!(value.len(), 1000);
+        assert!(checks(7, &value));
+        assert!(!checks(8, &value), "another key's value");
+        let mut flipped = value.clone();
+        flipped[500] ^= 1;
+        assert!(!checks(7, &flipped));
+        assert!(!checks(7, &value[..999]));
+        assert_ne!(value_of(7, 4, 1000), value, "each write its own bytes");
+    }
+}
