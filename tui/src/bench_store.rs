@@ -14,6 +14,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use kvtwin_store::resp::Reply;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
@@ -78,13 +79,15 @@ fn checks(key: u64, value: &[u8]) -> bool {
     blake3::hash(body).as_bytes() == digest && body[..8] == key.to_le_bytes()
 }
 
-fn command(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        out.extend_from_slice(arg);
-        out.extend_from_slice(b"\r\n");
-    }
+/// A request as clients frame one: an array of bulk strings (the store's own encoder).
+fn command(args: &[&[u8]]) -> bytes::BytesMut {
+    let mut out = bytes::BytesMut::new();
+    Reply::Array(
+        args.iter()
+            .map(|arg| Reply::Bulk(Some(bytes::Bytes::copy_from_slice(arg))))
+            .collect(),
+    )
+    .encode(&mut out);
     out
 }
 

@@ -97,11 +97,6 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
-/// Serves `app` on `listener` (HTTP/1) until the process ends.
-async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) -> std::io::Result<()> {
-    axum::serve(listener, app).await
-}
-
 fn directory_tier(dir: &Path, flag: &str) -> Result<Arc<dyn ObjectStore>> {
     std::fs::create_dir_all(dir).with_context(|| format!("{flag} {}", dir.display()))?;
     let tier = LocalFileSystem::new_with_prefix(dir)
@@ -168,7 +163,7 @@ pub(crate) fn store(args: &StoreArgs) -> Result<()> {
                 let bound = metrics.local_addr().context("the metrics address")?;
                 let app = kvtwin_store::metrics::app(store.clone());
                 tokio::spawn(async move {
-                    if let Err(error) = axum_serve(metrics, app).await {
+                    if let Err(error) = axum::serve(metrics, app).await {
                         tracing::warn!(%error, "kvtwin store: the metrics server stopped");
                     }
                 });

@@ -448,10 +448,13 @@ async fn set(store: &Store, rest: &[Bytes]) -> Reply {
         }
     }
     let old = if get { store.get(key).await } else { None };
+    // Only NX and XX ask whether the key is there (GET has read it already).
     let exists = if get {
         old.is_some()
-    } else {
+    } else if nx || xx {
         store.contains(key).await
+    } else {
+        false
     };
     if (nx && exists) || (xx && !exists) {
         return Reply::Bulk(if get { old } else { None });

@@ -101,13 +101,10 @@ impl Speed {
         let ratio = |measured: Option<f64>, expected: f64| {
             measured.filter(|_| expected > 0.0).map(|ms| ms / expected)
         };
-        match (
+        geometric_mean(
             ratio(self.prefill_ms, self.expected_ms.0),
             ratio(self.decode_ms, self.expected_ms.1),
-        ) {
-            (Some(prefill), Some(decode)) => Some((prefill * decode).sqrt()),
-            (one, None) | (None, one) => one,
-        }
+        )
     }
 
     pub(crate) fn to_json(&self) -> Value {
@@ -118,6 +115,14 @@ impl Speed {
             "expected_decode_ms": self.expected_ms.1,
             "factor": self.factor(),
         })
+    }
+}
+
+/// The geometric mean of two factors, the one there is where the other is missing.
+pub(crate) fn geometric_mean(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some((a * b).sqrt()),
+        (one, None) | (None, one) => one,
     }
 }
 

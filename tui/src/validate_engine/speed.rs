@@ -10,7 +10,7 @@
 //! or levels an engine no check measured.
 
 use super::Engine;
-use crate::profile_engine::speed::{Speed, SpeedCheck, SpeedPoints};
+use crate::profile_engine::speed::{geometric_mean, Speed, SpeedCheck, SpeedPoints};
 use crate::profile_engine::EngineInfo;
 use anyhow::{Context, Result};
 use kvtwin::ids::WorkerId;
@@ -107,12 +107,7 @@ impl SpeedLevel {
         after
             .iter()
             .enumerate()
-            .map(
-                |(i, after)| match (before.get(i).and_then(Speed::factor), after.factor()) {
-                    (Some(a), Some(b)) => Some((a * b).sqrt()),
-                    (one, None) | (None, one) => one,
-                },
-            )
+            .map(|(i, after)| geometric_mean(before.get(i).and_then(Speed::factor), after.factor()))
             .collect()
     }
 
