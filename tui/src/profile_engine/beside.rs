@@ -56,6 +56,11 @@ const OUTLAST: f64 = 6.0;
 /// their decode.
 const PROBE_AFTER: Duration = Duration::from_millis(60);
 
+/// Beside one decode, rounds run past `repeats` while the probed or the control windows
+/// have no clean sample yet (on a loaded machine a window is spoilt when the long
+/// answer ends early or another request finishes in it), at most this many.
+const EXTRA_STRETCH_ROUNDS: usize = 8;
+
 /// The probes at one number of decodes beside: every repeat of every engine.
 #[derive(Clone, Debug)]
 pub(super) struct BesidePoint {
@@ -133,7 +138,8 @@ pub(super) fn background_tokens(
 /// Probes each engine (`targets`, all at once) `repeats` times at each of `decodes`
 /// with fresh prompts of `isl` tokens; `lone_engine_ms` is that length's lone prefill.
 /// Beside one decode, each probe is followed by a control window as long as
-/// `control` with no probe in it (the stretch's reference).
+/// `control` with no probe in it (the stretch's reference); rounds go on past `repeats`
+/// (up to [`EXTRA_STRETCH_ROUNDS`]) until both kinds of window have a clean sample.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn measure(
     client: &EngineClient,
@@ -151,7 +157,13 @@ pub(super) async fn measure(
     let (mut probed, mut controlled) = (Vec::new(), Vec::new());
     for &k in decodes {
         let (mut outside, mut inside) = (Vec::new(), Vec::new());
-        for _ in 0..repeats {
+        let mut round = 0;
+        while round < repeats
+            || (k == 1
+                && (probed.is_empty() || controlled.is_empty())
+                && round < repeats + EXTRA_STRETCH_ROUNDS)
+        {
+            round += 1;
             for with_probe in [true, false] {
                 if !with_probe && k != 1 {
                     continue;
@@ -177,6 +189,15 @@ pub(super) async fn measure(
                     }
                 }
             }
+        }
+        if k == 1 && round > repeats {
+            eprintln!(
+                "  beside one decode: {} rounds past the {repeats} asked for to find clean \
+                 windows ({} with a probe, {} without)",
+                round - repeats,
+                probed.len(),
+                controlled.len()
+            );
         }
         eprintln!(
             "  prefill {isl:>6} tokens beside {k} decoding: {:.2} ms in the engine, {:.2} \
