@@ -1,6 +1,8 @@
 //! `scenarios/conversation-trace.ron` (the Mooncake conversation trace on `kvtwin bench
 //! sim`'s default cluster, the starting point of trace sweeps) serves every request, and
-//! its report is, byte for byte, the one whose digest `common::REPORT_DIGESTS` keeps.
+//! its report is, byte for byte, the one whose digest `common::REPORT_DIGESTS` keeps; so
+//! does `scenarios/conversation-shared.ron` (eight workers and a shared tier), and on it
+//! a larger store gives more of the prompt, more of it computed by another worker.
 
 mod common;
 
@@ -36,4 +38,61 @@ fn the_conversation_trace_scenario_serves_the_whole_trace() {
     assert_eq!(report.completed, 12_031);
     assert_eq!(report.workers, 16);
     assert!(report.routing.view_matches_pools);
+}
+
+#[test]
+fn eight_workers_find_more_of_the_trace_in_a_larger_shared_tier() {
+    let Some(_shared) = common::shared_dir("the shared-tier trace test") else {
+        return;
+    };
+    let path = common::repo_root().join("scenarios/conversation-shared.ron");
+    let scenario = Scenario::load(&path).unwrap();
+    let WorkloadSpec::MooncakeTrace { path: trace, .. } = &scenario.workload else {
+        panic!("conversation-shared.ron names no trace");
+    };
+    let trace = path.parent().unwrap().join(trace);
+    let requests = read_mooncake_trace(&trace, scenario.workload.trace_check(512))
+        .unwrap()
+        .requests;
+    let sized = |blocks: u64| {
+        let sets = [format!("cluster.shared_tier.capacity_blocks={blocks}")];
+        simulate(&scenario.with_overrides(&sets).unwrap(), &requests).unwrap()
+    };
+    let committed = simulate(&scenario, &requests).unwrap();
+    common::check_report_digest("conversation-shared.ron", &committed.to_json())
+        .unwrap_or_else(|mismatch| panic!("the report changed: {mismatch}"));
+    let none = sized(0);
+    assert!(none.shared_tier.is_none());
+    let mut last = (none.hit_ratio, 0.0);
+    eprintln!("store blocks  hit ratio  from store  by another worker  TTFT mean  TTFT p50");
+    for (blocks, report) in [
+        (5_000, sized(5_000)),
+        (20_000, committed),
+        (80_000, sized(80_000)),
+    ] {
+        let store = report.shared_tier.as_ref().unwrap();
+        eprintln!(
+            "{blocks:>12}  {:>9.4}  {:>10.4}  {:>17.4}  {:>9.1}  {:>8.1}",
+            report.hit_ratio,
+            store.hit_ratio,
+            store.cross_worker_hit_ratio,
+            report.ttft.mean_ms,
+            report.ttft.p50_ms
+        );
+        assert_eq!(report.completed, 12_031);
+        assert!(report.events.rebuild_matches_pools && report.routing.view_matches_pools);
+        assert!(
+            report.hit_ratio > last.0 && store.cross_worker_hit_ratio > last.1,
+            "{blocks} blocks: hit ratio {} and cross-worker {} against {last:?}",
+            report.hit_ratio,
+            store.cross_worker_hit_ratio
+        );
+        // Most of what a worker reads, another computed: the tier's point.
+        assert!(
+            store.cross_worker_blocks * 10 > store.read_blocks * 9,
+            "{store:?}"
+        );
+        assert!(report.ttft.p50_ms < none.ttft.p50_ms, "{report}");
+        last = (report.hit_ratio, store.cross_worker_hit_ratio);
+    }
 }

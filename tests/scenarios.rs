@@ -4,6 +4,11 @@
 //! pools (faults included: the cluster must converge once they stop), or, for a
 //! scenario of vLLM engines, that their twin completes every request; and that each
 //! prints, byte for byte, the report whose digest `common::REPORT_DIGESTS` keeps.
+//!
+//! A scenario without a shared tier (`cluster.shared_tier.capacity_blocks` 0) runs with
+//! every other knob of its shared tier turned (policy, bandwidth, latency, price,
+//! router credit): a store of no capacity must be no store at all, so its report keeps
+//! the digest it had before the shared tier existed.
 
 mod common;
 
@@ -85,8 +90,20 @@ fn check_scenario(path: &Path) -> Option<String> {
         assert!(report.steps > 0, "{}: nothing was served", path.display());
         return common::check_report_digest(&file, &serde_json::to_string(&report).unwrap()).err();
     }
+    let (scenario, knobs) = if scenario.cluster.shared_tier.is_on() {
+        (scenario, "")
+    } else {
+        let sets: Vec<String> = SHARED_TIER_KNOBS.iter().map(|s| s.to_string()).collect();
+        let turned = scenario.with_overrides(&sets).unwrap();
+        (
+            turned,
+            " (run with a shared tier of capacity 0 and its knobs turned)",
+        )
+    };
     let report = simulate(&scenario, &requests).unwrap();
-    let mismatch = common::check_report_digest(&file, &report.to_json()).err();
+    let mismatch = common::check_report_digest(&file, &report.to_json())
+        .err()
+        .map(|mismatch| format!("{mismatch}{knobs}"));
     assert_eq!(
         report.completed + report.rejected_too_large,
         report.requests,
@@ -126,6 +143,15 @@ fn check_scenario(path: &Path) -> Option<String> {
     );
     mismatch
 }
+
+/// Every knob of a shared tier but its capacity, away from its default.
+const SHARED_TIER_KNOBS: [&str; 5] = [
+    "cluster.shared_tier.policy=Arc",
+    "cluster.shared_tier.bytes_per_s=1",
+    "cluster.shared_tier.latency_ns=999999999",
+    "cluster.shared_tier.usd_per_gb_month=99",
+    "cluster.shared_tier.router_credit=1.0",
+];
 
 #[test]
 fn every_validation_script_loads_and_runs_on_the_simulator() {

@@ -35,6 +35,7 @@ pub mod plan;
 pub mod queue;
 pub mod ron_file;
 pub mod scenario;
+pub mod shared;
 pub mod traffic;
 pub mod validation;
 pub mod vllm;

@@ -10,6 +10,7 @@ use crate::autoscale::AutoscaleSpec;
 use crate::hardware::{HardwareProfile, Link};
 use crate::mooncake::{TraceCheck, TraceMismatch};
 use crate::ron_file::{self, RonFileError};
+use crate::shared::SharedTierSpec;
 use crate::traffic::{TrafficError, TrafficSpec};
 use crate::workload::{ConversationSpec, ReasoningSpec, Request};
 use kvtwin::ids::WorkerId;
@@ -254,6 +255,9 @@ pub struct ClusterSpec {
     /// Separate prefill and decode pools, with the KV handoff over the fabric; absent
     /// (the default), every worker prefills and decodes its own requests.
     pub disaggregation: Option<Disaggregation>,
+    /// A store every worker writes its blocks to and reads prefixes from (G4, see
+    /// [`crate::shared`]); its capacity is 0 by default: none.
+    pub shared_tier: SharedTierSpec,
 }
 
 impl Default for ClusterSpec {
@@ -265,6 +269,7 @@ impl Default for ClusterSpec {
             scheduler: SchedulerConfig::default(),
             event_plane: EventPlaneSpec::default(),
             disaggregation: None,
+            shared_tier: SharedTierSpec::default(),
         }
     }
 }
@@ -530,6 +535,9 @@ impl Scenario {
                     kvtwin::wire::MAX_BODY_LEN
                 )));
             }
+        }
+        if let Some(reason) = self.cluster.shared_tier.problem() {
+            return Err(cluster(&format!("shared_tier.{reason}")));
         }
         if let Some(traffic) = &self.traffic {
             traffic.check().map_err(|source| ScenarioError::Traffic {

@@ -38,7 +38,7 @@ use crate::ids::WorkerWithDpRank;
 use crate::ids::{LocalBlockHash, Timestamp, WorkerId};
 use approx::PredictedCache;
 use indexer::{ApplyEventError, KvIndexer, MatchScratch, WorkerOverlap};
-use scheduler::{Candidate, Decision, Scheduler, SchedulerConfig};
+use scheduler::{Candidate, Decision, Scheduler, SchedulerConfig, SharedPrefix};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -112,7 +112,20 @@ impl Router {
     /// Chooses a worker for a request whose full blocks have these token hashes, and
     /// records the choice (load; the prediction of an approximate worker).
     pub fn route(&mut self, query: &[LocalBlockHash], now: Timestamp) -> Option<Decision> {
-        self.route_with(query, now, None)
+        self.route_with(query, now, None, SharedPrefix::default())
+    }
+
+    /// [`Self::route`] in a cluster with a shared tier that holds `shared` of the
+    /// request (the scheduler's module docs say how it is credited); `explain`, when
+    /// given, is set as [`Self::route_explained`] sets it.
+    pub fn route_shared(
+        &mut self,
+        query: &[LocalBlockHash],
+        now: Timestamp,
+        shared: SharedPrefix,
+        explain: Option<&mut Vec<Candidate>>,
+    ) -> Option<Decision> {
+        self.route_with(query, now, explain, shared)
     }
 
     /// [`Self::route`], and why: `explain` is set to every eligible worker as the
@@ -124,7 +137,7 @@ impl Router {
         now: Timestamp,
         explain: &mut Vec<Candidate>,
     ) -> Option<Decision> {
-        self.route_with(query, now, Some(explain))
+        self.route_with(query, now, Some(explain), SharedPrefix::default())
     }
 
     /// The one path of [`Self::route`] and [`Self::route_explained`].
@@ -133,6 +146,7 @@ impl Router {
         query: &[LocalBlockHash],
         now: Timestamp,
         explain: Option<&mut Vec<Candidate>>,
+        shared: SharedPrefix,
     ) -> Option<Decision> {
         let mut overlaps: Vec<WorkerOverlap> = self
             .indexer
@@ -149,7 +163,9 @@ impl Router {
             }
         }
         overlaps.sort_by_key(|o| o.worker);
-        let candidates = self.scheduler.candidates(query.len(), &overlaps);
+        let candidates = self
+            .scheduler
+            .candidates_shared(query.len(), &overlaps, shared);
         let decision = self.scheduler.choose(&candidates);
         if let Some(explain) = explain {
             *explain = candidates;

@@ -16,6 +16,13 @@
 //! decode load already on the worker, which is what spreads traffic that shares one
 //! prefix instead of piling it on the worker that cached it first.
 //!
+//! A cluster with a shared tier (G4: one store every worker reads) adds a credit for the
+//! request's leading blocks the store holds beyond what `w` holds itself, the same for
+//! every worker, `shared_credit × max(0, shared_prefix − overlap[w])`: Dynamo's
+//! `shared_cache_multiplier` (0.5 when its shared cache is on), except that Dynamo counts
+//! the shared blocks beyond the device overlap and this counts those beyond the
+//! worker's overlap in any tier, so a block is credited once.
+//!
 //! With temperature 0 the cheapest worker wins; ties are broken by the seeded RNG. With
 //! temperature `t > 0` the worker is sampled with probability ∝ exp(−ĉ(w) / t), where
 //! ĉ = (cost − min) / (max − min) normalises the costs to [0, 1]. One seed gives one
@@ -92,8 +99,20 @@ pub struct Candidate {
     pub overlap_blocks: u32,
     /// Its load when the request came.
     pub load: WorkerLoad,
+    /// Of the request's leading blocks the shared tier holds, those beyond its own
+    /// overlap (credited at [`SharedPrefix::credit`]); 0 without a shared tier.
+    pub shared_blocks: u32,
     /// Its cost (see the module docs); the cheapest wins at temperature 0.
     pub cost: f64,
+}
+
+/// What the shared tier holds of a request, as the router weighs it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SharedPrefix {
+    /// The request's leading blocks the shared tier holds.
+    pub blocks: u32,
+    /// Fraction of a block's prefill a shared-tier hit saves (see the module docs).
+    pub credit: f64,
 }
 
 impl Candidate {
@@ -178,6 +197,18 @@ impl Scheduler {
         overlap: Option<&WorkerOverlap>,
         load: WorkerLoad,
     ) -> f64 {
+        self.cost_shared(query_blocks, overlap, load, 0.0)
+    }
+
+    /// [`Self::cost`] with `shared` blocks' worth of prefill credited for the shared
+    /// tier (blocks beyond the worker's overlap times the shared credit).
+    fn cost_shared(
+        &self,
+        query_blocks: usize,
+        overlap: Option<&WorkerOverlap>,
+        load: WorkerLoad,
+        shared: f64,
+    ) -> f64 {
         let c = &self.config;
         let credit: f64 = overlap.map_or(0.0, |o| {
             o.by_tier
@@ -186,6 +217,13 @@ impl Scheduler {
                 .map(|(n, k)| f64::from(*n) * k)
                 .sum()
         });
+        // Added only when there is one, so a cluster without a shared tier computes
+        // exactly what it did before.
+        let credit = if shared > 0.0 {
+            credit + shared
+        } else {
+            credit
+        };
         c.prefill_weight * (query_blocks as f64 - credit)
             + c.block_load_weight * load.active_blocks as f64
             + c.request_load_weight * load.active_requests as f64
@@ -195,16 +233,35 @@ impl Scheduler {
     /// of `query_blocks` blocks, given the indexer's overlaps (sorted by worker, as the
     /// indexer returns them): what [`Self::select`] chooses among, and why it chose.
     pub fn candidates(&self, query_blocks: usize, overlaps: &[WorkerOverlap]) -> Vec<Candidate> {
+        self.candidates_shared(query_blocks, overlaps, SharedPrefix::default())
+    }
+
+    /// [`Self::candidates`] in a cluster with a shared tier that holds `shared` of the
+    /// request (see the module docs).
+    pub fn candidates_shared(
+        &self,
+        query_blocks: usize,
+        overlaps: &[WorkerOverlap],
+        shared: SharedPrefix,
+    ) -> Vec<Candidate> {
         self.loads
             .iter()
             .map(|(worker, load)| {
                 let overlap = overlaps.iter().find(|o| o.worker == *worker);
+                let overlap_blocks = overlap.map_or(0, |o| o.blocks);
+                let shared_blocks = shared.blocks.saturating_sub(overlap_blocks);
                 Candidate {
                     worker: *worker,
                     overlap_by_tier: overlap.map_or([0; 4], |o| o.by_tier),
-                    overlap_blocks: overlap.map_or(0, |o| o.blocks),
+                    overlap_blocks,
                     load: *load,
-                    cost: self.cost(query_blocks, overlap, *load),
+                    shared_blocks,
+                    cost: self.cost_shared(
+                        query_blocks,
+                        overlap,
+                        *load,
+                        shared.credit * f64::from(shared_blocks),
+                    ),
                 }
             })
             .collect()
@@ -288,6 +345,28 @@ mod tests {
         // 10 blocks, 4 on device (4.0), 2 on host (1.5), 2 on disk (0.5): 4 left + 3 load.
         let cost = s.cost(10, Some(&overlap(0, [4, 2, 2, 0])), load);
         assert!((cost - 7.0).abs() < 1e-9, "{cost}");
+    }
+
+    #[test]
+    fn a_shared_prefix_is_credited_beyond_each_workers_own_overlap() {
+        let s = scheduler(SchedulerConfig::default(), 3);
+        let shared = SharedPrefix {
+            blocks: 8,
+            credit: 0.5,
+        };
+        // 10 blocks; the store holds the first 8. Worker 0 holds 4 on device and 2 on
+        // host (5.5 credited), so 2 more from the store (1.0); worker 1 holds 9, past
+        // the store's 8 (nothing from it); worker 2 holds nothing (8 × 0.5).
+        let overlaps = [overlap(0, [4, 2, 0, 0]), overlap(1, [9, 0, 0, 0])];
+        let candidates = s.candidates_shared(10, &overlaps, shared);
+        let got: Vec<(u32, f64)> = candidates
+            .iter()
+            .map(|c| (c.shared_blocks, c.cost))
+            .collect();
+        assert_eq!(got, [(2, 3.5), (0, 1.0), (8, 6.0)]);
+        // Without a store the costs are those of `candidates`.
+        let plain: Vec<f64> = s.candidates(10, &overlaps).iter().map(|c| c.cost).collect();
+        assert_eq!(plain, [4.5, 1.0, 10.0]);
     }
 
     #[test]

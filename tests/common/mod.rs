@@ -68,6 +68,10 @@ pub(crate) const REPORT_DIGESTS: &[(&str, &str)] = &[
         "26c089ca94fb0513dc3af81d073cac56b747914d3b91018899463222eb66b33e",
     ),
     (
+        "conversation-shared.ron",
+        "f43b0aaa0ed0b5b9bb327cb15874168223284fe3d218ee270673faac32505727",
+    ),
+    (
         "conversation-trace.ron",
         "096caeb635ac0afaa58410102cfda752a0655c7019d6146f6f00e75d4a54139d",
     ),

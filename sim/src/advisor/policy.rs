@@ -11,12 +11,17 @@
 
 use kvtwin::ids::SequenceHash;
 use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
-/// A policy's name, as flags and reports write it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// A policy's name, as flags and reports write it (and as scenarios do: `Lru`, `Lfu`,
+/// `S3Fifo`, `Arc`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub enum Policy {
     /// Least recently used out first.
+    #[default]
     Lru,
     /// Least frequently used out first (least recently used among equals).
     Lfu,

@@ -54,6 +54,7 @@ mod faults;
 mod observe;
 mod plane;
 mod report;
+mod shared;
 mod snapshot;
 mod worker;
 
@@ -63,6 +64,8 @@ mod tests;
 mod tests_disagg;
 #[cfg(test)]
 mod tests_scaling;
+#[cfg(test)]
+mod tests_shared;
 
 pub use disagg::Pool;
 pub use observe::{FaultNote, Finished, Observation, RouteRecord};
@@ -78,6 +81,7 @@ pub use snapshot::{
 use crate::compute::UnknownProfile;
 use crate::queue::EventQueue;
 use crate::scenario::{Fault, Routing, Scenario};
+use crate::shared::SharedStore;
 use crate::workload::Request;
 use disagg::Disagg;
 use faults::Faults;
@@ -131,6 +135,9 @@ enum Wakeup {
     /// A deadline of the cluster's fabric (disaggregation): a handoff frame lands, or
     /// the rates change.
     Fabric,
+    /// A deadline of the shared tier's links: a read or a write lands, or the rates
+    /// change.
+    Shared,
 }
 
 /// The router in the loop and what it was told.
@@ -161,6 +168,10 @@ pub struct Cluster<'a> {
     /// The prefill and decode pools and the handoffs between them; `None` when every
     /// worker is aggregated.
     disagg: Option<Disagg>,
+    /// The shared tier (inert at capacity 0, the default), and when it wakes the
+    /// cluster next.
+    shared: SharedStore<shared::SharedRead>,
+    shared_poll_at: BTreeSet<Timestamp>,
     tally: Tally,
     /// Workers an event touched besides the one it returns (a handoff reaches a decode
     /// worker, or lets a prefill worker's blocks go): settled and given a pass after it.
@@ -343,6 +354,12 @@ impl<'a> Cluster<'a> {
             ),
             faults: Faults::new(scenario.faults.clone()),
             disagg,
+            shared: SharedStore::new(
+                &spec.shared_tier,
+                base.bytes_per_block,
+                scenario.hardware.nic_bytes_per_s,
+            ),
+            shared_poll_at: BTreeSet::new(),
             tally: Tally::default(),
             also_touched: BTreeSet::new(),
             draining: BTreeSet::new(),
@@ -512,6 +529,10 @@ impl<'a> Cluster<'a> {
             }
             Wakeup::Fabric => {
                 self.fabric_due();
+                None
+            }
+            Wakeup::Shared => {
+                self.shared_due();
                 None
             }
             // Scheduled by a worker's former incarnation, or a pass cut short.

@@ -12,6 +12,7 @@ use crate::checkers;
 use crate::hardware::LinkUsage;
 use crate::mooncake::{TraceInput, TraceMismatch};
 use crate::scenario::Routing;
+use crate::shared::SharedTierReport;
 use kvtwin::stats::Latencies;
 use serde::Serialize;
 use std::fmt;
@@ -54,6 +55,9 @@ pub struct BlockSources {
     pub disk: u64,
     /// Onboarded from remote.
     pub remote: u64,
+    /// Read from the shared tier (left out of the JSON when none were, as without one).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub shared: u64,
     /// Computed (prefilled).
     pub computed: u64,
     /// Prompt tokens of served requests.
@@ -312,6 +316,10 @@ pub struct Report {
     /// `autoscale` section (and then left out of the JSON).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub autoscale: Option<AutoscaleReport>,
+    /// The shared tier: what it held, served and cost in traffic, and the hit ratios it
+    /// gave; absent without one (capacity 0, and then left out of the JSON).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_tier: Option<SharedTierReport>,
     /// What the trace's row check found (rows, rows changed and how); absent for a
     /// synthetic workload (and then left out of the JSON). The simulator never sees the
     /// file: whoever read it sets this.
@@ -328,6 +336,19 @@ pub struct Report {
     /// (The name predates kvtwin's rule that "engine" means vLLM or SGLang; it stays, as
     /// users compare reports by their fields.)
     pub engine_events: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// `n` of `total` (0 of nothing).
+fn ratio(n: u64, total: u64) -> f64 {
+    if total == 0 {
+        0.0
+    } else {
+        n as f64 / total as f64
+    }
 }
 
 impl Report {
@@ -424,6 +445,23 @@ impl fmt::Display for Report {
                     TraceMismatch::Clamp => "clamped",
                     TraceMismatch::Extend => "extended",
                 }
+            )?;
+        }
+        if let Some(shared) = &self.shared_tier {
+            writeln!(
+                f,
+                "shared    {} of {} blocks held ({}): {:.1}% of prompt blocks read from it ({:.1}% written by another worker), a read p50 {:.1} ms, p99 {:.1} ms; {} blocks written, {} evicted; {:.1} GB read, {:.1} GB written",
+                shared.held_blocks,
+                shared.capacity_blocks,
+                shared.policy,
+                shared.hit_ratio * 100.0,
+                shared.cross_worker_hit_ratio * 100.0,
+                shared.read_time.p50_ms,
+                shared.read_time.p99_ms,
+                shared.written_blocks,
+                shared.evicted_blocks,
+                shared.read_bytes as f64 / 1e9,
+                shared.written_bytes as f64 / 1e9
             )?;
         }
         writeln!(f, "output    {:.0} tokens/s", self.output_tokens_per_s)?;
@@ -670,6 +708,11 @@ impl Cluster<'_> {
                     cached: self.tally.output_blocks_cached,
                     reasoning_cooled: self.tally.think_blocks_cooled,
                 }),
+            shared_tier: self.shared.report().map(|shared| SharedTierReport {
+                hit_ratio: ratio(shared.read_blocks, sources.total),
+                cross_worker_hit_ratio: ratio(shared.cross_worker_blocks, sources.total),
+                ..shared
+            }),
             autoscale: None,
             trace: None,
             simulated_s: simulated_ns as f64 / 1e9,

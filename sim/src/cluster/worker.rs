@@ -38,6 +38,14 @@ pub(super) enum State {
         device_hits: usize,
         onboard_tiers: Vec<Tier>,
     },
+    /// Reading the blocks that continue its prefix from the shared tier into the first
+    /// `blocks` of `computing` (see `shared`), in the prefill queue but skipped by
+    /// passes; then it prefills the rest.
+    Fetching {
+        held: BlockChain,
+        computing: Vec<MutableBlock<Reset>>,
+        blocks: usize,
+    },
     /// Waiting for, or part way through, its prefill.
     Prefilling {
         held: BlockChain,
@@ -327,12 +335,12 @@ impl Cluster<'_> {
                     .iter()
                     .map(|b| b.local_hash)
                     .collect();
-                let router = &mut self.route.router;
-                let decision = if observing {
-                    router.route_explained(&query, self.now, &mut candidates)
-                } else {
-                    router.route(&query, self.now)
-                };
+                let shared = self.shared_prefix(i);
+                let explain = observing.then_some(&mut candidates);
+                let decision = self
+                    .route
+                    .router
+                    .route_shared(&query, self.now, shared, explain);
                 let Some(decision) = decision else {
                     // No worker is up: the request waits for one.
                     self.requests.parked.push_back(i);
@@ -422,6 +430,14 @@ impl Cluster<'_> {
         let worker = &mut self.workers[w];
         match worker.manager.allocate(need, self.now) {
             Ok(computing) => {
+                let from = held.len();
+                let shared = self.shared_hits(i, from);
+                let live = self
+                    .requests
+                    .live
+                    .get_mut(&i)
+                    .expect("an admitted request is in flight");
+                let request = &live.request;
                 // A preempted request starting again is not a new request to count.
                 if !live.counted {
                     live.counted = true;
@@ -431,11 +447,30 @@ impl Cluster<'_> {
                     sources.host += onboarded[Tier::Host.index()] as u64;
                     sources.disk += onboarded[Tier::Disk.index()] as u64;
                     sources.remote += onboarded[Tier::Remote.index()] as u64;
-                    sources.computed += need as u64;
+                    sources.shared += shared as u64;
+                    sources.computed += (need - shared) as u64;
                     sources.prompt_tokens += request.input_tokens;
-                    sources.hit_tokens +=
-                        (held.len() as u64 * self.shape.block_size).min(request.input_tokens);
+                    sources.hit_tokens += ((held.len() + shared) as u64 * self.shape.block_size)
+                        .min(request.input_tokens);
                 }
+                if shared > 0 {
+                    // It keeps its place in the prefill queue while it reads (passes
+                    // skip it), as a vLLM request waiting for remote KV keeps its place
+                    // in the waiting queue.
+                    let worker = &mut self.workers[w];
+                    worker.states.insert(
+                        i,
+                        State::Fetching {
+                            held,
+                            computing,
+                            blocks: shared,
+                        },
+                    );
+                    worker.prefill_queue.push_back(i);
+                    self.start_shared_read(w, i, from, shared);
+                    return;
+                }
+                let worker = &mut self.workers[w];
                 // After a preemption the tokens generated so far are recomputed too.
                 let cached = (held.len() as u64 * self.shape.block_size).min(request.input_tokens);
                 let remaining = (request.input_tokens + live.generated)
@@ -603,6 +638,7 @@ impl Cluster<'_> {
             }
             KvCacheEventData::Cleared => {}
         }
+        self.write_to_shared(w, &event);
         // A gap or duplicate would make the rebuild differ, which the report shows.
         let _ = self.workers[w].replica.apply(&event);
         self.publish(w, event);
