@@ -217,6 +217,15 @@ impl<'a> Report<'a> {
                     row.hit_host * 100.0,
                     row.hit_disk * 100.0
                 );
+                if point.shape.shared_blocks > 0 {
+                    let _ = writeln!(
+                        out,
+                        "  shared tier: {} blocks ({:.1} GB) for the cluster; {:.1} % of prompt blocks read from it",
+                        point.shape.shared_blocks,
+                        row.shared_gb,
+                        row.hit_shared * 100.0
+                    );
+                }
                 let verdict = self.verdict(index);
                 let binding = verdict.binding().metric.clone();
                 for judged in &verdict.judged {
@@ -360,7 +369,7 @@ impl<'a> Report<'a> {
 }
 
 /// The table columns, AIConfigurator's names first.
-const COLUMNS: [&str; 17] = [
+const COLUMNS: [&str; 19] = [
     "config",
     "tokens/s/gpu",
     "tokens/s/user",
@@ -375,6 +384,8 @@ const COLUMNS: [&str; 17] = [
     "hit_device",
     "hit_host",
     "hit_disk",
+    "shared_gb",
+    "hit_shared",
     "usd_per_hour",
     "usd_per_mtok",
     "meets_slo",
@@ -396,6 +407,8 @@ fn cells(r: &Row) -> Vec<String> {
         format!("{:.4}", r.hit_device),
         format!("{:.4}", r.hit_host),
         format!("{:.4}", r.hit_disk),
+        format!("{:.1}", r.shared_gb),
+        format!("{:.4}", r.hit_shared),
         format!("{:.2}", r.usd_per_hour),
         format!("{:.3}", r.usd_per_mtok),
         r.meets_slo.to_string(),

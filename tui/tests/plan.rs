@@ -1,6 +1,7 @@
 //! `kvtwin plan`: on a space of 200 points it finds the exhaustive sweep's optimum with
-//! at most a quarter of the simulations; an SLO nothing meets names the constraint that
-//! fails and by how much; bad input names its field.
+//! at most a quarter of the simulations; it chooses a shared tier's size by SLO and
+//! price; an SLO nothing meets names the constraint that fails and by how much; bad
+//! input names its field.
 
 mod common;
 
@@ -92,6 +93,70 @@ fn the_plan_is_the_exhaustive_sweeps_optimum_from_a_quarter_of_the_runs() {
             "{slo}: {chosen}"
         );
     }
+}
+
+/// Two workers taking turns on 200 of the cluster scenario's conversations, with no
+/// shared tier or one of 4,000 or 16,000 blocks (34 or 134 GB at the scenario's price):
+/// round robin sends each conversation's turns and each system prompt to every worker,
+/// so the store serves what the other worker computed.
+const SHARED_SPACE: &str = r#"(
+    routing: [RoundRobin],
+    set: [
+        ("workload.Conversations.conversations", ["200"]),
+        ("cluster.workers", ["2"]),
+    ],
+    shared_blocks: [0, 4000, 16000],
+)"#;
+
+#[test]
+fn the_plan_chooses_the_smallest_shared_tier_that_meets_the_slo() {
+    let dir = tempfile::tempdir().unwrap();
+    let space = write(dir.path(), "shared.ron", SHARED_SPACE);
+    let plan = |slo: &str| -> Value {
+        let out = common::kvtwin(&["plan", SCENARIO, "--space", &space, "--slo", slo, "--json"]);
+        serde_json::from_str(&out).unwrap()
+    };
+    // The store's price is in the cost: of two sizes that meet the SLO, the smaller.
+    let mut costs = Vec::new();
+    for (slo, blocks) in [
+        ("ttft_p99_ms=70", 0),
+        ("ttft_p99_ms=52", 4_000),
+        ("ttft_p99_ms=42", 16_000),
+    ] {
+        let outcome = plan(slo);
+        let chosen = &outcome["chosen"];
+        assert!(chosen.is_object(), "{slo}: {outcome}");
+        let sets = chosen["sets"].to_string();
+        assert!(
+            sets.contains(&format!("cluster.shared_tier.capacity_blocks={blocks}\"")),
+            "{slo}: chose {sets}"
+        );
+        let gb = chosen["shared_gb"].as_f64().unwrap();
+        assert!(
+            (gb - blocks as f64 * 8_388_608.0 / 1e9).abs() < 0.1,
+            "{chosen}"
+        );
+        assert_eq!(chosen["hit_shared"].as_f64().unwrap() > 0.0, blocks > 0);
+        costs.push(chosen["usd_per_hour"].as_f64().unwrap());
+    }
+    // 2 H100 workers and their host DRAM, plus 34 and 134 GB at 2.628 $/GB-month.
+    assert!(costs[0] < costs[1] && costs[1] < costs[2], "{costs:?}");
+    assert!(
+        (costs[2] - costs[0] - 134.2 * 2.628 / 730.0).abs() < 0.01,
+        "{costs:?}"
+    );
+    let text = common::kvtwin(&[
+        "plan",
+        SCENARIO,
+        "--space",
+        &space,
+        "--slo",
+        "ttft_p99_ms=42",
+    ]);
+    assert!(
+        text.contains("shared tier: 16000 blocks (134.2 GB)"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -79,12 +79,16 @@ pub struct Row {
     pub host_gb: f64,
     /// SSD per worker, GB.
     pub disk_gb: f64,
+    /// The cluster's shared tier, GB (0: none).
+    pub shared_gb: f64,
     /// Prompt blocks found on the device.
     pub hit_device: f64,
     /// Prompt blocks onboarded from host DRAM.
     pub hit_host: f64,
     /// Prompt blocks onboarded from disk.
     pub hit_disk: f64,
+    /// Prompt blocks read from the shared tier.
+    pub hit_shared: f64,
     /// US dollars per hour.
     pub usd_per_hour: f64,
     /// US dollars per million output tokens at the run's throughput.
@@ -134,9 +138,11 @@ impl Row {
             device_blocks: shape.blocks[Tier::Device.index()],
             host_gb: shape.gb(Tier::Host),
             disk_gb: shape.gb(Tier::Disk),
+            shared_gb: shape.shared_gb(),
             hit_device: summary.hit_ratio_by_tier.device,
             hit_host: summary.hit_ratio_by_tier.host,
             hit_disk: summary.hit_ratio_by_tier.disk,
+            hit_shared: summary.hit_ratio_by_tier.shared,
             usd_per_hour: point.usd_per_hour,
             usd_per_mtok: if mtok_per_hour > 0.0 {
                 point.usd_per_hour / mtok_per_hour

@@ -521,6 +521,8 @@ mod tests {
                                     },
                                     blocks: [d, h, k, 0],
                                     bytes_per_block: 1,
+                                    shared_blocks: 0,
+                                    shared_usd_per_gb_month: 0.0,
                                 },
                                 usd_per_hour,
                                 invalid: invalid.contains(&index).then(|| "no".to_string()),

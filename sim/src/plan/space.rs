@@ -1,7 +1,7 @@
 //! A design space for the planner: what may vary, and every point of it.
 //!
-//! Owns: [`Space`] (a RON file: GPU profiles, routing, prefill workers and any field by
-//! dotted path, which are tried as they are; workers and device, host and disk blocks
+//! Owns: [`Space`] (a RON file: GPU profiles, routing, prefill workers, the shared tier's
+//! size and any field by dotted path, which are tried as they are; workers and device, host and disk blocks
 //! per worker, which the search treats as monotone), its check against a scenario
 //! ([`Space::points`], errors naming the field), the [`PlanPoint`]s with what each costs
 //! ([`Shape`]), and the sweep grid that covers the same points ([`Points::grid`]).
@@ -15,6 +15,7 @@ use super::prices::{GpuShape, PriceError, Prices};
 use super::run::configure;
 use crate::ron_file::{self, RonFileError};
 use crate::scenario::{OverrideError, Routing, Scenario};
+use crate::shared::HOURS_PER_MONTH;
 use kvtwin::tier::Tier;
 use serde::Deserialize;
 use std::path::Path;
@@ -32,6 +33,12 @@ pub struct Space {
     /// How requests pick their worker.
     #[serde(default)]
     pub routing: Vec<Routing>,
+    /// Blocks of the cluster's shared tier (`cluster.shared_tier.capacity_blocks`; 0:
+    /// none), each priced at the scenario's `shared_tier.usd_per_gb_month`. Tried one by
+    /// one: a larger store is not assumed faster (its reads share its links, and the
+    /// router's credit moves requests).
+    #[serde(default)]
+    pub shared_blocks: Vec<u64>,
     /// Any other scenario field by dotted path (as `kvtwin run --set`) and its values
     /// (JSON, or plain strings), not assumed monotone: an eviction policy per tier
     /// (`("worker.tiers.0.eviction", ["Lru", "Priority"])`), the onboard policy, the
@@ -119,6 +126,10 @@ pub struct Shape {
     pub blocks: [usize; 4],
     /// Bytes of one block.
     pub bytes_per_block: u64,
+    /// Blocks of the shared tier, for the whole cluster (0: none).
+    pub shared_blocks: u64,
+    /// Its price, US dollars per GB-month.
+    pub shared_usd_per_gb_month: f64,
 }
 
 impl Shape {
@@ -132,13 +143,20 @@ impl Shape {
         self.workers as u64 * u64::from(self.gpu.count)
     }
 
+    /// GB (10⁹ bytes) of the shared tier.
+    pub fn shared_gb(&self) -> f64 {
+        self.shared_blocks as f64 * self.bytes_per_block as f64 / 1e9
+    }
+
     /// US dollars per hour at `prices` (`file` names their source in errors): GPUs,
-    /// plus host DRAM and SSD by the GB (device memory comes with the GPU).
+    /// plus host DRAM and SSD by the GB (device memory comes with the GPU), per worker;
+    /// plus the shared tier by the GB at its own price, once for the cluster.
     pub fn usd_per_hour(&self, prices: &Prices, file: &str) -> Result<f64, PriceError> {
         let gpu = prices.gpu(&self.gpu.name, file)? * f64::from(self.gpu.count);
         let memory = self.gb(Tier::Host) * prices.dram_usd_per_gb_hour
             + self.gb(Tier::Disk) * prices.ssd_usd_per_gb_hour;
-        Ok(self.workers as f64 * (gpu + memory))
+        let shared = self.shared_gb() * self.shared_usd_per_gb_month / HOURS_PER_MONTH;
+        Ok(self.workers as f64 * (gpu + memory) + shared)
     }
 }
 
@@ -298,6 +316,23 @@ impl Space {
                     .prefill_workers
                     .iter()
                     .map(|n| format!("{n}P"))
+                    .collect(),
+            });
+        }
+        if !self.shared_blocks.is_empty() {
+            let mut sizes = self.shared_blocks.clone();
+            sizes.sort_unstable();
+            sizes.dedup();
+            category_axes.push(Axis {
+                field: "shared_blocks".into(),
+                path: "cluster.shared_tier.capacity_blocks".into(),
+                values: sizes.iter().map(u64::to_string).collect(),
+                labels: sizes
+                    .iter()
+                    .map(|n| match n {
+                        0 => "no shared tier".to_string(),
+                        n => format!("shared {n}"),
+                    })
                     .collect(),
             });
         }
@@ -502,6 +537,8 @@ fn point(
         gpu: GpuShape::of(&model, &prices.default_gpu),
         blocks,
         bytes_per_block: scenario.worker.bytes_per_block,
+        shared_blocks: scenario.cluster.shared_tier.capacity_blocks,
+        shared_usd_per_gb_month: scenario.cluster.shared_tier.usd_per_gb_month,
     };
     let usd_per_hour = shape.usd_per_hour(prices, prices_file)?;
     let device_bytes = blocks[Tier::Device.index()] as u64 * shape.bytes_per_block;

@@ -27,6 +27,14 @@ pub struct TierHits {
     pub disk: f64,
     /// Onboarded from remote storage.
     pub remote: f64,
+    /// Read from the cluster's shared tier (left out of the JSON when none were, as in
+    /// rows written before it existed).
+    #[serde(default, skip_serializing_if = "is_nothing")]
+    pub shared: f64,
+}
+
+fn is_nothing(share: &f64) -> bool {
+    *share == 0.0
 }
 
 /// What one run did, in the figures planning needs. Field order is the JSON's.
@@ -135,6 +143,7 @@ impl RunSummary {
                 host: share(b.host),
                 disk: share(b.disk),
                 remote: share(b.remote),
+                shared: share(b.shared),
             },
             ttft: report.ttft,
             tpot: report.tpot,
