@@ -343,6 +343,50 @@ def cmd_setup(args):
     print(f"venv={venv_dir()}\nmodel={model_dir()}\ntokenizer={model_dir() / 'tokenizer.json'}")
 
 
+# ------------------------------------------------------------------------- lmcache --
+
+# LMCache, a peer to check kvtwin store against (its Redis remote connectors), installed
+# beside the venv rather than into it: its own requirements (CUDA's cupy, transformers 5)
+# would change the engines' packages, and its connectors need none of them. Pinned, with
+# the four pure-Python modules it imports that the venv lacks.
+LMCACHE = ("lmcache==0.5.6", "sortedcontainers==2.4.0", "aiofile==3.12.3", "caio==0.12.10",
+           "redis==8.1.0")
+
+
+def lmcache_dir():
+    return engines_dir() / "lmcache"
+
+
+def ensure_lmcache():
+    """Installs LMCache beside the venv (`--target`, no dependencies) unless it is there."""
+    ensure_venv()
+    target = lmcache_dir()
+    stamp = target / "kvtwin-lmcache.txt"
+    wanted = "\n".join(LMCACHE) + "\n"
+    if stamp.is_file() and stamp.read_text() == wanted:
+        return False
+    with file_lock(engines_dir() / "lmcache.lock", "LMCache install"):
+        if stamp.is_file() and stamp.read_text() == wanted:
+            return False
+        shutil.rmtree(target, ignore_errors=True)
+        log = engines_dir() / "lmcache-install.log"
+        log.write_text("")
+        started = time.monotonic()
+        say(f"installing {', '.join(LMCACHE)} into {target}")
+        run_logged([str(venv_python()), "-m", "pip", "install", "--disable-pip-version-check",
+                    "--no-deps", "--target", str(target), *LMCACHE], log, "pip install lmcache",
+                   EXIT_UNAVAILABLE)
+        stamp.write_text(wanted)
+        say(f"LMCache installed in {time.monotonic() - started:.0f} s")
+        return True
+
+
+def cmd_lmcache(args):
+    """Installs LMCache if missing; prints the interpreter and the path to run it with."""
+    ensure_lmcache()
+    print(f"python={venv_python()}\npythonpath={lmcache_dir()}")
+
+
 # ---------------------------------------------------------------------------- lock --
 
 
@@ -889,6 +933,8 @@ def main(argv):
 
     command("setup", cmd_setup, "make the venv and the model if missing", run=False)
     command("lock", cmd_lock, "rebuild requirements.lock from ENGINES.md's recipe", run=False)
+    command("lmcache", cmd_lmcache, "install LMCache beside the venv (a peer for kvtwin store)",
+            run=False)
     up = command("up", cmd_up, "start engines; prints kvtwin router's flags (--json: the state)")
     up.add_argument("--engines", type=int, default=1, help="how many (default 1; ~3.5 GiB each)")
     up.add_argument("--blocks", type=int, default=65,

@@ -169,6 +169,27 @@ fn with_a_token_the_store_refuses_until_auth() {
 }
 
 #[test]
+fn kvtwin_prefix_counts_the_leading_keys_held() {
+    let store = Process::start(&["store", "--listen", "127.0.0.1:0"]);
+    let at = address(&store);
+    let replies = send(
+        &at,
+        &[
+            &[b"MSET", b"b0", b"x", b"b1", b"y", b"b3", b"z"],
+            // b0 and b1 held, b2 not: the prefix stops there, whatever follows.
+            &[b"KVTWIN.PREFIX", b"b0", b"b1", b"b2", b"b3"],
+            &[b"kvtwin.prefix", b"b2", b"b0"],
+            &[b"KVTWIN.PREFIX", b"b0", b"b1"],
+            &[b"KVTWIN.PREFIX"],
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&replies),
+        "+OK\r\n:2\r\n:0\r\n:2\r\n-ERR wrong number of arguments for 'kvtwin.prefix' command\r\n"
+    );
+}
+
+#[test]
 fn bad_sizes_and_flags_are_refused_by_name() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_kvtwin"))
         .args(["store", "--memory", "12 parsecs"])

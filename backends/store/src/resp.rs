@@ -64,6 +64,8 @@ pub enum Reply {
     Bulk(Option<Bytes>),
     /// `*n` and the elements.
     Array(Vec<Reply>),
+    /// Keys and values, alternating: RESP3's `%n` (n pairs); in RESP2 an array of them.
+    Map(Vec<Reply>),
 }
 
 impl Reply {
@@ -72,8 +74,14 @@ impl Reply {
         Reply::Error(format!("ERR {text}"))
     }
 
-    /// Appends the reply's bytes to `out`.
+    /// Appends the reply's bytes to `out`, in RESP2.
     pub fn encode(&self, out: &mut BytesMut) {
+        self.encode_in(out, false);
+    }
+
+    /// Appends the reply's bytes to `out`, in RESP3 when `resp3` (a client that sent
+    /// HELLO 3): nil is `_`, a map `%n`; everything else is written as in RESP2.
+    pub fn encode_in(&self, out: &mut BytesMut, resp3: bool) {
         match self {
             Reply::Simple(text) => {
                 out.put_u8(b'+');
@@ -88,6 +96,7 @@ impl Reply {
                 out.put_u8(b':');
                 out.put_slice(n.to_string().as_bytes());
             }
+            Reply::Bulk(None) if resp3 => out.put_u8(b'_'),
             Reply::Bulk(None) => out.put_slice(b"$-1"),
             Reply::Bulk(Some(bytes)) => {
                 out.put_u8(b'$');
@@ -100,7 +109,21 @@ impl Reply {
                 out.put_slice(items.len().to_string().as_bytes());
                 out.put_slice(b"\r\n");
                 for item in items {
-                    item.encode(out);
+                    item.encode_in(out, resp3);
+                }
+                return;
+            }
+            Reply::Map(items) => {
+                let (kind, count) = if resp3 {
+                    (b'%', items.len() / 2)
+                } else {
+                    (b'*', items.len())
+                };
+                out.put_u8(kind);
+                out.put_slice(count.to_string().as_bytes());
+                out.put_slice(b"\r\n");
+                for item in items {
+                    item.encode_in(out, resp3);
                 }
                 return;
             }

@@ -3,11 +3,15 @@
 //! (its replies and its error words, checked against Debian's redis-server in
 //! `tests/redis_parity.rs`).
 //!
-//! Commands: PING, ECHO, AUTH, HELLO (RESP2 only), SELECT 0, QUIT, GET, SET (NX, XX,
+//! Commands: PING, ECHO, AUTH, HELLO (2, or 3: RESP3's nil and maps, which the `redis`
+//! Python client asks for from version 8), SELECT 0, QUIT, GET, SET (NX, XX,
 //! GET), MGET, MSET, EXISTS, DEL and UNLINK, DBSIZE, FLUSHDB and FLUSHALL, INFO, CLIENT
 //! (SETNAME, GETNAME, SETINFO, ID), COMMAND (COUNT, DOCS), and MULTI, EXEC and DISCARD
 //! (the `redis` Python client's pipelines are transactions: an EXEC runs its commands
-//! with no other client's in between). Not: WATCH, expiry (SET's EX, PX,
+//! with no other client's in between); and kvtwin's own batched command for its
+//! connector, KVTWIN.PREFIX key..., the number of leading keys held (a prompt's blocks
+//! in order: how far its prefix is in the store), with MGET and MSET as its batched
+//! get and put. Not: WATCH, expiry (SET's EX, PX,
 //! EXAT, PXAT, KEEPTTL are refused by name: the store's tiers evict, nothing expires),
 //! other databases, data types other than strings.
 //!
@@ -79,6 +83,8 @@ struct Client {
     authenticated: bool,
     /// Inside MULTI: the commands queued, and whether one was refused (then EXEC aborts).
     queued: Option<(Vec<Vec<Bytes>>, bool)>,
+    /// Whether it asked for RESP3 (HELLO 3).
+    resp3: bool,
 }
 
 async fn connection(
@@ -93,6 +99,7 @@ async fn connection(
         name: None,
         authenticated: config.token.is_none(),
         queued: None,
+        resp3: false,
     };
     let mut input = BytesMut::with_capacity(16 << 10);
     let mut output = BytesMut::with_capacity(16 << 10);
@@ -108,7 +115,7 @@ async fn connection(
                 Ok(Some(args)) => {
                     let (reply, last) =
                         transaction(&store, config, exclusive, &mut client, args).await;
-                    reply.encode(&mut output);
+                    reply.encode_in(&mut output, client.resp3);
                     if last {
                         quit = true;
                         break;
@@ -206,7 +213,7 @@ fn refusal(name: &str, args: &[Bytes]) -> Option<Reply> {
     let fits = match name {
         "get" | "echo" | "select" => n == 2,
         "set" | "mset" => n >= 3,
-        "mget" | "exists" | "del" | "unlink" | "client" => n >= 2,
+        "mget" | "exists" | "del" | "unlink" | "client" | "kvtwin.prefix" => n >= 2,
         "ping" | "flushdb" | "flushall" => n <= 2,
         "dbsize" => n == 1,
         "auth" => (2..=3).contains(&n),
@@ -312,6 +319,19 @@ async fn command(
                 Reply::Integer(found)
             }
         },
+        "kvtwin.prefix" => match rest {
+            [] => wrong_arity(&name),
+            keys => {
+                let mut held = 0;
+                for key in keys {
+                    if !store.contains(key).await {
+                        break;
+                    }
+                    held += 1;
+                }
+                Reply::Integer(held)
+            }
+        },
         "del" | "unlink" => match rest {
             [] => wrong_arity(&name),
             keys => {
@@ -342,6 +362,8 @@ async fn command(
         // `redis-cli` asks COMMAND DOCS for its hints: none to give.
         "command" => match rest.first().map(|s| s.to_ascii_lowercase()).as_deref() {
             Some(b"count") => Reply::Integer(COMMANDS.len() as i64),
+            // A map of command to its docs: in RESP3 an empty map, as Redis gives.
+            Some(b"docs") => Reply::Map(Vec::new()),
             _ => Reply::Array(Vec::new()),
         },
         _ => unknown(&args[0], rest),
@@ -350,9 +372,27 @@ async fn command(
 }
 
 /// The commands the server knows, for COMMAND COUNT.
-const COMMANDS: [&str; 19] = [
-    "ping", "echo", "quit", "auth", "hello", "select", "get", "set", "mget", "mset", "exists",
-    "del", "unlink", "dbsize", "flushdb", "flushall", "info", "client", "command",
+const COMMANDS: [&str; 20] = [
+    "ping",
+    "echo",
+    "quit",
+    "auth",
+    "hello",
+    "select",
+    "get",
+    "set",
+    "mget",
+    "mset",
+    "exists",
+    "del",
+    "unlink",
+    "dbsize",
+    "flushdb",
+    "flushall",
+    "info",
+    "client",
+    "command",
+    "kvtwin.prefix",
 ];
 
 fn wrong_password() -> Reply {
@@ -376,12 +416,16 @@ fn auth(config: &ServerConfig, client: &mut Client, password: &[u8]) -> Reply {
 /// HELLO [2 [AUTH user pass] [SETNAME name]]: RESP2 only.
 fn hello(config: &ServerConfig, client: &mut Client, rest: &[Bytes]) -> Reply {
     let mut at = 0;
+    let mut protocol = if client.resp3 { 3 } else { 2 };
     if let Some(version) = rest.first() {
         match std::str::from_utf8(version)
             .ok()
             .and_then(|v| v.parse::<i64>().ok())
         {
-            Some(2) => at = 1,
+            Some(version @ (2 | 3)) => {
+                at = 1;
+                protocol = version;
+            }
             Some(_) => return Reply::Error("NOPROTO unsupported protocol version".into()),
             None => return Reply::err("Protocol version is not an integer or out of range"),
         }
@@ -409,14 +453,16 @@ fn hello(config: &ServerConfig, client: &mut Client, rest: &[Bytes]) -> Reply {
             "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time".into(),
         );
     }
+    // The reply, and every one after it, in the protocol asked for.
+    client.resp3 = protocol == 3;
     let text = |s: &str| Reply::Bulk(Some(Bytes::copy_from_slice(s.as_bytes())));
-    Reply::Array(vec![
+    Reply::Map(vec![
         text("server"),
         text("redis"),
         text("version"),
         text(REDIS_VERSION),
         text("proto"),
-        Reply::Integer(2),
+        Reply::Integer(protocol),
         text("id"),
         Reply::Integer(client.id as i64),
         text("mode"),

@@ -215,6 +215,9 @@ impl Store {
             });
         }
         let digest = *blake3::hash(&value).as_bytes();
+        // The key, kept by the index for as long as any tier holds the value, gets an
+        // allocation of its own too (see `place`).
+        let key = Bytes::copy_from_slice(&key);
         let mut inner = self.inner.lock().await;
         let tier = self.place(&mut inner, key, value, digest).await?;
         self.counters.puts.fetch_add(1, Ordering::Relaxed);
@@ -334,6 +337,10 @@ impl Store {
         self.carry_out(inner, steps).await;
         match tier {
             Tier::Memory => {
+                // A copy of its own: a value cut from a connection's read buffer (or a
+                // record read whole) would keep that whole buffer alive as long as DRAM
+                // holds it, and DRAM's bound would not bound the memory.
+                let value = Bytes::copy_from_slice(&value);
                 inner.memory.insert(copy, MemoryCopy { key, value, digest });
             }
             tier => {
