@@ -11,13 +11,15 @@
 //!
 //! Owns: the engine's layout as regions of memory ([`layout`]), the store of blocks
 //! ([`store`]) and its disk tier's journal ([`journal`]), which lets the disk tier
-//! outlive the engine. Never: schedule the engine's requests (vLLM decides; the connector answers
+//! outlive the engine, and the shared tier below them ([`shared`]: a `kvtwin store`
+//! many engines read and write). Never: schedule the engine's requests (vLLM decides; the connector answers
 //! its questions), or be a second block manager (the tiers are a kvtwin `Manager`).
 
 pub mod journal;
 pub mod layout;
 #[cfg(feature = "python")]
 mod python;
+pub mod shared;
 pub mod store;
 
 pub use layout::{EngineLayout, LayoutError};

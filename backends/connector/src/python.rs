@@ -3,14 +3,17 @@
 //! loads) calls into.
 //!
 //! Owns: `block_identities` (kvtwin's hashes of a prompt's full blocks: the router's
-//! and Dynamo's scheme, so events and lookups name blocks alike everywhere) and the class
+//! and Dynamo's scheme, so events and lookups name blocks alike everywhere), the class
 //! `Store` (a [`TierStore`] and the engine's [`EngineLayout`]: saves gather engine blocks
 //! into the store, loads scatter them back; its tiers' events named by vLLM's media,
-//! [`medium_of`]). Never: hold a torch tensor (Python passes
+//! [`medium_of`]; and, when attached, the [`SharedTier`] below them, loaded from and
+//! written to the same way) and the class `Shared` (the scheduler side's question to
+//! the shared tier: how far a prompt's prefix is there). Never: hold a torch tensor (Python passes
 //! addresses and keeps the tensors alive), or decide what to save or load (the
 //! scheduler side does, in Python).
 
 use crate::layout::EngineLayout;
+use crate::shared::SharedTier;
 use crate::store::{HeldChange, StoreConfig, TierStore};
 use kvtwin::block::BlockIdentity;
 use kvtwin::events::KvCacheEventData;
@@ -62,6 +65,39 @@ type SaveBlock = (usize, u32, u64, u64, Option<u64>);
 struct Store {
     store: TierStore,
     layout: Option<EngineLayout>,
+    shared: Option<SharedTier>,
+}
+
+/// The scheduler side's view of the shared tier.
+#[pyclass(unsendable, module = "kvtwin._native")]
+struct Shared {
+    tier: SharedTier,
+}
+
+#[pymethods]
+impl Shared {
+    /// The shared store at `url` (`redis://[:PASSWORD@]HOST:PORT`), blocks named under
+    /// `namespace`; connects at the first question.
+    #[new]
+    fn new(url: &str, namespace: &str) -> PyResult<Self> {
+        Ok(Self {
+            tier: SharedTier::new(url, namespace).map_err(value_error)?,
+        })
+    }
+
+    /// How many of `hashes` (sequence hashes, a chain parent first) it holds as a
+    /// leading run; raises when it cannot be asked.
+    fn prefix(&mut self, hashes: Vec<u64>) -> PyResult<usize> {
+        let hashes: Vec<SequenceHash> = hashes.into_iter().map(SequenceHash::new).collect();
+        self.tier
+            .prefix(&hashes)
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// Where it is, without a password.
+    fn url(&self) -> String {
+        self.tier.url().to_string()
+    }
 }
 
 fn value_error(e: impl std::fmt::Display) -> PyErr {
@@ -95,7 +131,65 @@ impl Store {
         Ok(Self {
             store,
             layout: None,
+            shared: None,
         })
+    }
+
+    /// Puts the shared store at `url` below the store's tiers, blocks named under
+    /// `namespace` (`load_shared`, `put_shared`).
+    fn attach_shared(&mut self, url: &str, namespace: &str) -> PyResult<()> {
+        self.shared = Some(SharedTier::new(url, namespace).map_err(value_error)?);
+        Ok(())
+    }
+
+    /// Loads `(engine block, sequence hash)` pairs, a chain parent first, from the
+    /// shared store into the engine's blocks: `(blocks loaded, why the rest were not or
+    /// None)`.
+    fn load_shared(&mut self, blocks: Vec<(usize, u64)>) -> PyResult<(usize, Option<String>)> {
+        let Self { layout, shared, .. } = self;
+        let layout = layout.as_ref().ok_or_else(no_layout)?;
+        let shared = shared.as_mut().ok_or_else(no_shared)?;
+        let hashes: Vec<SequenceHash> = blocks.iter().map(|b| SequenceHash::new(b.1)).collect();
+        let mut failed = None;
+        let result = shared.get(&hashes, layout.block_bytes(), |i, bytes| {
+            if let Err(e) = layout.scatter(blocks[i].0, bytes) {
+                failed.get_or_insert(e.to_string());
+            }
+        });
+        if let Some(e) = failed {
+            return Err(PyRuntimeError::new_err(e));
+        }
+        Ok(match result {
+            Ok(loaded) if loaded < blocks.len() => (
+                loaded,
+                Some(format!(
+                    "{} of {} blocks not in the shared store, or not whole",
+                    blocks.len() - loaded,
+                    blocks.len()
+                )),
+            ),
+            Ok(loaded) => (loaded, None),
+            Err(e) => (0, Some(e.to_string())),
+        })
+    }
+
+    /// Writes engine blocks (a save's chain) to the shared store, those it is not known
+    /// to hold; how many were sent. Raises when the store cannot take them.
+    fn put_shared(&mut self, blocks: Vec<SaveBlock>) -> PyResult<usize> {
+        let Self { layout, shared, .. } = self;
+        let layout = layout.as_ref().ok_or_else(no_layout)?;
+        let shared = shared.as_mut().ok_or_else(no_shared)?;
+        let mut bytes = Vec::with_capacity(blocks.len());
+        for block in &blocks {
+            let mut buffer = vec![0u8; layout.block_bytes()];
+            layout.gather(block.0, &mut buffer).map_err(value_error)?;
+            bytes.push((SequenceHash::new(block.2), buffer));
+        }
+        let chain: Vec<(SequenceHash, &[u8])> =
+            bytes.iter().map(|(h, b)| (*h, b.as_slice())).collect();
+        shared
+            .put(&chain)
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
     /// The engine's KV cache: per layer the address of its first block's page, each
@@ -133,7 +227,7 @@ impl Store {
     /// Saves engine blocks (a chain, parent first) the store does not hold yet; how many
     /// were saved.
     fn save(&mut self, blocks: Vec<SaveBlock>) -> PyResult<usize> {
-        let Self { store, layout } = self;
+        let Self { store, layout, .. } = self;
         let layout = layout.as_ref().ok_or_else(no_layout)?;
         let chain: Vec<BlockIdentity> = blocks
             .iter()
@@ -153,7 +247,7 @@ impl Store {
     /// Loads `(engine block, sequence hash)` pairs, a chain parent first, into the
     /// engine's blocks: `(blocks loaded, why the rest were not or None)`.
     fn load(&mut self, blocks: Vec<(usize, u64)>) -> PyResult<(usize, Option<String>)> {
-        let Self { store, layout } = self;
+        let Self { store, layout, .. } = self;
         let layout = layout.as_ref().ok_or_else(no_layout)?;
         let hashes: Vec<SequenceHash> = blocks.iter().map(|b| SequenceHash::new(b.1)).collect();
         let mut failed = None;
@@ -240,6 +334,15 @@ impl Store {
         let (memory, disk) = self.store.blocks_by_tier();
         dict.set_item("memory_blocks", memory)?;
         dict.set_item("disk_blocks", disk)?;
+        if let Some(shared) = &self.shared {
+            let s = shared.stats();
+            dict.set_item("loaded_shared_blocks", s.loaded_blocks)?;
+            dict.set_item("shared_missing_blocks", s.missing_blocks)?;
+            dict.set_item("shared_corrupt_blocks", s.corrupt_blocks)?;
+            dict.set_item("shared_put_blocks", s.put_blocks)?;
+            dict.set_item("shared_known_blocks", s.known_blocks)?;
+            dict.set_item("shared_errors", s.errors)?;
+        }
         Ok(dict)
     }
 }
@@ -254,6 +357,10 @@ fn medium_of(tier: Tier) -> &'static str {
     }
 }
 
+fn no_shared() -> PyErr {
+    PyRuntimeError::new_err("attach_shared first: the store has no shared tier")
+}
+
 fn no_layout() -> PyErr {
     PyRuntimeError::new_err("register_layout first: the store has no engine KV cache")
 }
@@ -264,5 +371,6 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(block_identities, module)?)?;
     module.add_function(wrap_pyfunction!(journaled_blocks, module)?)?;
     module.add_class::<Store>()?;
+    module.add_class::<Shared>()?;
     Ok(())
 }

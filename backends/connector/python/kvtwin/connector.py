@@ -12,6 +12,13 @@ The disk tier outlives the engine (``"disk_persistent": false`` turns that off):
 file and its journal stay in ``disk_dir`` (one engine per directory), and the next
 engine started on it finds the prefixes they hold.
 
+A shared store below both tiers (``"shared_store": "redis://[:TOKEN@]HOST:PORT"``, a
+``kvtwin store`` that many engines use; ``"shared_namespace"``, by default the model
+and block size, so only engines that can read each other's blocks share them): every
+block saved is also written there, and a prompt whose prefix continues there past what
+this engine's own tiers hold loads it from there, so a prefix one engine computed is
+loaded by another.
+
 Two halves in two processes, as vLLM runs them:
 
 - The scheduler side (engine core) keeps a mirror of which blocks the store holds,
@@ -29,6 +36,12 @@ Two halves in two processes, as vLLM runs them:
 - After a restart on a persistent disk tier, the scheduler side's mirror starts from
   the tier's journal, before the worker's store has said what it kept; the worker's
   first metadata then replaces the mirror with the store's own account.
+- With a shared store, the scheduler side asks it (``kvtwin._native.Shared``, one
+  KVTWIN.PREFIX a request) how far the prompt's prefix continues there past the
+  mirror's run; the worker loads those blocks from it after the local ones
+  (``Store.load_shared``, each checked with BLAKE3) and writes what it saves
+  (``Store.put_shared``). A store that cannot be reached counts as holding nothing;
+  a shared load that fails is reported like a local one (vLLM recomputes).
 - KV events for the store's tiers: the worker sends what its tiers did (blocks stored
   in or removed from host memory and disk) with the same metadata, and the scheduler
   side turns it into vLLM's ``BlockStored`` / ``BlockRemoved`` with medium ``CPU`` or
@@ -59,7 +72,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash, resolve_block_hashes
 
-from kvtwin._native import Store, block_identities, journaled_blocks
+from kvtwin._native import Shared, Store, block_identities, journaled_blocks
 from kvtwin.metrics import (
     KvtwinConnectorStats,
     KvtwinPromMetrics,
@@ -100,6 +113,8 @@ class KvtwinMetadata(KVConnectorMetadata):
 
     # Per request: [(engine block id, sequence hash)], a chain, parent first.
     loads: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)
+    # Per request: the chain's continuation in the shared store, loaded after `loads`.
+    shared_loads: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)
     # Chains of prompt blocks that became full this step.
     saves: list[list[SaveBlock]] = field(default_factory=list)
 
@@ -168,6 +183,25 @@ class KvtwinConnector(KVConnectorBase_V1):
             raise ValueError(
                 "kvtwin connector: kv_connector_extra_config has disk_bytes but no disk_dir"
             )
+        self._shared_url = extra.get_from_extra_config("shared_store", None)
+        self._shared_namespace = str(
+            extra.get_from_extra_config(
+                "shared_namespace",
+                f"kvtwin:{vllm_config.model_config.model}:{self._block_size}",
+            )
+        )
+        # Scheduler side: the shared store's answers (None without one).
+        self._shared: Shared | None = None
+        if role == KVConnectorRole.SCHEDULER and self._shared_url:
+            self._shared = Shared(self._shared_url, self._shared_namespace)
+            logger.info(
+                "kvtwin connector: shared store %s, blocks under %s",
+                self._shared.url(),
+                self._shared_namespace,
+            )
+        self._shared_errors = 0
+        self._shared_hits: dict[str, tuple[int, int]] = {}
+        self._shared_loads: dict[str, list[tuple[int, int]]] = {}
         # Scheduler side.
         self._mirror: set[int] = set()
         if role == KVConnectorRole.SCHEDULER and self._persistent_disk():
@@ -226,15 +260,37 @@ class KvtwinConnector(KVConnectorBase_V1):
             if sequence not in self._mirror:
                 break
             run += 1
+        # Asked again each time vLLM asks (a request it could not schedule comes back).
+        start = max(run, num_computed_tokens // self._block_size)
+        shared = self._shared_prefix(identities, start, usable)
+        if shared:
+            self._shared_hits[request.request_id] = (run, shared)
+            run = start + shared
+        else:
+            self._shared_hits.pop(request.request_id, None)
         external = run * self._block_size - num_computed_tokens
         if external <= 0:
             return 0, False
         self._local_hits[request.request_id] = num_computed_tokens
         return external, False
 
+    def _shared_prefix(self, identities: list[tuple[int, int]], start: int, usable: int) -> int:
+        """Blocks of the prompt from `start` on that the shared store holds in a run."""
+        if self._shared is None or start >= usable:
+            return 0
+        try:
+            return self._shared.prefix([sequence for sequence, _ in identities[start:usable]])
+        except RuntimeError as error:
+            # Unreachable or refusing: it holds nothing this time; said once in a while.
+            if self._shared_errors % 100 == 0:
+                logger.warning("kvtwin connector: %s (counted as holding nothing)", error)
+            self._shared_errors += 1
+            return 0
+
     def update_state_after_alloc(
         self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int
     ) -> None:
+        shared_hit = self._shared_hits.pop(request.request_id, None)
         if num_external_tokens <= 0:
             return
         local = self._local_hits.pop(request.request_id, 0)
@@ -242,15 +298,23 @@ class KvtwinConnector(KVConnectorBase_V1):
         count = num_external_tokens // self._block_size
         block_ids = blocks.get_block_ids()[0]
         identities = self._identities(request)
-        self._loads[request.request_id] = [
-            (block_ids[first + i], identities[first + i][0]) for i in range(count)
-        ]
+        chain = [(block_ids[first + i], identities[first + i][0]) for i in range(count)]
+        # The mirror's run comes from this engine's tiers; what follows, from the shared
+        # store.
+        mine = count if shared_hit is None else min(max(shared_hit[0] - first, 0), count)
+        if mine:
+            self._loads[request.request_id] = chain[:mine]
+        if mine < count:
+            self._shared_loads[request.request_id] = chain[mine:]
 
     def build_connector_meta(
         self, scheduler_output: "SchedulerOutput"
     ) -> KVConnectorMetadata:
-        meta = KvtwinMetadata(loads=list(self._loads.items()))
+        meta = KvtwinMetadata(
+            loads=list(self._loads.items()), shared_loads=list(self._shared_loads.items())
+        )
         self._loads.clear()
+        self._shared_loads.clear()
         scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             tracked = self._tracked.get(new.req_id)
@@ -381,6 +445,8 @@ class KvtwinConnector(KVConnectorBase_V1):
         self._tracked.pop(request.request_id, None)
         self._local_hits.pop(request.request_id, None)
         self._loads.pop(request.request_id, None)
+        self._shared_hits.pop(request.request_id, None)
+        self._shared_loads.pop(request.request_id, None)
         return False, None
 
     # --------------------------------------------------------------------- worker side
@@ -409,6 +475,8 @@ class KvtwinConnector(KVConnectorBase_V1):
             self._disk_persistent,
         )
         self._store.register_layout([t.data_ptr() for t in tensors], num_blocks, page_bytes)
+        if self._shared_url:
+            self._store.attach_shared(self._shared_url, self._shared_namespace)
         self._counter = KvtwinStepCounter(block_bytes, self._block_size)
         # The store copies to and from these addresses: keep the tensors alive with it.
         self._kv_caches = dict(kv_caches)
@@ -434,21 +502,35 @@ class KvtwinConnector(KVConnectorBase_V1):
         assert isinstance(meta, KvtwinMetadata)
         if self._store is None:
             return
+        cut: set[str] = set()
         for req_id, blocks in meta.loads:
             before, started = self._store.stats(), time.perf_counter()
             loaded, error = self._store.load(blocks)
             if self._counter is not None:
                 self._counter.loaded(before, self._store.stats(), time.perf_counter() - started)
             if error is not None:
-                failed = [block for block, _ in blocks[loaded:]]
-                self._load_errors.update(failed)
-                logger.warning(
-                    "kvtwin connector: request %s loaded %d of %d blocks: %s",
-                    req_id,
-                    loaded,
-                    len(blocks),
-                    error,
-                )
+                cut.add(req_id)
+                self._failed_load(req_id, blocks, loaded, error)
+        for req_id, blocks in meta.shared_loads:
+            if req_id in cut:
+                # The chain broke before these: vLLM computes from there.
+                self._load_errors.update(block for block, _ in blocks)
+                continue
+            loaded, error = self._store.load_shared(blocks)
+            if error is not None:
+                self._failed_load(req_id, blocks, loaded, f"shared store: {error}")
+
+    def _failed_load(
+        self, req_id: str, blocks: list[tuple[int, int]], loaded: int, error: str
+    ) -> None:
+        self._load_errors.update(block for block, _ in blocks[loaded:])
+        logger.warning(
+            "kvtwin connector: request %s loaded %d of %d blocks: %s",
+            req_id,
+            loaded,
+            len(blocks),
+            error,
+        )
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Loads are whole blocks, all layers, before the forward pass.
@@ -477,6 +559,11 @@ class KvtwinConnector(KVConnectorBase_V1):
                 self._store.save(chain[:cut])
                 if self._counter is not None:
                     self._counter.saved(before, self._store.stats(), time.perf_counter() - started)
+                if self._shared_url:
+                    try:
+                        self._store.put_shared(chain[:cut])
+                    except RuntimeError as error:
+                        logger.warning("kvtwin connector: not written to the shared store: %s", error)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         failed, self._load_errors = self._load_errors, set()

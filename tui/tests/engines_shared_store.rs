@@ -1,0 +1,162 @@
+//! Two real engines sharing one `kvtwin store` through kvtwin's connector (issue 32):
+//! engines 1 and 2 of scripts/engines, each with the connector's own host memory (8 MiB)
+//! and the store below it (`"shared_store": "redis://ADDR"`).
+//!
+//! - Engine 1 is sent three prompts of 660 tokens (a 640-token prefix, 20 full blocks,
+//!   and 20 of its own): it finds nothing cached anywhere, computes them and its
+//!   connector writes the 20 prefix blocks of each to the store (60 keys).
+//! - Engine 2, which has seen none of them, is sent the same three: each is served with
+//!   640 tokens of external hits (its usage's cached tokens, and vLLM's own
+//!   `vllm:external_prefix_cache_hits_total` adds up to 3 × 640), loaded from the store,
+//!   and its 8 greedy output tokens are engine 1's, which computed everything.
+//! - Engine 2 writes nothing back it loaded (the store still holds 60 keys), and the
+//!   connector's stats count 60 blocks loaded from the shared store.
+//! - A fourth prompt shares the first 10 blocks of the first: both engines find them
+//!   (engine 2 kept what it loaded) and answer alike.
+//!
+//! Needs the engines' venv (`scripts/engines/cluster.py setup`); skips with the reason
+//! without it, fails instead with `CI=true`.
+
+mod common;
+
+use common::engines::{Cluster, EngineOptions};
+use common::{http, Draw, Process};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+const PREFIX_TOKENS: usize = 640;
+const OWN_TOKENS: usize = 20;
+
+/// One greedy answer of engine `id`: its 8 output token ids and the prompt tokens found
+/// cached.
+fn complete(cluster: &Cluster, id: u64, prompt: &[u32]) -> (Vec<u64>, u64) {
+    let engine = cluster.engine(id);
+    let body = json!({
+        "model": cluster.model,
+        "prompt": prompt,
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": true,
+        "return_token_ids": true,
+    });
+    let (status, text) = http(
+        &engine.address,
+        "POST",
+        "/v1/completions",
+        &body.to_string(),
+    );
+    assert_eq!(status, 200, "{}: {text}", engine.url);
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    let tokens = answer["choices"][0]["token_ids"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no token_ids: {text}"))
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    (tokens, cached)
+}
+
+/// Engine `id`'s `vllm:external_prefix_cache_hits_total`.
+fn external_hits(cluster: &Cluster, id: u64) -> f64 {
+    let (status, text) = http(&cluster.engine(id).address, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    text.lines()
+        .find(|line| line.starts_with("vllm:external_prefix_cache_hits_total"))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no vllm:external_prefix_cache_hits_total in /metrics"))
+}
+
+/// The store's DBSIZE.
+fn keys_in(store: &str) -> i64 {
+    let mut stream = TcpStream::connect(store).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
+        .write_all(b"*1\r\n$6\r\nDBSIZE\r\n*1\r\n$4\r\nQUIT\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let line = reply.lines().next().unwrap_or_default();
+    line.strip_prefix(':')
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("DBSIZE answered {reply:?}"))
+}
+
+#[test]
+fn a_prefix_one_engine_computed_is_loaded_by_the_other_from_the_shared_store() {
+    let test = "engines_shared_store";
+    let store = Process::start(&["store", "--listen", "127.0.0.1:0", "--memory", "64MiB"]);
+    let line = store.wait_line("listening on redis://");
+    let address = line
+        .split("redis://")
+        .nth(1)
+        .and_then(|rest| rest.split([';', ' ']).next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    let options = EngineOptions {
+        connector: Some(
+            json!({"host_bytes": 8 << 20, "shared_store": format!("redis://{address}")})
+                .to_string(),
+        ),
+        ..EngineOptions::default()
+    };
+    let Some(cluster) = Cluster::start_or_skip(test, 2, &options) else {
+        return;
+    };
+    let mut draw = Draw(32);
+    let prompts: Vec<Vec<u32>> = (0..3)
+        .map(|_| draw.tokens((PREFIX_TOKENS + OWN_TOKENS) as u64))
+        .collect();
+
+    let computed: Vec<(Vec<u64>, u64)> = prompts.iter().map(|p| complete(&cluster, 1, p)).collect();
+    assert!(
+        computed.iter().all(|(_, cached)| *cached == 0),
+        "engine 1 found something cached: {computed:?}"
+    );
+    assert_eq!(external_hits(&cluster, 1), 0.0);
+    assert_eq!(
+        keys_in(&address),
+        3 * 20,
+        "engine 1 wrote each prompt's 20 full prefix blocks"
+    );
+
+    for (i, prompt) in prompts.iter().enumerate() {
+        let (tokens, cached) = complete(&cluster, 2, prompt);
+        assert_eq!(
+            cached, PREFIX_TOKENS as u64,
+            "prompt {i}: engine 2's cached tokens"
+        );
+        assert_eq!(
+            tokens, computed[i].0,
+            "prompt {i}: engine 2 answers as engine 1 did"
+        );
+    }
+    assert_eq!(external_hits(&cluster, 2), (3 * PREFIX_TOKENS) as f64);
+    assert_eq!(
+        keys_in(&address),
+        3 * 20,
+        "engine 2 sent back nothing it loaded"
+    );
+
+    // Half of the first prompt, then tokens of its own: each engine holds those 10
+    // blocks in its own host memory (engine 2 kept what it loaded).
+    let mut half = prompts[0][..PREFIX_TOKENS / 2].to_vec();
+    half.extend(draw.tokens(OWN_TOKENS as u64));
+    let (from_2, cached_2) = complete(&cluster, 2, &half);
+    let (from_1, cached_1) = complete(&cluster, 1, &half);
+    assert_eq!((cached_1, cached_2), (320, 320));
+    assert_eq!(from_1, from_2);
+    let log = std::fs::read_to_string(&cluster.engine(2).log).unwrap_or_default();
+    assert!(
+        log.contains("kvtwin connector: shared store redis://"),
+        "engine 2's log does not name the shared store"
+    );
+    assert!(!log.contains("not written to the shared store"), "{log}");
+}
