@@ -7,8 +7,17 @@
 //! so a client checks every value it reads: one that is not whole, or is another key's,
 //! is a torn read, counted (the store must never serve one). The store's RSS
 //! (`/proc/PID/status`) is sampled every 100 ms; the store's own counters (evictions,
-//! leases, corrupt values) are read from its INFO at the end. One JSON line on stdout, a
-//! table on stderr.
+//! leases, promotions, demotions, corrupt values) are read from its INFO at the end.
+//! `--disk` smaller than the values makes the store evict; `--object` adds an object
+//! tier below the disk. One JSON line on stdout, a table on stderr.
+//!
+//! `--kill` then checks what a crash keeps. The clients stop; every key is read (each
+//! value checked) and asked its tier (KVTWIN.TIER): those on disk or in the object tier
+//! are the durable set, with their values. The clients run again on the other keys only
+//! (DRAM's), and a second into that the store is killed with SIGKILL, under their load,
+//! and started again on the same directories. Every durable key must come back with
+//! exactly its value; no key may come back torn or another's. DRAM's keys may be lost:
+//! the store never promised them.
 //!
 //! Owns: the flags, the clients, the checks and the report. Never: the store's logic.
 
@@ -19,7 +28,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,6 +53,17 @@ pub(crate) struct StoreBenchArgs {
     /// Seeds the clients' choices.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The store's disk tier (default: room for every value, so nothing leaves the
+    /// store; smaller, it evicts).
+    #[arg(long, value_name = "SIZE", value_parser = crate::store_cmd::parse_size)]
+    disk: Option<u64>,
+    /// An object tier below the disk, in a directory of the bench's own (default: none).
+    #[arg(long, value_name = "SIZE", value_parser = crate::store_cmd::parse_size)]
+    object: Option<u64>,
+    /// Then kill the store with SIGKILL under load, start it again, and check that every
+    /// value on disk or in the object tier came back (see the module docs).
+    #[arg(long)]
+    kill: bool,
 }
 
 /// What the clients saw.
@@ -129,7 +150,7 @@ async fn reply(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Option<Vec<u
 
 async fn client(
     address: String,
-    keys: u64,
+    keys: Arc<Vec<u64>>,
     value_bytes: usize,
     seed: u64,
     stop: Arc<AtomicBool>,
@@ -139,8 +160,8 @@ async fn client(
     let mut draw = ChaCha8Rng::seed_from_u64(seed);
     let mut buf = Vec::new();
     let mut version = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        let key = draw.gen_range(0..keys);
+    while !stop.load(Ordering::Relaxed) && !keys.is_empty() {
+        let key = keys[draw.gen_range(0..keys.len())];
         let name = format!("bench:{key}");
         if draw.gen_bool(0.5) {
             version += 1;
@@ -179,29 +200,28 @@ fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// `kvtwin bench store`.
-pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
-    if args.clients == 0 || args.value_bytes < 48 {
-        bail!("--clients must be at least 1 and --value-bytes at least 48");
-    }
-    let dir = std::env::temp_dir().join(format!("kvtwin-bench-store-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    // Twice DRAM in values, and a disk that holds them all.
-    let keys = (2 * args.memory / args.value_bytes).max(1);
-    let disk = 4 * args.memory + (64 << 20);
+/// A `kvtwin store` child on a free port with its tiers in `dir`; its address.
+fn start_store(args: &StoreBenchArgs, dir: &Path, disk: u64) -> Result<(Child, String)> {
     let exe = std::env::current_exe().context("this binary's path")?;
-    let mut store = Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .args(["store", "--listen", "127.0.0.1:0", "--memory"])
         .arg(args.memory.to_string())
         .arg("--disk-dir")
         .arg(dir.join("disk"))
         .args(["--disk", &disk.to_string(), "--max-value"])
-        .arg((args.value_bytes + 4096).to_string())
+        .arg((args.value_bytes + 4096).to_string());
+    if let Some(object) = args.object {
+        command
+            .arg("--object-dir")
+            .arg(dir.join("object"))
+            .args(["--object", &object.to_string()]);
+    }
+    let mut store = command
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .context("starting kvtwin store")?;
-    let pid = store.id();
     let stderr = store.stderr.take().context("the store's stderr")?;
     let mut lines = BufReader::new(stderr).lines();
     let address = loop {
@@ -220,6 +240,136 @@ pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
     };
     // Keep draining its log so it never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
+    Ok((store, address))
+}
+
+/// The clients on `keys` until `stop`; the errors of those that stopped early counted.
+fn spawn_clients(
+    args: &StoreBenchArgs,
+    address: &str,
+    keys: &Arc<Vec<u64>>,
+    round: u64,
+    stop: &Arc<AtomicBool>,
+    tally: &Arc<Tally>,
+) -> Vec<tokio::task::JoinHandle<Result<()>>> {
+    (0..args.clients)
+        .map(|i| {
+            tokio::spawn(client(
+                address.to_string(),
+                keys.clone(),
+                args.value_bytes as usize,
+                args.seed.wrapping_mul(1000) + round * 100 + i as u64 + 1,
+                stop.clone(),
+                tally.clone(),
+            ))
+        })
+        .collect()
+}
+
+/// One command on a fresh connection: its reply.
+async fn ask(address: &str, args: &[&[u8]]) -> Result<Option<Vec<u8>>> {
+    let mut stream = TcpStream::connect(address).await?;
+    stream.write_all(&command(args)).await?;
+    reply(&mut stream, &mut Vec::new()).await
+}
+
+/// What `--kill` found.
+#[derive(Default)]
+struct Crash {
+    /// Keys on disk or in the object tier before the kill.
+    durable: usize,
+    /// Of those, keys that came back without their value (or with another).
+    durable_lost: usize,
+    /// Keys in DRAM (or nowhere) before the kill, written to under load as it came.
+    volatile: usize,
+    /// Keys held after the restart, and those served torn or another key's.
+    held_after: usize,
+    torn_after: usize,
+}
+
+/// `--kill`: the durable set, the kill under load on the others, the restart and the
+/// check (see the module docs). Returns the restarted store and what was found.
+async fn crash(
+    args: &StoreBenchArgs,
+    dir: &Path,
+    disk: u64,
+    store: &mut Child,
+    address: &str,
+    keys: u64,
+    tally: &Arc<Tally>,
+) -> Result<(Child, Crash)> {
+    let mut found = Crash::default();
+    let mut durable = Vec::new();
+    let mut volatile = Vec::new();
+    let mut values = Vec::new();
+    for key in 0..keys {
+        let name = format!("bench:{key}");
+        let value = ask(address, &[b"GET", name.as_bytes()]).await?;
+        if value.as_ref().is_some_and(|v| !checks(key, v)) {
+            tally.torn.fetch_add(1, Ordering::Relaxed);
+        }
+        values.push(value);
+    }
+    // After every read: a read moves a value up to DRAM, so tiers are asked last.
+    for key in 0..keys {
+        let name = format!("bench:{key}");
+        let tier = ask(address, &[b"KVTWIN.TIER", name.as_bytes()]).await?;
+        match tier.as_deref() {
+            Some(b"disk" | b"object") if values[key as usize].is_some() => durable.push(key),
+            _ => volatile.push(key),
+        }
+    }
+    found.durable = durable.len();
+    found.volatile = volatile.len();
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = spawn_clients(args, address, &Arc::new(volatile), 1, &stop, tally);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    store.kill().context("SIGKILL to the store")?;
+    let _ = store.wait();
+    stop.store(true, Ordering::Relaxed);
+    // The clients lose their connections: that is the crash, not an error of the store.
+    for client in clients {
+        let _ = client.await;
+    }
+    let (restarted, address) = start_store(args, dir, disk)?;
+    for key in 0..keys {
+        let name = format!("bench:{key}");
+        let value = ask(&address, &[b"GET", name.as_bytes()]).await?;
+        if let Some(value) = &value {
+            found.held_after += 1;
+            if !checks(key, value) {
+                found.torn_after += 1;
+            }
+        }
+        if durable.binary_search(&key).is_ok() && value != values[key as usize] {
+            found.durable_lost += 1;
+        }
+    }
+    Ok((restarted, found))
+}
+
+/// `kvtwin bench store`.
+pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
+    if args.clients == 0 || args.value_bytes < 48 {
+        bail!("--clients must be at least 1 and --value-bytes at least 48");
+    }
+    let dir = std::env::temp_dir().join(format!("kvtwin-bench-store-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // Twice DRAM in values, and by default a disk that holds them all.
+    let keys = (2 * args.memory / args.value_bytes).max(1);
+    let disk = args.disk.unwrap_or(4 * args.memory + (64 << 20));
+    let room = disk + args.object.unwrap_or(0);
+    // Records carry a header and the key beside the value.
+    if args.kill && room < keys * (args.value_bytes + 4096) {
+        bail!(
+            "--kill needs a disk and object tier that hold every value ({} keys of {} bytes): \
+             what they evicted would count as lost",
+            keys,
+            args.value_bytes
+        );
+    }
+    let (mut store, address) = start_store(args, &dir, disk)?;
+    let pid = store.id();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -227,42 +377,38 @@ pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
-    let (max_rss, info) = runtime.block_on(async {
-        let clients: Vec<_> = (0..args.clients)
-            .map(|i| {
-                tokio::spawn(client(
-                    address.clone(),
-                    keys,
-                    args.value_bytes as usize,
-                    args.seed.wrapping_mul(1000) + i as u64 + 1,
-                    stop.clone(),
-                    tally.clone(),
-                ))
-            })
-            .collect();
+    let all_keys = Arc::new((0..keys).collect::<Vec<u64>>());
+    let outcome = runtime.block_on(async {
+        let clients = spawn_clients(args, &address, &all_keys, 0, &stop, &tally);
         let mut max_rss = 0u64;
         while started.elapsed() < Duration::from_secs(args.seconds) {
             max_rss = max_rss.max(rss_bytes(pid).unwrap_or(0));
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         stop.store(true, Ordering::Relaxed);
+        let elapsed = started.elapsed().as_secs_f64();
         for client in clients {
             if let Ok(Err(error)) = client.await {
                 eprintln!("kvtwin bench store: a client stopped: {error:#}");
                 tally.errors.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let mut stream = TcpStream::connect(&address).await?;
-        stream.write_all(&command(&[b"INFO"])).await?;
-        let info = reply(&mut stream, &mut Vec::new())
-            .await?
-            .unwrap_or_default();
-        anyhow::Ok((max_rss, String::from_utf8_lossy(&info).into_owned()))
-    })?;
-    let elapsed = started.elapsed().as_secs_f64();
+        let info = ask(&address, &[b"INFO"]).await?.unwrap_or_default();
+        let info = String::from_utf8_lossy(&info).into_owned();
+        let crashed = if args.kill {
+            let (restarted, found) =
+                crash(args, &dir, disk, &mut store, &address, keys, &tally).await?;
+            store = restarted;
+            Some(found)
+        } else {
+            None
+        };
+        anyhow::Ok((max_rss, info, crashed, elapsed))
+    });
     let _ = store.kill();
     let _ = store.wait();
     let _ = std::fs::remove_dir_all(&dir);
+    let (max_rss, info, crashed, elapsed) = outcome?;
     let field = |name: &str| -> u64 {
         info.lines()
             .find_map(|l| l.strip_prefix(&format!("{name}:")))
@@ -270,10 +416,12 @@ pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
             .unwrap_or(0)
     };
     let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    let report = json!({
+    let mut report = json!({
         "seconds": elapsed,
         "clients": args.clients,
         "memory_bytes": args.memory,
+        "disk_bytes": disk,
+        "object_bytes": args.object.unwrap_or(0),
         "value_bytes": args.value_bytes,
         "keys": keys,
         "sets": load(&tally.sets),
@@ -284,11 +432,14 @@ pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
         "ops_per_s": (load(&tally.sets) + load(&tally.gets)) as f64 / elapsed,
         "max_rss_bytes": max_rss,
         "evicted_keys": field("evicted_keys"),
+        "leases": field("leases_total"),
+        "promotions": field("promotions"),
+        "demotions": field("demotions"),
         "corrupt_values": field("corrupt_values"),
         "store_info": info,
     });
     eprintln!(
-        "kvtwin bench store: {} clients for {elapsed:.0} s over {keys} keys of {} bytes ({:.1}x DRAM): {} SETs, {} GETs ({} hits), {:.0} ops/s; torn reads {}, errors {}; max RSS {:.1} MiB against {:.1} MiB of DRAM; evicted {}, corrupt {}",
+        "kvtwin bench store: {} clients for {elapsed:.0} s over {keys} keys of {} bytes ({:.1}x DRAM): {} SETs, {} GETs ({} hits), {:.0} ops/s; torn reads {}, errors {}; max RSS {:.1} MiB against {:.1} MiB of DRAM; evicted {}, leases {}, promotions {}, demotions {}, corrupt {}",
         args.clients,
         args.value_bytes,
         (keys * args.value_bytes) as f64 / args.memory as f64,
@@ -301,11 +452,36 @@ pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
         max_rss as f64 / (1u64 << 20) as f64,
         args.memory as f64 / (1u64 << 20) as f64,
         field("evicted_keys"),
+        field("leases_total"),
+        field("promotions"),
+        field("demotions"),
         field("corrupt_values"),
     );
+    if let Some(found) = &crashed {
+        report["kill"] = json!({
+            "durable_keys": found.durable,
+            "durable_lost": found.durable_lost,
+            "volatile_keys": found.volatile,
+            "held_after_restart": found.held_after,
+            "torn_after_restart": found.torn_after,
+        });
+        eprintln!(
+            "kvtwin bench store: SIGKILL under load on DRAM's {} keys: of the {} on disk or in the object tier, {} lost; {} keys held after the restart, {} torn",
+            found.volatile, found.durable, found.durable_lost, found.held_after, found.torn_after
+        );
+    }
     println!("{report}");
     if load(&tally.torn) > 0 {
         bail!("the store served {} torn value(s)", load(&tally.torn));
+    }
+    if let Some(found) = crashed {
+        if found.durable_lost > 0 || found.torn_after > 0 {
+            bail!(
+                "after SIGKILL: {} value(s) on disk or in the object tier lost, {} torn",
+                found.durable_lost,
+                found.torn_after
+            );
+        }
     }
     Ok(())
 }

@@ -234,3 +234,62 @@ fn the_bench_keeps_every_value_whole_under_eight_clients_over_twice_dram() {
     assert!(info.contains("corrupt_values:0"), "{info}");
     assert!(!info.contains("disk:keys=0,"), "{info}");
 }
+
+#[test]
+fn a_small_disk_evicts_under_load_and_reads_below_dram_are_leased() {
+    // Twice 4 MiB of values over 4 MiB of DRAM, 2 MiB of disk and 1 MiB of an object
+    // tier: values move down and out of the store, and reads below DRAM lease copies.
+    let (ok, stdout, stderr) = common::kvtwin_outcome(&[
+        "bench",
+        "store",
+        "--seconds",
+        "2",
+        "--memory",
+        "4MiB",
+        "--disk",
+        "2MiB",
+        "--object",
+        "1MiB",
+        "--value-bytes",
+        "64KiB",
+    ]);
+    assert!(ok, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["torn_reads"], 0, "{report}");
+    assert_eq!(report["errors"], 0, "{report}");
+    for counter in ["evicted_keys", "leases", "promotions", "demotions"] {
+        assert!(report[counter].as_u64().unwrap() > 0, "{counter}: {report}");
+    }
+    assert_eq!(report["corrupt_values"], 0, "{report}");
+}
+
+#[test]
+fn sigkill_under_load_loses_nothing_on_disk_or_in_the_object_tier() {
+    let (ok, stdout, stderr) = common::kvtwin_outcome(&[
+        "bench",
+        "store",
+        "--seconds",
+        "2",
+        "--memory",
+        "4MiB",
+        "--disk",
+        "6MiB",
+        "--object",
+        "8MiB",
+        "--value-bytes",
+        "64KiB",
+        "--kill",
+    ]);
+    assert!(ok, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let kill = &report["kill"];
+    // Half the values are DRAM's at most; the rest lie on disk or in the object tier.
+    assert!(kill["durable_keys"].as_u64().unwrap() >= 60, "{report}");
+    assert_eq!(kill["durable_lost"], 0, "{report}");
+    assert_eq!(kill["torn_after_restart"], 0, "{report}");
+    assert!(
+        kill["held_after_restart"].as_u64().unwrap() >= kill["durable_keys"].as_u64().unwrap(),
+        "{report}"
+    );
+    assert_eq!(report["torn_reads"], 0, "{report}");
+}

@@ -11,7 +11,8 @@
 //! with no other client's in between); and kvtwin's own batched command for its
 //! connector, KVTWIN.PREFIX key..., the number of leading keys held (a prompt's blocks
 //! in order: how far its prefix is in the store), with MGET and MSET as its batched
-//! get and put. Not: WATCH, expiry (SET's EX, PX,
+//! get and put; and KVTWIN.TIER key, the tier that holds it (`memory`, `disk`,
+//! `object`, or nil), for checks of what a restart must keep. Not: WATCH, expiry (SET's EX, PX,
 //! EXAT, PXAT, KEEPTTL are refused by name: the store's tiers evict, nothing expires),
 //! other databases, data types other than strings.
 //!
@@ -211,7 +212,7 @@ async fn transaction(
 fn refusal(name: &str, args: &[Bytes]) -> Option<Reply> {
     let n = args.len();
     let fits = match name {
-        "get" | "echo" | "select" => n == 2,
+        "get" | "echo" | "select" | "kvtwin.tier" => n == 2,
         "set" | "mset" => n >= 3,
         "mget" | "exists" | "del" | "unlink" | "client" | "kvtwin.prefix" => n >= 2,
         "ping" | "flushdb" | "flushall" => n <= 2,
@@ -319,6 +320,15 @@ async fn command(
                 Reply::Integer(found)
             }
         },
+        "kvtwin.tier" => match rest {
+            [key] => Reply::Bulk(
+                store
+                    .tier_of(key)
+                    .await
+                    .map(|tier| Bytes::from_static(tier.name().as_bytes())),
+            ),
+            _ => wrong_arity(&name),
+        },
         "kvtwin.prefix" => match rest {
             [] => wrong_arity(&name),
             keys => {
@@ -372,7 +382,7 @@ async fn command(
 }
 
 /// The commands the server knows, for COMMAND COUNT.
-const COMMANDS: [&str; 20] = [
+const COMMANDS: [&str; 21] = [
     "ping",
     "echo",
     "quit",
@@ -393,6 +403,7 @@ const COMMANDS: [&str; 20] = [
     "client",
     "command",
     "kvtwin.prefix",
+    "kvtwin.tier",
 ];
 
 fn wrong_password() -> Reply {
@@ -565,8 +576,11 @@ async fn info(store: &Store) -> String {
         ));
     }
     text.push_str(&format!(
-        "leased_copies:{}\r\ncorrupt_values:{}\r\n\r\n# Keyspace\r\n",
+        "leased_copies:{}\r\nleases_total:{}\r\npromotions:{}\r\ndemotions:{}\r\ncorrupt_values:{}\r\n\r\n# Keyspace\r\n",
         occupancy.leased,
+        load(&counters.leases),
+        load(&counters.promotions),
+        counters.demotions.iter().map(load).sum::<u64>(),
         load(&counters.corrupt)
     ));
     if occupancy.keys > 0 {

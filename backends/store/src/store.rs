@@ -276,6 +276,16 @@ impl Store {
         }
     }
 
+    /// The tier that holds `key` now (without touching its recency), if any.
+    pub async fn tier_of(&self, key: &[u8]) -> Option<Tier> {
+        self.inner
+            .lock()
+            .await
+            .index
+            .peek(key)
+            .map(|entry| entry.tier)
+    }
+
     /// Whether the store holds `key` (without touching its recency).
     pub async fn contains(&self, key: &[u8]) -> bool {
         self.inner.lock().await.index.peek(key).is_some()
