@@ -285,6 +285,10 @@ struct Crash {
     /// Keys held after the restart, and those served torn or another key's.
     held_after: usize,
     torn_after: usize,
+    /// Requests the kill cut short (in flight when it came), and reads under the load
+    /// before it.
+    cut_requests: u64,
+    reads_before_kill: u64,
 }
 
 /// `--kill`: the durable set, the kill under load on the others, the restart and the
@@ -322,15 +326,26 @@ async fn crash(
     found.durable = durable.len();
     found.volatile = volatile.len();
     let stop = Arc::new(AtomicBool::new(false));
-    let clients = spawn_clients(args, address, &Arc::new(volatile), 1, &stop, tally);
+    // A tally of its own: the requests the kill cuts short are the crash, not errors of
+    // the load; a torn read under it still counts with the others.
+    let under_kill = Arc::new(Tally::default());
+    let clients = spawn_clients(args, address, &Arc::new(volatile), 1, &stop, &under_kill);
     tokio::time::sleep(Duration::from_secs(1)).await;
     store.kill().context("SIGKILL to the store")?;
     let _ = store.wait();
     stop.store(true, Ordering::Relaxed);
     // The clients lose their connections: that is the crash, not an error of the store.
+    let mut cut = under_kill.errors.load(Ordering::Relaxed);
     for client in clients {
-        let _ = client.await;
+        if let Ok(Err(_)) = client.await {
+            cut += 1;
+        }
     }
+    found.cut_requests = cut;
+    found.reads_before_kill = under_kill.gets.load(Ordering::Relaxed);
+    tally
+        .torn
+        .fetch_add(under_kill.torn.load(Ordering::Relaxed), Ordering::Relaxed);
     let (restarted, address) = start_store(args, dir, disk)?;
     for key in 0..keys {
         let name = format!("bench:{key}");
@@ -464,6 +479,8 @@ pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
             "volatile_keys": found.volatile,
             "held_after_restart": found.held_after,
             "torn_after_restart": found.torn_after,
+            "requests_cut_by_the_kill": found.cut_requests,
+            "reads_under_load_before_it": found.reads_before_kill,
         });
         eprintln!(
             "kvtwin bench store: SIGKILL under load on DRAM's {} keys: of the {} on disk or in the object tier, {} lost; {} keys held after the restart, {} torn",
