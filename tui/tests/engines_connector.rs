@@ -41,7 +41,7 @@
 
 mod common;
 
-use common::engines::{Cluster, EngineOptions};
+use common::engines::{greedy, Cluster, EngineOptions};
 use common::{http, listening_on, Draw, Process};
 use kvtwin::block::BlockIdentity;
 use kvtwin::ids::RequestId;
@@ -83,37 +83,6 @@ fn workload() -> Vec<Vec<u32>> {
             prompt
         })
         .collect()
-}
-
-/// One greedy answer: its 8 output token ids and the prompt tokens found cached.
-fn complete(cluster: &Cluster, prompt: &[u32]) -> (Vec<u64>, u64) {
-    let engine = cluster.engine(1);
-    let body = json!({
-        "model": cluster.model,
-        "prompt": prompt,
-        "max_tokens": 8,
-        "temperature": 0,
-        "ignore_eos": true,
-        "return_token_ids": true,
-    });
-    let (status, text) = http(
-        &engine.address,
-        "POST",
-        "/v1/completions",
-        &body.to_string(),
-    );
-    assert_eq!(status, 200, "{}: {text}", engine.url);
-    let answer: Value = serde_json::from_str(&text).unwrap();
-    let tokens = answer["choices"][0]["token_ids"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no token_ids: {text}"))
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect();
-    let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or(0);
-    (tokens, cached)
 }
 
 /// The engine's `vllm:external_prefix_cache_hits_total`.
@@ -202,7 +171,7 @@ fn twin_hits_by_tier(prompts: &[Vec<u32>]) -> (u64, u64) {
 fn tiers_agree(cluster: &Cluster, router: &str, settle: &[u32]) -> ((u64, u64, u64), (u64, u64)) {
     let start = Instant::now();
     loop {
-        complete(cluster, settle);
+        greedy(cluster, 1, settle);
         let counted = router_tiers(router);
         let held = (
             metric_sum(cluster, "vllm:kvtwin_blocks", "tier=\"cpu\"") as u64,
@@ -281,8 +250,8 @@ fn outputs_are_the_same_with_the_connector_and_evicted_prefixes_come_back_from_i
     let prompts = workload();
     let mut differing = Vec::new();
     for (i, prompt) in prompts.iter().enumerate() {
-        let (tokens, cached) = complete(&with_connector, prompt);
-        let (plain_tokens, plain_cached) = complete(&without, prompt);
+        let (tokens, cached) = greedy(&with_connector, 1, prompt);
+        let (plain_tokens, plain_cached) = greedy(&without, 1, prompt);
         if tokens != plain_tokens {
             differing.push(format!("#{i}: {tokens:?} against {plain_tokens:?}"));
         }
@@ -365,8 +334,8 @@ fn outputs_are_the_same_with_the_connector_and_evicted_prefixes_come_back_from_i
     for (p, prefix) in prefixes.iter().enumerate() {
         let mut prompt = prefix.clone();
         prompt.extend(draw.tokens(OWN_TOKENS as u64));
-        let (tokens, cached) = complete(&with_connector, &prompt);
-        let (plain_tokens, _) = complete(&without, &prompt);
+        let (tokens, cached) = greedy(&with_connector, 1, &prompt);
+        let (plain_tokens, _) = greedy(&without, 1, &prompt);
         assert_eq!(tokens, plain_tokens, "prompt {p} after the restart");
         assert_eq!(cached, PREFIX_TOKENS as u64, "prompt {p} after the restart");
     }
@@ -390,8 +359,8 @@ fn outputs_are_the_same_with_the_connector_and_evicted_prefixes_come_back_from_i
     // the first prompt comes back whole.
     let mut prompt = prefixes[0].clone();
     prompt.extend(draw.tokens(OWN_TOKENS as u64));
-    let (tokens, cached) = complete(&with_connector, &prompt);
-    assert_eq!(tokens, complete(&without, &prompt).0);
+    let (tokens, cached) = greedy(&with_connector, 1, &prompt);
+    assert_eq!(tokens, greedy(&without, 1, &prompt).0);
     assert_eq!(
         cached, PREFIX_TOKENS as u64,
         "the first prompt, saved again"

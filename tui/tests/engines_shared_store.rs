@@ -19,47 +19,15 @@
 
 mod common;
 
-use common::engines::{Cluster, EngineOptions};
+use common::engines::{greedy, Cluster, EngineOptions};
 use common::{http, Draw, Process};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
 const PREFIX_TOKENS: usize = 640;
 const OWN_TOKENS: usize = 20;
-
-/// One greedy answer of engine `id`: its 8 output token ids and the prompt tokens found
-/// cached.
-fn complete(cluster: &Cluster, id: u64, prompt: &[u32]) -> (Vec<u64>, u64) {
-    let engine = cluster.engine(id);
-    let body = json!({
-        "model": cluster.model,
-        "prompt": prompt,
-        "max_tokens": 8,
-        "temperature": 0,
-        "ignore_eos": true,
-        "return_token_ids": true,
-    });
-    let (status, text) = http(
-        &engine.address,
-        "POST",
-        "/v1/completions",
-        &body.to_string(),
-    );
-    assert_eq!(status, 200, "{}: {text}", engine.url);
-    let answer: Value = serde_json::from_str(&text).unwrap();
-    let tokens = answer["choices"][0]["token_ids"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no token_ids: {text}"))
-        .iter()
-        .map(|t| t.as_u64().unwrap())
-        .collect();
-    let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or(0);
-    (tokens, cached)
-}
 
 /// Engine `id`'s `vllm:external_prefix_cache_hits_total`.
 fn external_hits(cluster: &Cluster, id: u64) -> f64 {
@@ -115,7 +83,7 @@ fn a_prefix_one_engine_computed_is_loaded_by_the_other_from_the_shared_store() {
         .map(|_| draw.tokens((PREFIX_TOKENS + OWN_TOKENS) as u64))
         .collect();
 
-    let computed: Vec<(Vec<u64>, u64)> = prompts.iter().map(|p| complete(&cluster, 1, p)).collect();
+    let computed: Vec<(Vec<u64>, u64)> = prompts.iter().map(|p| greedy(&cluster, 1, p)).collect();
     assert!(
         computed.iter().all(|(_, cached)| *cached == 0),
         "engine 1 found something cached: {computed:?}"
@@ -128,7 +96,7 @@ fn a_prefix_one_engine_computed_is_loaded_by_the_other_from_the_shared_store() {
     );
 
     for (i, prompt) in prompts.iter().enumerate() {
-        let (tokens, cached) = complete(&cluster, 2, prompt);
+        let (tokens, cached) = greedy(&cluster, 2, prompt);
         assert_eq!(
             cached, PREFIX_TOKENS as u64,
             "prompt {i}: engine 2's cached tokens"
@@ -149,8 +117,8 @@ fn a_prefix_one_engine_computed_is_loaded_by_the_other_from_the_shared_store() {
     // blocks in its own host memory (engine 2 kept what it loaded).
     let mut half = prompts[0][..PREFIX_TOKENS / 2].to_vec();
     half.extend(draw.tokens(OWN_TOKENS as u64));
-    let (from_2, cached_2) = complete(&cluster, 2, &half);
-    let (from_1, cached_1) = complete(&cluster, 1, &half);
+    let (from_2, cached_2) = greedy(&cluster, 2, &half);
+    let (from_1, cached_1) = greedy(&cluster, 1, &half);
     assert_eq!((cached_1, cached_2), (320, 320));
     assert_eq!(from_1, from_2);
     let log = std::fs::read_to_string(&cluster.engine(2).log).unwrap_or_default();

@@ -149,28 +149,17 @@ impl Store {
         let Self { layout, shared, .. } = self;
         let layout = layout.as_ref().ok_or_else(no_layout)?;
         let shared = shared.as_mut().ok_or_else(no_shared)?;
-        let hashes: Vec<SequenceHash> = blocks.iter().map(|b| SequenceHash::new(b.1)).collect();
-        let mut failed = None;
-        let result = shared.get(&hashes, layout.block_bytes(), |i, bytes| {
-            if let Err(e) = layout.scatter(blocks[i].0, bytes) {
-                failed.get_or_insert(e.to_string());
-            }
-        });
-        if let Some(e) = failed {
-            return Err(PyRuntimeError::new_err(e));
-        }
-        Ok(match result {
-            Ok(loaded) if loaded < blocks.len() => (
-                loaded,
-                Some(format!(
-                    "{} of {} blocks not in the shared store, or not whole",
-                    blocks.len() - loaded,
-                    blocks.len()
-                )),
-            ),
-            Ok(loaded) => (loaded, None),
-            Err(e) => (0, Some(e.to_string())),
-        })
+        let block_bytes = layout.block_bytes();
+        load_into(
+            layout,
+            &blocks,
+            "not in the shared store, or not whole",
+            |hashes, scatter| {
+                shared
+                    .get(hashes, block_bytes, |i, bytes| scatter(i, bytes))
+                    .map_err(|e| (0, e.to_string()))
+            },
+        )
     }
 
     /// Writes engine blocks (a save's chain) to the shared store, those it is not known
@@ -249,28 +238,11 @@ impl Store {
     fn load(&mut self, blocks: Vec<(usize, u64)>) -> PyResult<(usize, Option<String>)> {
         let Self { store, layout, .. } = self;
         let layout = layout.as_ref().ok_or_else(no_layout)?;
-        let hashes: Vec<SequenceHash> = blocks.iter().map(|b| SequenceHash::new(b.1)).collect();
-        let mut failed = None;
-        let result = store.load(&hashes, |i, bytes| {
-            if let Err(e) = layout.scatter(blocks[i].0, bytes) {
-                failed.get_or_insert(e.to_string());
-            }
-        });
-        if let Some(e) = failed {
-            return Err(PyRuntimeError::new_err(e));
-        }
-        Ok(match result {
-            // Fewer than asked: the rest were evicted before the lookup found them.
-            Ok(loaded) if loaded < blocks.len() => (
-                loaded,
-                Some(format!(
-                    "{} of {} blocks no longer held",
-                    blocks.len() - loaded,
-                    blocks.len()
-                )),
-            ),
-            Ok(loaded) => (loaded, None),
-            Err((loaded, e)) => (loaded, Some(e.to_string())),
+        // Fewer than asked: the rest were evicted before the lookup found them.
+        load_into(layout, &blocks, "no longer held", |hashes, scatter| {
+            store
+                .load(hashes, |i, bytes| scatter(i, bytes))
+                .map_err(|(loaded, e)| (loaded, e.to_string()))
         })
     }
 
@@ -355,6 +327,40 @@ fn medium_of(tier: Tier) -> &'static str {
         Tier::Disk => "DISK",
         _ => "CPU",
     }
+}
+
+/// Reads `blocks` (engine block, sequence hash; a chain parent first) into the engine's
+/// blocks with `read`, which hands each block's bytes to its callback in order and says
+/// how many it handed (or how many before what stopped it): `(blocks loaded, why the rest
+/// were not)`, `short` saying why when fewer came without an error.
+fn load_into(
+    layout: &EngineLayout,
+    blocks: &[(usize, u64)],
+    short: &str,
+    read: impl FnOnce(&[SequenceHash], &mut dyn FnMut(usize, &[u8])) -> Result<usize, (usize, String)>,
+) -> PyResult<(usize, Option<String>)> {
+    let hashes: Vec<SequenceHash> = blocks.iter().map(|b| SequenceHash::new(b.1)).collect();
+    let mut failed = None;
+    let result = read(&hashes, &mut |i, bytes| {
+        if let Err(e) = layout.scatter(blocks[i].0, bytes) {
+            failed.get_or_insert(e.to_string());
+        }
+    });
+    if let Some(e) = failed {
+        return Err(PyRuntimeError::new_err(e));
+    }
+    Ok(match result {
+        Ok(loaded) if loaded < blocks.len() => (
+            loaded,
+            Some(format!(
+                "{} of {} blocks {short}",
+                blocks.len() - loaded,
+                blocks.len()
+            )),
+        ),
+        Ok(loaded) => (loaded, None),
+        Err((loaded, e)) => (loaded, Some(e)),
+    })
 }
 
 fn no_shared() -> PyErr {

@@ -9,7 +9,7 @@
 //! unlike the workers').
 //! Never: decide what the store holds or evicts (`SharedStore` does), or route.
 
-use super::worker::State;
+use super::worker::{prefilling, State};
 use super::{Cluster, Epoch, Wakeup};
 use crate::shared::Landed;
 use kvtwin::events::{KvCacheEvent, KvCacheEventData};
@@ -141,19 +141,8 @@ impl Cluster<'_> {
             .collect();
         let worker = &mut self.workers[w];
         held.extend(worker.manager.register(complete, self.now));
-        let cached = (held.len() as u64 * self.shape.block_size).min(request.input_tokens);
-        let remaining = (request.input_tokens + live.generated)
-            .saturating_sub(cached)
-            .max(1);
-        worker.states.insert(
-            i,
-            State::Prefilling {
-                held,
-                computing,
-                remaining,
-                cached,
-            },
-        );
+        let state = prefilling(live, held, computing, self.shape.block_size);
+        worker.states.insert(i, state);
         // Already in the prefill queue, where it kept its place.
         self.also_touched.insert(w);
     }

@@ -244,6 +244,29 @@ pub(super) fn cacheable_blocks(
     }
 }
 
+/// The request of `live` waiting for its prefill, `held` the blocks it has (hits, and
+/// reads of the shared tier) and `computing` those its prefill fills: what is left to
+/// prefill is its prompt past `held`, and after a preemption the tokens it generated so
+/// far too (they are recomputed).
+pub(super) fn prefilling(
+    live: &Live,
+    held: BlockChain,
+    computing: Vec<MutableBlock<Reset>>,
+    block_size: u64,
+) -> State {
+    let request = &live.request;
+    let cached = (held.len() as u64 * block_size).min(request.input_tokens);
+    let remaining = (request.input_tokens + live.generated)
+        .saturating_sub(cached)
+        .max(1);
+    State::Prefilling {
+        held,
+        computing,
+        remaining,
+        cached,
+    }
+}
+
 impl Cluster<'_> {
     /// Numbers a new request and holds it while it is in flight.
     pub(super) fn admit_new(&mut self, request: Request) -> usize {
@@ -470,21 +493,9 @@ impl Cluster<'_> {
                     self.start_shared_read(w, i, from, shared);
                     return;
                 }
+                let state = prefilling(live, held, computing, self.shape.block_size);
                 let worker = &mut self.workers[w];
-                // After a preemption the tokens generated so far are recomputed too.
-                let cached = (held.len() as u64 * self.shape.block_size).min(request.input_tokens);
-                let remaining = (request.input_tokens + live.generated)
-                    .saturating_sub(cached)
-                    .max(1);
-                worker.states.insert(
-                    i,
-                    State::Prefilling {
-                        held,
-                        computing,
-                        remaining,
-                        cached,
-                    },
-                );
+                worker.states.insert(i, state);
                 worker.prefill_queue.push_back(i);
             }
             Err(_) => {

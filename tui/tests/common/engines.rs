@@ -253,3 +253,35 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// One greedy answer of engine `id` to `prompt` (token ids): its 8 output token ids (EOS
+/// ignored) and the prompt tokens its usage says were found cached.
+pub(crate) fn greedy(cluster: &Cluster, id: u64, prompt: &[u32]) -> (Vec<u64>, u64) {
+    let engine = cluster.engine(id);
+    let body = serde_json::json!({
+        "model": cluster.model,
+        "prompt": prompt,
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": true,
+        "return_token_ids": true,
+    });
+    let (status, text) = super::http(
+        &engine.address,
+        "POST",
+        "/v1/completions",
+        &body.to_string(),
+    );
+    assert_eq!(status, 200, "{}: {text}", engine.url);
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    let tokens = answer["choices"][0]["token_ids"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no token_ids: {text}"))
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    (tokens, cached)
+}
