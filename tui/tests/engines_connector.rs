@@ -41,7 +41,7 @@
 
 mod common;
 
-use common::engines::{greedy, Cluster, EngineOptions};
+use common::engines::{external_hits, greedy, Cluster, EngineOptions};
 use common::{http, listening_on, Draw, Process};
 use kvtwin::block::BlockIdentity;
 use kvtwin::ids::RequestId;
@@ -83,17 +83,6 @@ fn workload() -> Vec<Vec<u32>> {
             prompt
         })
         .collect()
-}
-
-/// The engine's `vllm:external_prefix_cache_hits_total`.
-fn external_hits(cluster: &Cluster) -> f64 {
-    let (status, text) = http(&cluster.engine(1).address, "GET", "/metrics", "");
-    assert_eq!(status, 200);
-    text.lines()
-        .find(|line| line.starts_with("vllm:external_prefix_cache_hits_total"))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or_else(|| panic!("no vllm:external_prefix_cache_hits_total in /metrics"))
 }
 
 /// The engine's samples of `metric` whose labels hold `label` (e.g. `tier="cpu"`),
@@ -268,9 +257,9 @@ fn outputs_are_the_same_with_the_connector_and_evicted_prefixes_come_back_from_i
         differing.len(),
         differing.join("\n")
     );
-    let hits = external_hits(&with_connector);
+    let hits = external_hits(&with_connector, 1);
     assert_eq!(hits, ((REQUESTS - PROMPTS) * PREFIX_TOKENS) as f64);
-    assert_eq!(external_hits(&without), 0.0);
+    assert_eq!(external_hits(&without, 1), 0.0);
     // The same hits, by the tier that served them.
     let by_tier: Vec<f64> = ["cpu", "disk"]
         .iter()
@@ -368,6 +357,6 @@ fn outputs_are_the_same_with_the_connector_and_evicted_prefixes_come_back_from_i
     // The restarted engine's own count: vLLM counts a request's external hits when it
     // schedules it, before any load, so the first prompt's 640 count twice, once for
     // the failed load and once for the whole one.
-    let hits = external_hits(&with_connector);
+    let hits = external_hits(&with_connector, 1);
     assert_eq!(hits, ((PROMPTS + 1) * PREFIX_TOKENS) as f64);
 }

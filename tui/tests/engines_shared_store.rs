@@ -19,8 +19,8 @@
 
 mod common;
 
-use common::engines::{greedy, Cluster, EngineOptions};
-use common::{http, Draw, Process};
+use common::engines::{external_hits, greedy, Cluster, EngineOptions};
+use common::{Draw, Process};
 use serde_json::json;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -28,17 +28,6 @@ use std::time::Duration;
 
 const PREFIX_TOKENS: usize = 640;
 const OWN_TOKENS: usize = 20;
-
-/// Engine `id`'s `vllm:external_prefix_cache_hits_total`.
-fn external_hits(cluster: &Cluster, id: u64) -> f64 {
-    let (status, text) = http(&cluster.engine(id).address, "GET", "/metrics", "");
-    assert_eq!(status, 200);
-    text.lines()
-        .find(|line| line.starts_with("vllm:external_prefix_cache_hits_total"))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or_else(|| panic!("no vllm:external_prefix_cache_hits_total in /metrics"))
-}
 
 /// The store's DBSIZE.
 fn keys_in(store: &str) -> i64 {

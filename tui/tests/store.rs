@@ -208,9 +208,10 @@ fn bad_sizes_and_flags_are_refused_by_name() {
     assert!(!output.status.success(), "--disk without --disk-dir");
 }
 
-#[test]
-fn the_bench_keeps_every_value_whole_under_eight_clients_over_twice_dram() {
-    let (ok, stdout, stderr) = common::kvtwin_outcome(&[
+/// `kvtwin bench store` for 2 s, 4 MiB of DRAM, 64 KiB values, and `more` flags: its
+/// JSON report (the run must succeed).
+fn bench_store(more: &[&str]) -> serde_json::Value {
+    let mut args = vec![
         "bench",
         "store",
         "--seconds",
@@ -219,9 +220,16 @@ fn the_bench_keeps_every_value_whole_under_eight_clients_over_twice_dram() {
         "4MiB",
         "--value-bytes",
         "64KiB",
-    ]);
+    ];
+    args.extend_from_slice(more);
+    let (ok, stdout, stderr) = common::kvtwin_outcome(&args);
     assert!(ok, "{stderr}");
-    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    serde_json::from_str(stdout.trim()).unwrap()
+}
+
+#[test]
+fn the_bench_keeps_every_value_whole_under_eight_clients_over_twice_dram() {
+    let report = bench_store(&[]);
     assert_eq!(report["torn_reads"], 0, "{report}");
     assert_eq!(report["errors"], 0, "{report}");
     assert_eq!(
@@ -239,22 +247,7 @@ fn the_bench_keeps_every_value_whole_under_eight_clients_over_twice_dram() {
 fn a_small_disk_evicts_under_load_and_reads_below_dram_are_leased() {
     // Twice 4 MiB of values over 4 MiB of DRAM, 2 MiB of disk and 1 MiB of an object
     // tier: values move down and out of the store, and reads below DRAM lease copies.
-    let (ok, stdout, stderr) = common::kvtwin_outcome(&[
-        "bench",
-        "store",
-        "--seconds",
-        "2",
-        "--memory",
-        "4MiB",
-        "--disk",
-        "2MiB",
-        "--object",
-        "1MiB",
-        "--value-bytes",
-        "64KiB",
-    ]);
-    assert!(ok, "{stderr}");
-    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let report = bench_store(&["--disk", "2MiB", "--object", "1MiB"]);
     assert_eq!(report["torn_reads"], 0, "{report}");
     assert_eq!(report["errors"], 0, "{report}");
     for counter in ["evicted_keys", "leases", "promotions", "demotions"] {
@@ -265,23 +258,7 @@ fn a_small_disk_evicts_under_load_and_reads_below_dram_are_leased() {
 
 #[test]
 fn sigkill_under_load_loses_nothing_on_disk_or_in_the_object_tier() {
-    let (ok, stdout, stderr) = common::kvtwin_outcome(&[
-        "bench",
-        "store",
-        "--seconds",
-        "2",
-        "--memory",
-        "4MiB",
-        "--disk",
-        "6MiB",
-        "--object",
-        "8MiB",
-        "--value-bytes",
-        "64KiB",
-        "--kill",
-    ]);
-    assert!(ok, "{stderr}");
-    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let report = bench_store(&["--disk", "6MiB", "--object", "8MiB", "--kill"]);
     let kill = &report["kill"];
     // Half the values are DRAM's at most; the rest lie on disk or in the object tier.
     assert!(kill["durable_keys"].as_u64().unwrap() >= 60, "{report}");

@@ -443,13 +443,7 @@ impl Cluster<'_> {
         device_hits: usize,
         onboarded: [usize; 4],
     ) {
-        let live = self
-            .requests
-            .live
-            .get_mut(&i)
-            .expect("an admitted request is in flight");
-        let request = &live.request;
-        let need = request.blocks.len() - held.len();
+        let need = self.request(i).blocks.len() - held.len();
         let worker = &mut self.workers[w];
         match worker.manager.allocate(need, self.now) {
             Ok(computing) => {

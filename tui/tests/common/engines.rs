@@ -285,3 +285,14 @@ pub(crate) fn greedy(cluster: &Cluster, id: u64, prompt: &[u32]) -> (Vec<u64>, u
         .unwrap_or(0);
     (tokens, cached)
 }
+
+/// Engine `id`'s `vllm:external_prefix_cache_hits_total`.
+pub(crate) fn external_hits(cluster: &Cluster, id: u64) -> f64 {
+    let (status, text) = super::http(&cluster.engine(id).address, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    text.lines()
+        .find(|line| line.starts_with("vllm:external_prefix_cache_hits_total"))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no vllm:external_prefix_cache_hits_total in /metrics"))
+}
