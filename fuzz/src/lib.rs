@@ -50,7 +50,8 @@ pub const TARGETS: [(&str, Body); 11] = [
 
 /// The shared store's bytes from outside: a connection's RESP2 requests, parsed one
 /// after another as the server does (each one taken must consume bytes), and a record
-/// read off a tier (one that decodes must re-encode to the same bytes).
+/// read off a tier (one that decodes must re-encode to the same bytes, and read in
+/// pieces into pages the same as whole).
 pub fn store_bytes(data: &[u8]) {
     use kvtwin_store::record;
     use kvtwin_store::resp::{next_request, Limits};
@@ -68,13 +69,32 @@ pub fn store_bytes(data: &[u8]) {
         }
     }
     let _ = record::decode_header(data);
-    if let Ok((header, value)) = record::decode(bytes::Bytes::copy_from_slice(data)) {
-        let again = record::encode(header.copy, &header.key, &value, &header.digest);
+    let whole = record::decode(bytes::Bytes::copy_from_slice(data));
+    if let Ok((header, value)) = &whole {
+        let again = record::encode(header.copy, &header.key, value, &header.digest);
         assert_eq!(
             &again[..],
             data,
             "a record that does not re-encode to itself"
         );
+    }
+    // The same bytes read as a tier's file is, in pieces into pages: the same verdict.
+    let mut reader =
+        record::RecordReader::new(kvtwin_store::pages::Pages::new(0), data.len() as u64);
+    let piece = usize::from(data.last().copied().unwrap_or(1)).max(1);
+    let read = data
+        .chunks(piece)
+        .try_for_each(|bytes| reader.feed(bytes))
+        .and_then(|()| reader.finish());
+    match (&whole, read) {
+        (Ok((header, value)), Ok((read_header, read_value))) => {
+            assert_eq!(
+                (header, &value[..]),
+                (&read_header, &read_value.to_bytes()[..])
+            );
+        }
+        (Err(_), Err(_)) => {}
+        (whole, read) => panic!("decode {whole:?} but read in pieces {read:?}"),
     }
 }
 

@@ -6,8 +6,14 @@
 //! Every value says which key and which write it is and ends in the BLAKE3 of the rest,
 //! so a client checks every value it reads: one that is not whole, or is another key's,
 //! is a torn read, counted (the store must never serve one). The store's RSS
-//! (`/proc/PID/status`) is sampled every 100 ms; the store's own counters (evictions,
-//! leases, promotions, demotions, corrupt values) are read from its INFO at the end.
+//! (`/proc/PID/status`) is sampled every 100 ms, and its allocated part (`RssAnon`, the
+//! RSS without the program's own pages) held against its bound: what it had allocated
+//! idle before the load, plus DRAM's bound, plus the free pages its value pool keeps
+//! (`kvtwin_store::pages::SPARE_PAGES`), plus four values a client (the request in its
+//! read buffer, which grows by doubling to two, the reply being written from a copy
+//! DRAM may have let go meanwhile, and a value read off a lower tier). The store's own
+//! counters (evictions, leases, promotions, demotions, corrupt values) are read from its
+//! INFO at the end.
 //! `--disk` smaller than the values makes the store evict; `--object` adds an object
 //! tier below the disk. One JSON line on stdout, a table on stderr.
 //!
@@ -105,7 +111,7 @@ fn command(args: &[&[u8]]) -> bytes::BytesMut {
     let mut out = bytes::BytesMut::new();
     Reply::Array(
         args.iter()
-            .map(|arg| Reply::Bulk(Some(bytes::Bytes::copy_from_slice(arg))))
+            .map(|arg| Reply::bulk(bytes::Bytes::copy_from_slice(arg)))
             .collect(),
     )
     .encode(&mut out);
@@ -192,12 +198,15 @@ async fn client(
     Ok(())
 }
 
-/// The resident set of process `pid`, bytes.
-fn rss_bytes(pid: u32) -> Option<u64> {
+/// Process `pid`'s resident memory, bytes: all of it (`VmRSS`) and its anonymous part
+/// (`RssAnon`: what it allocated, without the pages of its program's file).
+fn rss_bytes(pid: u32) -> Option<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    let kib = |field: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(field))?;
+        Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    };
+    Some((kib("VmRSS:")?, kib("RssAnon:")?))
 }
 
 /// A `kvtwin store` child on a free port with its tiers in `dir`; its address.
@@ -385,6 +394,11 @@ pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
     }
     let (mut store, address) = start_store(args, &dir, disk)?;
     let pid = store.id();
+    let (idle_rss, idle_anon) = rss_bytes(pid).unwrap_or_default();
+    let anon_bound = idle_anon
+        + args.memory
+        + (kvtwin_store::pages::SPARE_PAGES * kvtwin_store::pages::PAGE) as u64
+        + 4 * args.clients as u64 * args.value_bytes;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -395,9 +409,10 @@ pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
     let all_keys = Arc::new((0..keys).collect::<Vec<u64>>());
     let outcome = runtime.block_on(async {
         let clients = spawn_clients(args, &address, &all_keys, 0, &stop, &tally);
-        let mut max_rss = 0u64;
+        let (mut max_rss, mut max_anon) = (0u64, 0u64);
         while started.elapsed() < Duration::from_secs(args.seconds) {
-            max_rss = max_rss.max(rss_bytes(pid).unwrap_or(0));
+            let (rss, anon) = rss_bytes(pid).unwrap_or_default();
+            (max_rss, max_anon) = (max_rss.max(rss), max_anon.max(anon));
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         stop.store(true, Ordering::Relaxed);
@@ -418,12 +433,12 @@ pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
         } else {
             None
         };
-        anyhow::Ok((max_rss, info, crashed, elapsed))
+        anyhow::Ok(((max_rss, max_anon), info, crashed, elapsed))
     });
     let _ = store.kill();
     let _ = store.wait();
     let _ = std::fs::remove_dir_all(&dir);
-    let (max_rss, info, crashed, elapsed) = outcome?;
+    let ((max_rss, max_anon), info, crashed, elapsed) = outcome?;
     let field = |name: &str| -> u64 {
         info.lines()
             .find_map(|l| l.strip_prefix(&format!("{name}:")))
@@ -446,6 +461,11 @@ pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
         "errors": load(&tally.errors),
         "ops_per_s": (load(&tally.sets) + load(&tally.gets)) as f64 / elapsed,
         "max_rss_bytes": max_rss,
+        "idle_rss_bytes": idle_rss,
+        "max_anon_bytes": max_anon,
+        "idle_anon_bytes": idle_anon,
+        "anon_bound_bytes": anon_bound,
+        "anon_within_bound": max_anon <= anon_bound,
         "evicted_keys": field("evicted_keys"),
         "leases": field("leases_total"),
         "promotions": field("promotions"),
@@ -454,7 +474,7 @@ pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
         "store_info": info,
     });
     eprintln!(
-        "kvtwin bench store: {} clients for {elapsed:.0} s over {keys} keys of {} bytes ({:.1}x DRAM): {} SETs, {} GETs ({} hits), {:.0} ops/s; torn reads {}, errors {}; max RSS {:.1} MiB against {:.1} MiB of DRAM; evicted {}, leases {}, promotions {}, demotions {}, corrupt {}",
+        "kvtwin bench store: {} clients for {elapsed:.0} s over {keys} keys of {} bytes ({:.1}x DRAM): {} SETs, {} GETs ({} hits), {:.0} ops/s; torn reads {}, errors {}; max RSS {:.1} MiB (idle {:.1}) against {:.1} MiB of DRAM, of which allocated {:.1} MiB ({} of {:.1} MiB); evicted {}, leases {}, promotions {}, demotions {}, corrupt {}",
         args.clients,
         args.value_bytes,
         (keys * args.value_bytes) as f64 / args.memory as f64,
@@ -465,7 +485,11 @@ pub(crate) fn run(args: &StoreBenchArgs) -> Result<()> {
         load(&tally.torn),
         load(&tally.errors),
         max_rss as f64 / (1u64 << 20) as f64,
+        idle_rss as f64 / (1u64 << 20) as f64,
         args.memory as f64 / (1u64 << 20) as f64,
+        max_anon as f64 / (1u64 << 20) as f64,
+        if max_anon <= anon_bound { "within its bound" } else { "OVER its bound" },
+        anon_bound as f64 / (1u64 << 20) as f64,
         field("evicted_keys"),
         field("leases_total"),
         field("promotions"),

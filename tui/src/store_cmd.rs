@@ -58,6 +58,13 @@ pub(crate) struct StoreArgs {
     /// without it the KVTWIN_STORE_TOKEN environment variable, if set.
     #[arg(long, value_name = "PATH")]
     token_file: Option<PathBuf>,
+    /// Serve TLS with this certificate chain (PEM, leaf first): clients connect with
+    /// `rediss://` or `redis-cli --tls`; needs --tls-key.
+    #[arg(long, value_name = "PATH", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM); needs --tls-cert.
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Log lines as text or as one JSON object each (filter with RUST_LOG, default info).
     #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
     log_format: crate::logging::LogFormat,
@@ -129,6 +136,10 @@ fn token(args: &StoreArgs) -> Result<Option<String>> {
 pub(crate) fn store(args: &StoreArgs) -> Result<()> {
     crate::logging::init(args.log_format, crate::logging::SERVICE_DEFAULT)?;
     let token = token(args)?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(kvtwin_plane::service::tls::server_config(cert, key)?),
+        _ => None,
+    };
     if token.is_none() && !args.listen.ip().is_loopback() {
         tracing::warn!("kvtwin store: no token on a non-loopback address: anyone who reaches it may read and write");
     }
@@ -172,7 +183,8 @@ pub(crate) fn store(args: &StoreArgs) -> Result<()> {
         };
         let occupancy = store.occupancy().await;
         tracing::info!(
-            "kvtwin store: listening on redis://{address}; memory {} bytes, disk {} bytes{}, object {} bytes{}; {} keys found{}{}",
+            "kvtwin store: listening on {}://{address}; memory {} bytes, disk {} bytes{}, object {} bytes{}; {} keys found{}{}",
+            if tls.is_some() { "rediss" } else { "redis" },
             args.memory,
             occupancy.tiers[1].2,
             args.disk_dir.as_ref().map_or(String::new(), |d| format!(" in {}", d.display())),
@@ -189,6 +201,7 @@ pub(crate) fn store(args: &StoreArgs) -> Result<()> {
                 max_bulk: usize::try_from(args.max_value).unwrap_or(usize::MAX),
                 ..Limits::default()
             },
+            tls,
         };
         tokio::select! {
             () = serve(listener, store, server) => {}

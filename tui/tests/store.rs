@@ -1,6 +1,7 @@
 //! `kvtwin store` as a user runs it: started on a free port, spoken to in the Redis
 //! protocol over a plain socket, killed with SIGKILL and restarted on the same
-//! directories, a token required when one is given, and flags refused by name.
+//! directories, a token required when one is given, TLS for `redis-cli --tls` when a
+//! certificate is given, and flags refused by name.
 
 mod common;
 
@@ -237,6 +238,8 @@ fn the_bench_keeps_every_value_whole_under_eight_clients_over_twice_dram() {
         "twice 4 MiB in 64 KiB values: {report}"
     );
     assert!(report["sets"].as_u64().unwrap() > 0 && report["hits"].as_u64().unwrap() > 0);
+    // Its memory stays within DRAM's bound and what is in flight (see the bench's docs).
+    assert_eq!(report["anon_within_bound"], true, "{report}");
     // The store's own word: values went down to disk, none failed its check.
     let info = report["store_info"].as_str().unwrap();
     assert!(info.contains("corrupt_values:0"), "{info}");
@@ -269,4 +272,92 @@ fn sigkill_under_load_loses_nothing_on_disk_or_in_the_object_tier() {
         "{report}"
     );
     assert_eq!(report["torn_reads"], 0, "{report}");
+}
+
+/// `redis-cli` with `args` (TLS flags, then a command): its stdout, or `None` if it failed.
+fn redis_cli(args: &[&str]) -> Option<String> {
+    let output = std::process::Command::new("redis-cli")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+#[test]
+fn with_tls_redis_cli_is_served_and_plain_text_is_not() {
+    if std::process::Command::new("redis-cli")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "redis-cli is missing and CI=true: .ci/run installs Debian's redis-tools"
+        );
+        eprintln!("skipped: redis-cli is not installed (Debian: redis-tools)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let certified = rcgen::generate_simple_self_signed(names).unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+    let store = Process::start(&[
+        "store",
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ]);
+    let line = store.wait_line("listening on rediss://");
+    let at = address_of_line(&line.replace("rediss://", "redis://"));
+    let port = at.rsplit(':').next().unwrap();
+    let tls = [
+        "--tls",
+        "--cacert",
+        cert.to_str().unwrap(),
+        "-h",
+        "127.0.0.1",
+        "-p",
+        port,
+    ];
+    let cli = |command: &[&str]| redis_cli(&[&tls[..], command].concat());
+    assert_eq!(cli(&["SET", "block", "bytes"]).as_deref(), Some("OK"));
+    assert_eq!(cli(&["GET", "block"]).as_deref(), Some("bytes"));
+    assert_eq!(cli(&["EXISTS", "block"]).as_deref(), Some("1"));
+    // A client without TLS gets no answer: the store waits for a handshake, and the
+    // bytes it read were not one.
+    let mut plain = TcpStream::connect(&at).unwrap();
+    plain
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    plain.write_all(b"*1\r\n$4\r\nPING\r\n").unwrap();
+    let mut reply = Vec::new();
+    let _ = plain.read_to_end(&mut reply);
+    assert!(
+        !reply.starts_with(b"+PONG"),
+        "a plain-text PING was answered: {reply:?}"
+    );
+    // A client that trusts another certificate is refused in the handshake.
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let other_ca = dir.path().join("other.pem");
+    std::fs::write(&other_ca, other.cert.pem()).unwrap();
+    let refused = redis_cli(&[
+        "--tls",
+        "--cacert",
+        other_ca.to_str().unwrap(),
+        "-h",
+        "127.0.0.1",
+        "-p",
+        port,
+        "PING",
+    ]);
+    assert_ne!(refused.as_deref(), Some("PONG"));
 }

@@ -7,6 +7,8 @@
 //! - [`index`]: the bookkeeping (which copy lies where, LRU, leases), as steps for the
 //!   store to carry out; no I/O.
 //! - [`record`]: a value's self-describing form on the disk and object tiers.
+//! - [`pages`]: the bytes of values in memory, in pages the store reuses, so its
+//!   resident memory follows DRAM's bound rather than the allocator's fragmentation.
 //! - [`store`]: [`store::Store`], the tiers' bytes behind the index: put, get, delete,
 //!   recovery after a restart.
 //! - [`resp`] and [`server`]: the Redis protocol (RESP2) subset that `redis-cli`, the
@@ -18,6 +20,7 @@
 
 pub mod index;
 pub mod metrics;
+pub mod pages;
 pub mod record;
 pub mod resp;
 pub mod server;

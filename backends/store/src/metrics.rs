@@ -101,6 +101,22 @@ pub async fn exposition(store: &Store) -> String {
         "Copies being read now.",
         occupancy.leased as u64,
     );
+    let pages = store.page_counts();
+    out.counter(
+        "kvtwin_store_value_pages_made_total",
+        "Pages of values in memory made (the allocator asked), since start.",
+        pages.made,
+    );
+    out.counter(
+        "kvtwin_store_value_pages_reused_total",
+        "Pages of values in memory taken again from the store's pool.",
+        pages.reused,
+    );
+    out.gauge(
+        "kvtwin_store_value_pages_free",
+        "Free pages the pool keeps for the next values.",
+        pages.free as u64,
+    );
     out.finish()
 }
 

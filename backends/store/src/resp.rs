@@ -8,6 +8,7 @@
 //!
 //! Owns: framing. Never: what a command means (`server`).
 
+use crate::pages::Value;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 /// Bounds on one request.
@@ -61,7 +62,7 @@ pub enum Reply {
     /// `:n`.
     Integer(i64),
     /// `$n` and the bytes, or `$-1` (nil).
-    Bulk(Option<Bytes>),
+    Bulk(Option<Value>),
     /// `*n` and the elements.
     Array(Vec<Reply>),
     /// Keys and values, alternating: RESP3's `%n` (n pairs); in RESP2 an array of them.
@@ -69,6 +70,11 @@ pub enum Reply {
 }
 
 impl Reply {
+    /// `$n` and `bytes`.
+    pub fn bulk(bytes: impl Into<Bytes>) -> Reply {
+        Reply::Bulk(Some(Value::from(bytes.into())))
+    }
+
     /// `-ERR text`.
     pub fn err(text: impl std::fmt::Display) -> Reply {
         Reply::Error(format!("ERR {text}"))
@@ -82,34 +88,41 @@ impl Reply {
     /// Appends the reply's bytes to `out`, in RESP3 when `resp3` (a client that sent
     /// HELLO 3): nil is `_`, a map `%n`; everything else is written as in RESP2.
     pub fn encode_in(&self, out: &mut BytesMut, resp3: bool) {
+        self.encode_to(out, resp3);
+    }
+
+    /// [`Self::encode_in`] into any [`Sink`] ([`Output`] keeps large values uncopied).
+    pub fn encode_to(&self, out: &mut impl Sink, resp3: bool) {
         match self {
             Reply::Simple(text) => {
-                out.put_u8(b'+');
-                out.put_slice(text.as_bytes());
+                out.push_byte(b'+');
+                out.push_slice(text.as_bytes());
             }
             Reply::Error(text) => {
-                out.put_u8(b'-');
+                out.push_byte(b'-');
                 // A line end inside would end the reply early.
-                out.put_slice(text.replace(['\r', '\n'], " ").as_bytes());
+                out.push_slice(text.replace(['\r', '\n'], " ").as_bytes());
             }
             Reply::Integer(n) => {
-                out.put_u8(b':');
-                out.put_slice(n.to_string().as_bytes());
+                out.push_byte(b':');
+                out.push_slice(n.to_string().as_bytes());
             }
-            Reply::Bulk(None) if resp3 => out.put_u8(b'_'),
-            Reply::Bulk(None) => out.put_slice(b"$-1"),
-            Reply::Bulk(Some(bytes)) => {
-                out.put_u8(b'$');
-                out.put_slice(bytes.len().to_string().as_bytes());
-                out.put_slice(b"\r\n");
-                out.put_slice(bytes);
+            Reply::Bulk(None) if resp3 => out.push_byte(b'_'),
+            Reply::Bulk(None) => out.push_slice(b"$-1"),
+            Reply::Bulk(Some(value)) => {
+                out.push_byte(b'$');
+                out.push_slice(value.len().to_string().as_bytes());
+                out.push_slice(b"\r\n");
+                for part in value.parts() {
+                    out.push_value(part);
+                }
             }
             Reply::Array(items) => {
-                out.put_u8(b'*');
-                out.put_slice(items.len().to_string().as_bytes());
-                out.put_slice(b"\r\n");
+                out.push_byte(b'*');
+                out.push_slice(items.len().to_string().as_bytes());
+                out.push_slice(b"\r\n");
                 for item in items {
-                    item.encode_in(out, resp3);
+                    item.encode_to(out, resp3);
                 }
                 return;
             }
@@ -119,16 +132,88 @@ impl Reply {
                 } else {
                     (b'*', items.len())
                 };
-                out.put_u8(kind);
-                out.put_slice(count.to_string().as_bytes());
-                out.put_slice(b"\r\n");
+                out.push_byte(kind);
+                out.push_slice(count.to_string().as_bytes());
+                out.push_slice(b"\r\n");
                 for item in items {
-                    item.encode_in(out, resp3);
+                    item.encode_to(out, resp3);
                 }
                 return;
             }
         }
-        out.put_slice(b"\r\n");
+        out.push_slice(b"\r\n");
+    }
+}
+
+/// Where replies are encoded.
+pub trait Sink {
+    /// Appends one byte.
+    fn push_byte(&mut self, byte: u8);
+    /// Appends `bytes`.
+    fn push_slice(&mut self, bytes: &[u8]);
+    /// Appends a value's bytes (which a sink may keep rather than copy).
+    fn push_value(&mut self, bytes: &Bytes) {
+        self.push_slice(bytes);
+    }
+}
+
+impl Sink for BytesMut {
+    fn push_byte(&mut self, byte: u8) {
+        BufMut::put_u8(self, byte);
+    }
+
+    fn push_slice(&mut self, bytes: &[u8]) {
+        BufMut::put_slice(self, bytes);
+    }
+}
+
+/// Values from this size on go out as the store holds them, not copied into the
+/// connection's buffer: a GET of a block then costs no allocation of its size, and a
+/// connection's buffer stays small.
+pub const UNCOPIED_VALUE: usize = 16 << 10;
+
+/// A connection's replies waiting to be written: the small parts encoded in one buffer,
+/// large values kept as they are, in order.
+#[derive(Debug, Default)]
+pub struct Output {
+    small: BytesMut,
+    parts: Vec<Bytes>,
+}
+
+impl Output {
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.small.is_empty() && self.parts.is_empty()
+    }
+
+    /// What waits, in order (the buffer's part and the values), leaving it empty.
+    pub fn take(&mut self) -> Vec<Bytes> {
+        if !self.small.is_empty() {
+            let small = self.small.split().freeze();
+            self.parts.push(small);
+        }
+        std::mem::take(&mut self.parts)
+    }
+}
+
+impl Sink for Output {
+    fn push_byte(&mut self, byte: u8) {
+        BufMut::put_u8(&mut self.small, byte);
+    }
+
+    fn push_slice(&mut self, bytes: &[u8]) {
+        BufMut::put_slice(&mut self.small, bytes);
+    }
+
+    fn push_value(&mut self, bytes: &Bytes) {
+        if bytes.len() < UNCOPIED_VALUE {
+            return self.push_slice(bytes);
+        }
+        if !self.small.is_empty() {
+            let small = self.small.split().freeze();
+            self.parts.push(small);
+        }
+        self.parts.push(bytes.clone());
     }
 }
 
@@ -302,13 +387,41 @@ mod tests {
             Reply::err("no\r\nline"),
             Reply::Integer(-3),
             Reply::Bulk(None),
-            Reply::Bulk(Some(Bytes::from("v"))),
+            Reply::bulk("v"),
         ])
         .encode(&mut out);
         assert_eq!(
             &out[..],
             b"*5\r\n+OK\r\n-ERR no  line\r\n:-3\r\n$-1\r\n$1\r\nv\r\n"
         );
+    }
+
+    #[test]
+    fn output_sends_large_values_uncopied_and_the_same_bytes() {
+        let large = Bytes::from(vec![7u8; UNCOPIED_VALUE]);
+        let replies = [
+            Reply::Simple("OK"),
+            Reply::Array(vec![
+                Reply::bulk(large.clone()),
+                Reply::bulk("small"),
+                Reply::bulk(large.clone()),
+            ]),
+            Reply::Integer(1),
+        ];
+        let (mut copied, mut output) = (BytesMut::new(), Output::default());
+        for reply in &replies {
+            reply.encode_in(&mut copied, false);
+            reply.encode_to(&mut output, false);
+        }
+        let parts = output.take();
+        assert!(output.is_empty());
+        assert_eq!(parts.concat(), copied.to_vec());
+        // The large value twice, each its own part and the very same bytes.
+        let uncopied = parts
+            .iter()
+            .filter(|p| p.as_ptr() == large.as_ptr())
+            .count();
+        assert_eq!((parts.len(), uncopied), (5, 2));
     }
 
     proptest! {
@@ -327,7 +440,7 @@ mod tests {
         #[test]
         fn framed_arguments_round_trip(args in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..8)) {
             let mut buf = BytesMut::new();
-            Reply::Array(args.iter().map(|a| Reply::Bulk(Some(Bytes::from(a.clone())))).collect()).encode(&mut buf);
+            Reply::Array(args.iter().map(|a| Reply::bulk(a.clone())).collect()).encode(&mut buf);
             let parsed = next_request(&mut buf, &Limits::default()).unwrap().unwrap();
             prop_assert_eq!(parsed.iter().map(|b| b.to_vec()).collect::<Vec<_>>(), args);
         }

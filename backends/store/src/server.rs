@@ -23,14 +23,17 @@
 //! Owns: connections, the commands and their replies. Never: the store's tiers (it asks
 //! [`Store`]).
 
-use crate::resp::{next_request, Limits, Reply};
+use crate::pages::Value;
+use crate::resp::{next_request, Limits, Output, Reply};
 use crate::store::{Store, StoreError};
 use bytes::{Bytes, BytesMut};
+use kvtwin_plane::service::tls::HANDSHAKE_TIMEOUT;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::sync::{RwLock, Semaphore};
+use tokio_rustls::TlsAcceptor;
 
 /// How the server runs.
 #[derive(Clone, Debug)]
@@ -41,6 +44,9 @@ pub struct ServerConfig {
     pub max_clients: usize,
     /// Bounds on one request.
     pub limits: Limits,
+    /// TLS (Redis's `tls-port`, `rediss://` to clients): each connection's handshake
+    /// first, on its own task within [`HANDSHAKE_TIMEOUT`]; `None`: plain TCP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// The Redis version the server says it speaks (INFO, HELLO): the commands above as
@@ -54,6 +60,7 @@ pub async fn serve(listener: TcpListener, store: Arc<Store>, config: ServerConfi
     let exclusive = Arc::new(RwLock::new(()));
     let slots = Arc::new(Semaphore::new(config.max_clients.max(1)));
     let ids = Arc::new(AtomicU64::new(1));
+    let acceptor = config.tls.clone().map(TlsAcceptor::from);
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
@@ -68,8 +75,23 @@ pub async fn serve(listener: TcpListener, store: Arc<Store>, config: ServerConfi
         let _ = socket.set_nodelay(true);
         let (store, config, exclusive) = (store.clone(), config.clone(), exclusive.clone());
         let id = ids.fetch_add(1, Ordering::Relaxed);
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            if let Err(error) = connection(socket, store, &config, &exclusive, id).await {
+            // The handshake holds this connection's slot, never the accept loop.
+            let served = match acceptor {
+                None => connection(socket, store, &config, &exclusive, id).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await {
+                        Ok(Ok(tls)) => connection(tls, store, &config, &exclusive, id).await,
+                        Ok(Err(error)) => Err(error),
+                        Err(_) => Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "the TLS handshake did not finish in time",
+                        )),
+                    }
+                }
+            };
+            if let Err(error) = served {
                 tracing::debug!(%peer, %error, "kvtwin store: connection ended");
             }
             drop(permit);
@@ -88,8 +110,34 @@ struct Client {
     resp3: bool,
 }
 
+/// Writes `parts` in order, as many at a time as the socket takes (one system call for
+/// a reply's header and its value).
+async fn write_parts(
+    socket: &mut (impl AsyncWrite + Unpin),
+    parts: Vec<Bytes>,
+) -> std::io::Result<()> {
+    let (mut part, mut offset) = (0, 0);
+    while part < parts.len() {
+        let slices: Vec<std::io::IoSlice<'_>> = std::iter::once(&parts[part][offset..])
+            .chain(parts[part + 1..].iter().map(|p| &p[..]))
+            .take(64)
+            .map(std::io::IoSlice::new)
+            .collect();
+        let mut written = socket.write_vectored(&slices).await?;
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while part < parts.len() && written >= parts[part].len() - offset {
+            written -= parts[part].len() - offset;
+            (part, offset) = (part + 1, 0);
+        }
+        offset += written;
+    }
+    Ok(())
+}
+
 async fn connection(
-    mut socket: TcpStream,
+    mut socket: impl AsyncRead + AsyncWrite + Unpin,
     store: Arc<Store>,
     config: &ServerConfig,
     exclusive: &RwLock<()>,
@@ -103,7 +151,7 @@ async fn connection(
         resp3: false,
     };
     let mut input = BytesMut::with_capacity(16 << 10);
-    let mut output = BytesMut::with_capacity(16 << 10);
+    let mut output = Output::default();
     loop {
         if socket.read_buf(&mut input).await? == 0 {
             return Ok(());
@@ -116,7 +164,7 @@ async fn connection(
                 Ok(Some(args)) => {
                     let (reply, last) =
                         transaction(&store, config, exclusive, &mut client, args).await;
-                    reply.encode_in(&mut output, client.resp3);
+                    reply.encode_to(&mut output, client.resp3);
                     if last {
                         quit = true;
                         break;
@@ -124,14 +172,13 @@ async fn connection(
                 }
                 Ok(None) => break,
                 Err(error) => {
-                    Reply::err(error).encode(&mut output);
+                    Reply::err(error).encode_to(&mut output, false);
                     quit = true;
                     break;
                 }
             }
         }
-        socket.write_all(&output).await?;
-        output.clear();
+        write_parts(&mut socket, output.take()).await?;
         if quit {
             return socket.shutdown().await;
         }
@@ -257,11 +304,11 @@ async fn command(
     let reply = match name.as_str() {
         "ping" => match rest {
             [] => Reply::Simple("PONG"),
-            [message] => Reply::Bulk(Some(message.clone())),
+            [message] => Reply::bulk(message.clone()),
             _ => wrong_arity(&name),
         },
         "echo" => match rest {
-            [message] => Reply::Bulk(Some(message.clone())),
+            [message] => Reply::bulk(message.clone()),
             _ => wrong_arity(&name),
         },
         "quit" => return (Reply::Simple("OK"), true),
@@ -325,7 +372,7 @@ async fn command(
                 store
                     .tier_of(key)
                     .await
-                    .map(|tier| Bytes::from_static(tier.name().as_bytes())),
+                    .map(|tier| Bytes::from_static(tier.name().as_bytes()).into()),
             ),
             _ => wrong_arity(&name),
         },
@@ -367,7 +414,7 @@ async fn command(
             }
             _ => syntax(),
         },
-        "info" => Reply::Bulk(Some(Bytes::from(info(store).await))),
+        "info" => Reply::bulk(info(store).await),
         "client" => client_command(client, rest),
         // `redis-cli` asks COMMAND DOCS for its hints: none to give.
         "command" => match rest.first().map(|s| s.to_ascii_lowercase()).as_deref() {
@@ -466,7 +513,7 @@ fn hello(config: &ServerConfig, client: &mut Client, rest: &[Bytes]) -> Reply {
     }
     // The reply, and every one after it, in the protocol asked for.
     client.resp3 = protocol == 3;
-    let text = |s: &str| Reply::Bulk(Some(Bytes::copy_from_slice(s.as_bytes())));
+    let text = |s: &str| Reply::bulk(Bytes::copy_from_slice(s.as_bytes()));
     Reply::Map(vec![
         text("server"),
         text("redis"),
@@ -532,7 +579,7 @@ fn client_command(client: &mut Client, rest: &[Bytes]) -> Reply {
             client.name = (!name.is_empty()).then(|| name.clone());
             Reply::Simple("OK")
         }
-        (b"getname", []) => Reply::Bulk(client.name.clone()),
+        (b"getname", []) => Reply::Bulk(client.name.clone().map(Value::from)),
         (b"setinfo", [_, _]) => Reply::Simple("OK"),
         (b"id", []) => Reply::Integer(client.id as i64),
         (b"setname" | b"getname" | b"setinfo" | b"id", _) => Reply::err(format!(
@@ -576,12 +623,21 @@ async fn info(store: &Store) -> String {
         ));
     }
     text.push_str(&format!(
-        "leased_copies:{}\r\nleases_total:{}\r\npromotions:{}\r\ndemotions:{}\r\ncorrupt_values:{}\r\n\r\n# Keyspace\r\n",
+        "leased_copies:{}\r\nleases_total:{}\r\npromotions:{}\r\ndemotions:{}\r\ncorrupt_values:{}\r\n",
         occupancy.leased,
         load(&counters.leases),
         load(&counters.promotions),
         counters.demotions.iter().map(load).sum::<u64>(),
         load(&counters.corrupt)
+    ));
+    let pages = store.page_counts();
+    text.push_str(&format!(
+        "value_page_bytes:{}\r\nvalue_pages_made:{}\r\nvalue_pages_reused:{}\r\nvalue_pages_released:{}\r\nvalue_pages_free:{}\r\n\r\n# Keyspace\r\n",
+        crate::pages::PAGE,
+        pages.made,
+        pages.reused,
+        pages.released,
+        pages.free
     ));
     if occupancy.keys > 0 {
         text.push_str(&format!(

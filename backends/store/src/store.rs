@@ -15,11 +15,12 @@
 //! speaks a protocol (`server` does), or decides what goes where (`index` does).
 
 use crate::index::{Full, Step, Tier, TierIndex};
-use crate::record::{self, FIXED_HEADER, MAX_KEY};
+use crate::pages::{Pages, Value};
+use crate::record::{self, RecordReader, FIXED_HEADER, MAX_KEY};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{GetResultPayload, ObjectStore, ObjectStoreExt, PutPayload};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -70,7 +71,7 @@ pub enum StoreError {
 /// One copy in DRAM.
 struct MemoryCopy {
     key: Bytes,
-    value: Bytes,
+    value: Value,
     digest: [u8; 32],
 }
 
@@ -119,6 +120,8 @@ pub struct Store {
     tiers: [Option<Arc<dyn ObjectStore>>; 3],
     max_value: u64,
     promote_on_hit: bool,
+    /// The pages DRAM's values (and values read off the lower tiers) lie in.
+    pages: Pages,
     /// What it did.
     pub counters: Counters,
 }
@@ -153,6 +156,7 @@ impl Store {
             tiers: [None, config.disk, config.object],
             max_value: config.max_value,
             promote_on_hit: config.promote_on_hit,
+            pages: Pages::new(limits[0]),
             counters: Counters::default(),
         };
         let mut found = Vec::new();
@@ -215,9 +219,11 @@ impl Store {
             });
         }
         let digest = *blake3::hash(&value).as_bytes();
-        // The key, kept by the index for as long as any tier holds the value, gets an
-        // allocation of its own too (see `place`).
+        // The key gets an allocation of its own and the value goes into pages (outside
+        // the lock): cut from a connection's read buffer, they would keep that whole
+        // buffer alive for as long as the store holds them (see `pages`).
         let key = Bytes::copy_from_slice(&key);
+        let value = self.pages.copy(&value);
         let mut inner = self.inner.lock().await;
         let tier = self.place(&mut inner, key, value, digest).await?;
         self.counters.puts.fetch_add(1, Ordering::Relaxed);
@@ -225,7 +231,7 @@ impl Store {
     }
 
     /// The value under `key`, if the store holds it and its bytes check.
-    pub async fn get(&self, key: &[u8]) -> Option<Bytes> {
+    pub async fn get(&self, key: &[u8]) -> Option<Value> {
         let entry = {
             let mut inner = self.inner.lock().await;
             let Some(entry) = inner.index.get(key) else {
@@ -332,7 +338,7 @@ impl Store {
         &self,
         inner: &mut Inner,
         key: Bytes,
-        value: Bytes,
+        value: Value,
         digest: [u8; 32],
     ) -> Result<Tier, StoreError> {
         let copy = inner.index.new_copy();
@@ -347,15 +353,12 @@ impl Store {
         self.carry_out(inner, steps).await;
         match tier {
             Tier::Memory => {
-                // A copy of its own: a value cut from a connection's read buffer (or a
-                // record read whole) would keep that whole buffer alive as long as DRAM
-                // holds it, and DRAM's bound would not bound the memory.
-                let value = Bytes::copy_from_slice(&value);
+                // `value` is in pages already (`put`, or read off a lower tier).
                 inner.memory.insert(copy, MemoryCopy { key, value, digest });
             }
             tier => {
-                let record = record::encode(copy, &key, &value, &digest);
-                if let Err(source) = self.write(tier, copy, record).await {
+                let record = record::encode_parts(copy, &key, &value, &digest);
+                if let Err(source) = self.write(tier, copy, record.into_iter().collect()).await {
                     // The index holds what the tier did not take: undo it.
                     if let Some(steps) = inner.index.remove(&key) {
                         self.carry_out(inner, steps).await;
@@ -403,14 +406,18 @@ impl Store {
                     to,
                 } => {
                     self.counters.demotions[from as usize].fetch_add(1, Ordering::Relaxed);
-                    let record = match from {
-                        Tier::Memory => inner
-                            .memory
-                            .remove(&copy)
-                            .map(|c| record::encode(copy, &c.key, &c.value, &c.digest)),
-                        // Moved as it lies, once it checks: a torn copy goes no further.
+                    // Written from the value's pages, not copied again.
+                    let record: Option<PutPayload> = match from {
+                        Tier::Memory => inner.memory.remove(&copy).map(|c| {
+                            record::encode_parts(copy, &c.key, &c.value, &c.digest)
+                                .into_iter()
+                                .collect()
+                        }),
+                        // Moved once it checks: a torn copy goes no further.
                         tier => self.read_copy(tier, copy).await.map(|(header, value)| {
-                            record::encode(copy, &header.key, &value, &header.digest)
+                            record::encode_parts(copy, &header.key, &value, &header.digest)
+                                .into_iter()
+                                .collect()
                         }),
                     };
                     let moved = match record {
@@ -442,24 +449,57 @@ impl Store {
         }
     }
 
-    async fn write(&self, tier: Tier, copy: u64, record: Bytes) -> Result<(), object_store::Error> {
+    async fn write(
+        &self,
+        tier: Tier,
+        copy: u64,
+        record: PutPayload,
+    ) -> Result<(), object_store::Error> {
         let objects = self.tiers[tier as usize]
             .as_ref()
             .expect("the index places nothing on a tier it has no bound for");
-        objects
-            .put(&path_of(copy), PutPayload::from(record))
-            .await
-            .map(|_| ())
+        objects.put(&path_of(copy), record).await.map(|_| ())
     }
 
-    /// A copy's record off its tier, whole and checked; `None` if it would not read or
-    /// failed its check.
-    async fn read_copy(&self, tier: Tier, copy: u64) -> Option<(record::Header, Bytes)> {
+    /// A copy's record off its tier, whole and checked: its header and its value (read
+    /// into pages); `None` if it would not read or failed its check.
+    async fn read_copy(&self, tier: Tier, copy: u64) -> Option<(record::Header, Value)> {
         let objects = self.tiers[tier as usize].as_ref()?;
-        let bytes = objects.get(&path_of(copy)).await.ok()?.bytes().await.ok()?;
-        record::decode(bytes).ok()
+        let got = objects.get(&path_of(copy)).await.ok()?;
+        let mut reader = RecordReader::new(self.pages.clone(), self.max_value);
+        match got.payload {
+            // A local directory's file, read on a blocking thread in pieces of one buffer
+            // (object_store's own read would allocate the whole record).
+            GetResultPayload::File(mut file, _) => tokio::task::spawn_blocking(move || {
+                use std::io::Read;
+                let mut buffer = vec![0u8; READ_BUFFER];
+                loop {
+                    let n = file.read(&mut buffer).ok()?;
+                    if n == 0 {
+                        return reader.finish().ok();
+                    }
+                    reader.feed(&buffer[..n]).ok()?;
+                }
+            })
+            .await
+            .ok()?,
+            GetResultPayload::Stream(mut stream) => {
+                while let Some(bytes) = stream.try_next().await.ok()? {
+                    reader.feed(&bytes).ok()?;
+                }
+                reader.finish().ok()
+            }
+        }
+    }
+
+    /// What DRAM's page pool did (INFO, metrics).
+    pub fn page_counts(&self) -> crate::pages::PageCounts {
+        self.pages.counts()
     }
 }
+
+/// Bytes a file of the disk or object tier is read by at a time.
+const READ_BUFFER: usize = 64 << 10;
 
 #[cfg(test)]
 mod tests;

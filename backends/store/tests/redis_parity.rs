@@ -128,6 +128,7 @@ fn kvtwin_store(dir: &std::path::Path, token: Option<&str>) -> u16 {
                     token,
                     max_clients: 64,
                     limits: Limits::default(),
+                    tls: None,
                 },
             )
             .await;

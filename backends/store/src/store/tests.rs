@@ -41,10 +41,13 @@ async fn values_move_down_the_tiers_and_read_back_from_each() {
     // k3 in memory, k2 on disk, k1 in the object tier, k0 gone.
     assert_eq!(occupancy.keys, 3);
     assert_eq!(occupancy.tiers.map(|(keys, ..)| keys), [1, 1, 1]);
-    assert_eq!(store.get(b"k0").await, None);
+    assert_eq!(store.get(b"k0").await.map(|v| v.to_bytes()), None);
     for n in 1..4u8 {
         assert_eq!(
-            store.get(format!("k{n}").as_bytes()).await,
+            store
+                .get(format!("k{n}").as_bytes())
+                .await
+                .map(|v| v.to_bytes()),
             Some(value(n, 1000))
         );
     }
@@ -88,15 +91,24 @@ async fn a_restart_finds_what_lay_on_disk_and_in_the_object_tier() {
         .await
         .unwrap();
     // DRAM's copy (k0's newest) is lost with the process; k2 (disk) and k1 (object) are not.
-    assert_eq!(store.get(b"k2").await, Some(value(2, 1000)));
-    assert_eq!(store.get(b"k1").await, Some(value(1, 1000)));
-    assert_eq!(store.get(b"k0").await, None);
+    assert_eq!(
+        store.get(b"k2").await.map(|v| v.to_bytes()),
+        Some(value(2, 1000))
+    );
+    assert_eq!(
+        store.get(b"k1").await.map(|v| v.to_bytes()),
+        Some(value(1, 1000))
+    );
+    assert_eq!(store.get(b"k0").await.map(|v| v.to_bytes()), None);
     // New copies never reuse a recovered copy's number.
     store
         .put(Bytes::from_static(b"k5"), value(5, 1000))
         .await
         .unwrap();
-    assert_eq!(store.get(b"k2").await, Some(value(2, 1000)));
+    assert_eq!(
+        store.get(b"k2").await.map(|v| v.to_bytes()),
+        Some(value(2, 1000))
+    );
 }
 
 #[tokio::test]
@@ -118,7 +130,7 @@ async fn a_flipped_byte_on_disk_is_caught_dropped_and_answered_as_missing() {
     let mut bytes = std::fs::read(&file).unwrap();
     *bytes.last_mut().unwrap() ^= 0x40;
     std::fs::write(&file, bytes).unwrap();
-    assert_eq!(store.get(b"k1").await, None);
+    assert_eq!(store.get(b"k1").await.map(|v| v.to_bytes()), None);
     assert_eq!(store.counters.corrupt.load(Ordering::Relaxed), 1);
     assert!(!store.contains(b"k1").await, "dropped");
     assert!(!file.exists(), "deleted");
@@ -138,14 +150,20 @@ async fn a_hit_below_moves_the_value_to_memory_when_told_to() {
         .put(Bytes::from_static(b"k2"), value(2, 1000))
         .await
         .unwrap();
-    assert_eq!(store.get(b"k1").await, Some(value(1, 1000)));
+    assert_eq!(
+        store.get(b"k1").await.map(|v| v.to_bytes()),
+        Some(value(1, 1000))
+    );
     assert_eq!(store.counters.promotions.load(Ordering::Relaxed), 1);
     // k1 back in memory, k2 moved down in its place.
     assert_eq!(
         store.occupancy().await.tiers.map(|(keys, ..)| keys),
         [1, 1, 0]
     );
-    assert_eq!(store.get(b"k1").await, Some(value(1, 1000)));
+    assert_eq!(
+        store.get(b"k1").await.map(|v| v.to_bytes()),
+        Some(value(1, 1000))
+    );
     assert_eq!(store.counters.hits[0].load(Ordering::Relaxed), 1);
 }
 
@@ -190,7 +208,7 @@ async fn concurrent_readers_and_writers_never_see_a_torn_value() {
                     let key = Bytes::from(format!("k{n}"));
                     if round % 3 == 0 {
                         store.put(key, value(n, 1000)).await.unwrap();
-                    } else if let Some(got) = store.get(&key).await {
+                    } else if let Some(got) = store.get(&key).await.map(|v| v.to_bytes()) {
                         // Every value is its key's byte, whole.
                         assert_eq!(got, value(n, 1000));
                     }
