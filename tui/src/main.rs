@@ -234,7 +234,38 @@ enum Policy {
     Priority,
 }
 
-fn main() -> Result<()> {
+/// A failure prints its message and its causes, as anyhow's report does, and never a
+/// backtrace: Rust's own `main -> Result` prints anyhow's captured backtrace whenever
+/// `RUST_BACKTRACE` is set, and a bad flag or field then reads as a crash. (A panic,
+/// a bug, still prints its backtrace.)
+fn main() -> std::process::ExitCode {
+    match dispatch() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{}", error_report(&error));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `Error: MESSAGE`, then `Caused by:` and each cause (numbered when several).
+fn error_report(error: &anyhow::Error) -> String {
+    let mut report = format!("Error: {error}");
+    let causes: Vec<String> = error.chain().skip(1).map(ToString::to_string).collect();
+    if !causes.is_empty() {
+        report.push_str("\n\nCaused by:");
+        for (n, cause) in causes.iter().enumerate() {
+            if causes.len() == 1 {
+                report.push_str(&format!("\n    {cause}"));
+            } else {
+                report.push_str(&format!("\n    {n}: {cause}"));
+            }
+        }
+    }
+    report
+}
+
+fn dispatch() -> Result<()> {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run {
         scenario: PathBuf::from(DEFAULT_SCENARIO),
