@@ -53,13 +53,26 @@ pub(crate) struct PlanArgs {
     /// for the chosen point (one more run).
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// Prints the `kvtwin sweep` arguments whose grid is this space, and stops.
+    /// Prints the `kvtwin sweep` arguments whose grid is this space (shell-quoted, to
+    /// paste into a script), and stops. `kvtwin sweep SCENARIO --space SPACE` runs the
+    /// same grid without them.
     #[arg(long)]
     print_grid: bool,
     /// Judges an exhaustive `kvtwin sweep` of the space (its output file) instead of
     /// searching: every point's run is read from it.
     #[arg(long, conflicts_with = "print_grid")]
     from_sweep: Option<PathBuf>,
+}
+
+/// The points of the space in file `space` over `base`, priced by `prices` (or the
+/// default prices): what `plan` searches and `sweep --space` runs exhaustively.
+pub(crate) fn space_points(base: &Scenario, space: &Path, prices: Option<&Path>) -> Result<Points> {
+    let (prices, prices_file) = match prices {
+        Some(path) => (Prices::load(path)?, path.display().to_string()),
+        None => (Prices::default(), "the default prices".to_string()),
+    };
+    let space_file = space.display().to_string();
+    Ok(Space::load(space)?.points(base, &prices, &space_file, &prices_file)?)
 }
 
 /// The simulator, as the search runs points.
@@ -107,13 +120,7 @@ pub(crate) fn plan(args: &PlanArgs) -> Result<()> {
             args.screen
         );
     }
-    let (prices, prices_file) = match &args.prices {
-        Some(path) => (Prices::load(path)?, path.display().to_string()),
-        None => (Prices::default(), "the default prices".to_string()),
-    };
-    let space_file = args.space.display().to_string();
-    let space = Space::load(&args.space)?;
-    let points = space.points(&base, &prices, &space_file, &prices_file)?;
+    let points = space_points(&base, &args.space, args.prices.as_deref())?;
     if args.print_grid {
         let grid: Vec<String> = points
             .grid()

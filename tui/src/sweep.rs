@@ -42,6 +42,15 @@ pub(crate) struct SweepArgs {
     /// string; commas inside JSON brackets, braces or strings do not split).
     #[arg(long, value_name = "PATH=V1,V2,...")]
     grid: Vec<String>,
+    /// Every point of a `kvtwin plan` space file (its axes become the grid, before any
+    /// --grid): the exhaustive sweep a plan's search can be checked against
+    /// (`kvtwin plan --from-sweep`).
+    #[arg(long, value_name = "SPACE.ron")]
+    space: Option<PathBuf>,
+    /// The prices the space's points are costed with (as `kvtwin plan --prices`; only
+    /// with --space).
+    #[arg(long, value_name = "PRICES.ron", requires = "space")]
+    prices: Option<PathBuf>,
     /// Seeds per grid point: the scenario's seed, seed + 1, ..., seed + K - 1.
     #[arg(long, value_name = "K", default_value_t = 1)]
     seeds: u64,
@@ -90,7 +99,12 @@ pub(crate) fn run(args: &SweepArgs) -> Result<()> {
     };
     let base = Scenario::load(scenario_path)
         .with_context(|| format!("loading scenario {}", scenario_path.display()))?;
-    let grid = Grid::parse(&args.grid)?;
+    let mut axes = Vec::new();
+    if let Some(space) = &args.space {
+        axes = crate::plan::space_points(&base, space, args.prices.as_deref())?.grid();
+    }
+    axes.extend(args.grid.iter().cloned());
+    let grid = Grid::parse(&axes)?;
     let sweep = Sweep::new(&base, grid, args.seeds)?;
     let shard = match &args.shard {
         Some(text) => Shard::parse(text)?,
