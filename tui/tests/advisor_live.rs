@@ -505,3 +505,56 @@ fn live_sources_and_replay_do_not_mix_and_a_source_is_needed() {
     let (ok, _, stderr) = common::kvtwin_outcome(&["advisor", "--json"]);
     assert!(!ok && stderr.contains("required"), "{stderr}");
 }
+
+#[test]
+fn reports_and_duration_stop_the_live_advisor_on_their_own() {
+    let publisher =
+        ZmqPublisher::bind(&ZmqPublisherConfig::new("tcp://127.0.0.1:*", None)).unwrap();
+    let endpoint = publisher.endpoint().to_string();
+    // Two reports, then the exit: no last one.
+    let (ok, stdout, stderr) = common::kvtwin_outcome(&[
+        "advisor",
+        "--zmq",
+        &endpoint,
+        "--reports",
+        "2",
+        "--interval",
+        "0.1",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let reports: Vec<Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(reports.len(), 2, "{stdout}");
+    assert_eq!(
+        (&reports[0]["report"], &reports[1]["report"]),
+        (&Value::from(1), &Value::from(2))
+    );
+    // A worker id by position: the first --zmq is worker 0.
+    assert!(
+        reports[0]["sources"][0]["source"]
+            .as_str()
+            .unwrap()
+            .ends_with("worker 0"),
+        "{stdout}"
+    );
+    // --duration before the first interval: one report, the last, as a table.
+    let (ok, stdout, stderr) = common::kvtwin_outcome(&[
+        "advisor",
+        "--zmq",
+        &endpoint,
+        "--duration",
+        "0.3",
+        "--interval",
+        "60",
+    ]);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        stdout.matches("== kvtwin advisor: report").count(),
+        1,
+        "{stdout}"
+    );
+    assert!(stdout.contains("report 1 at 0."), "{stdout}");
+}

@@ -271,28 +271,34 @@ async fn live(args: &AdvisorArgs) -> Result<()> {
         metrics.send_replace(render(&report));
         Ok(())
     };
-    loop {
+    // Whether the stop calls for a last report (not after the `--reports`th).
+    let last_report = loop {
         tokio::select! {
             input = receiver.recv() => match input {
                 Some(input) => live.apply(input)?,
-                None => break,
+                None => break true,
             },
             _ = tick.tick() => {
                 publish(&mut live)?;
                 if args.reports.is_some_and(|n| live.reports >= n) {
-                    return Ok(());
+                    break false;
                 }
             }
-            _ = &mut until_deadline => break,
-            _ = stopping.wait_for(|stop| *stop) => break,
+            _ = &mut until_deadline => break true,
+            _ = stopping.wait_for(|stop| *stop) => break true,
         }
-    }
-    // What was handed over before the stop is part of the last report.
-    while let Ok(input) = receiver.try_recv() {
-        live.apply(input)?;
+    };
+    if last_report {
+        // What was handed over before the stop is part of the last report.
+        while let Ok(input) = receiver.try_recv() {
+            live.apply(input)?;
+        }
     }
     // Closed first, so a ZMQ thread waiting for room stops waiting, then joined.
     drop(receiver);
     drop(sources);
-    publish(&mut live)
+    if last_report {
+        publish(&mut live)?;
+    }
+    Ok(())
 }
