@@ -4,7 +4,13 @@
 //! sizes, and (at sizes the caller names) the same rows `kvtwin advisor --replay` prints
 //! for the window.
 //!
-//! Owns: [`Advisor`], [`AdvisorConfig`], [`ReportOptions`], [`AdvisorReport`].
+//! The sizing replays the window many times (see `super::sizing`), so a caller that must
+//! keep taking events meanwhile takes the report in two steps: [`Advisor::report_index`]
+//! at once, and [`Sizing::of`] a copy of the window, wherever it likes; [`Advisor::report`]
+//! is both at once.
+//!
+//! Owns: [`Advisor`], [`AdvisorConfig`], [`ReportOptions`], [`AdvisorReport`],
+//! [`Sizing`].
 //! Never: reads a clock (the caller's `now` is the time), a file or a socket.
 
 use super::distance::DistanceReport;
@@ -151,16 +157,21 @@ impl Advisor {
 
     /// The report at `now`.
     pub fn report(&self, now: u64, options: &ReportOptions) -> AdvisorReport {
+        let mut report = self.report_index(now, options);
+        Sizing::of(self.window(), options, self.index.block_bytes()).fill(&mut report);
+        report
+    }
+
+    /// The report at `now` without its sizing (`tier_sizes` and `replay` empty).
+    pub fn report_index(&self, now: u64, options: &ReportOptions) -> AdvisorReport {
         let index = &self.index;
-        let accesses = self.window.accesses();
-        let block_bytes = index.block_bytes();
         AdvisorReport {
             now,
             counters: index.counters().clone(),
             blocks_tracked: index.blocks_tracked(),
             prefixes_tracked: index.prefixes_tracked(),
             ranks_tracked: index.ranks_tracked(),
-            block_bytes,
+            block_bytes: index.block_bytes(),
             occupancy: index.occupancy(),
             tiers: index.tier_totals(),
             reuse_distance: index.reuse_distance(),
@@ -170,6 +181,26 @@ impl Advisor {
             promotions: index.promotions(&options.query),
             demotions: index.demotions(now, &options.query),
             window: self.window.stats(),
+            tier_sizes: Vec::new(),
+            replay: Vec::new(),
+        }
+    }
+}
+
+/// A report's sizing: the tier sizes and the replay rows of a window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sizing {
+    /// Per policy, the sizes reaching the fractions asked.
+    pub tier_sizes: Vec<TierSize>,
+    /// The window replayed at the sizes asked, per policy then size.
+    pub replay: Vec<ReplayRow>,
+}
+
+impl Sizing {
+    /// The sizing of `accesses` (a window, oldest first) as `options` ask, blocks
+    /// `block_bytes` long.
+    pub fn of(accesses: &[Access], options: &ReportOptions, block_bytes: u64) -> Sizing {
+        Sizing {
             tier_sizes: tier_sizes(accesses, &options.policies, &options.fractions),
             replay: options
                 .policies
@@ -182,6 +213,12 @@ impl Advisor {
                 })
                 .collect(),
         }
+    }
+
+    /// Puts it into `report`.
+    pub fn fill(self, report: &mut AdvisorReport) {
+        report.tier_sizes = self.tier_sizes;
+        report.replay = self.replay;
     }
 }
 
@@ -251,7 +288,11 @@ mod tests {
         assert_eq!(report.tier_sizes.len(), 2);
         assert_eq!(report.window.accesses, 32);
         assert_eq!(report.counters.cleared_events, 8);
-        // The same stream, the same report.
+        // The same stream, the same report; in two steps too.
         assert_eq!(advisor.clone().report(40, &options), report);
+        let mut parts = advisor.report_index(40, &options);
+        assert!(parts.tier_sizes.is_empty() && parts.replay.is_empty());
+        Sizing::of(advisor.window(), &options, 10).fill(&mut parts);
+        assert_eq!(parts, report);
     }
 }

@@ -2,8 +2,11 @@
 //!
 //! One loop (a tokio task) owns the `Advisor`: it applies what the sources hand over
 //! ([`super::sources`]) in the order received, appends each event to `--record`'s file,
-//! and every `--interval` prints a report (a table, or one JSON object a line with
-//! `--json`) and hands its figures to `--metrics-listen`. Time, for the advisor, is the
+//! and every `--interval` takes a report (the index's figures at once; the tier sizes,
+//! which replay the window many times, from a copy of the window on a blocking thread,
+//! while events keep being applied; a tick while one is being sized is skipped), then
+//! prints it (a table, or one JSON object a line with `--json`) and hands its figures to
+//! `--metrics-listen`. Time, for the advisor, is the
 //! number of events received so far, so a report's idle times are in events and a
 //! recording replays to the same index. It stops after `--reports` reports, at
 //! `--duration` or on Ctrl-C / SIGTERM; the last two drain what the sources had already
@@ -22,7 +25,8 @@ use kvtwin_plane::service::warn::WarnLimiter;
 use kvtwin_plane::wire::RouterEvent;
 use kvtwin_sim::advisor::index::query::QueryOptions;
 use kvtwin_sim::advisor::index::IndexBounds;
-use kvtwin_sim::advisor::report::{Advisor, AdvisorConfig, AdvisorReport, ReportOptions};
+use kvtwin_sim::advisor::report::{Advisor, AdvisorConfig, AdvisorReport, ReportOptions, Sizing};
+use kvtwin_sim::advisor::Access;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -151,20 +155,43 @@ impl Live {
         Ok(())
     }
 
-    fn report(&mut self) -> Result<LiveReport> {
+    /// The next report as it stands now, and the sizing still to do: its window and
+    /// options, for [`Sizing::of`] wherever the caller likes.
+    fn report(&mut self) -> Result<(LiveReport, SizingJob)> {
         if let Some(record) = &mut self.record {
             record.flush().context("writing --record")?;
         }
         self.reports += 1;
-        Ok(LiveReport {
+        let report = LiveReport {
             report: self.reports,
             elapsed_ms: self.started.elapsed().as_millis() as u64,
             events_received: self.received,
             bad_events: self.bad.clone(),
             anomalies: self.anomalies.clone(),
             sources: self.sources.clone(),
-            advisor: self.advisor.report(self.received, &self.options),
-        })
+            advisor: self.advisor.report_index(self.received, &self.options),
+        };
+        let job = SizingJob {
+            window: self.advisor.window().to_vec(),
+            options: self.options.clone(),
+            block_bytes: self.advisor.index().block_bytes(),
+        };
+        Ok((report, job))
+    }
+}
+
+/// A report's sizing to do: a copy of the window at the report's moment.
+struct SizingJob {
+    window: Vec<Access>,
+    options: ReportOptions,
+    block_bytes: u64,
+}
+
+impl SizingJob {
+    /// `report` with its sizing.
+    fn finish(self, mut report: LiveReport) -> LiveReport {
+        Sizing::of(&self.window, &self.options, self.block_bytes).fill(&mut report.advisor);
+        report
     }
 }
 
@@ -265,12 +292,14 @@ async fn live(args: &AdvisorArgs) -> Result<()> {
     };
     tokio::pin!(until_deadline);
     let mut stopping = stop.subscribe();
-    let publish = |live: &mut Live| -> Result<()> {
-        let report = live.report()?;
-        print::report(&report, args.json)?;
-        metrics.send_replace(render(&report));
+    let publish = |report: &LiveReport| -> Result<()> {
+        print::report(report, args.json)?;
+        metrics.send_replace(render(report));
         Ok(())
     };
+    // The report being sized on a blocking thread (the window is replayed many times:
+    // events keep being applied meanwhile). A tick while one is pending is skipped.
+    let mut pending: Option<tokio::task::JoinHandle<LiveReport>> = None;
     // Whether the stop calls for a last report (not after the `--reports`th).
     let last_report = loop {
         tokio::select! {
@@ -279,7 +308,16 @@ async fn live(args: &AdvisorArgs) -> Result<()> {
                 None => break true,
             },
             _ = tick.tick() => {
-                publish(&mut live)?;
+                if pending.is_none() {
+                    let (report, job) = live.report()?;
+                    pending = Some(tokio::task::spawn_blocking(move || job.finish(report)));
+                } else {
+                    tracing::debug!("kvtwin advisor: a report is still being sized; tick skipped");
+                }
+            }
+            sized = async { pending.as_mut().expect("guarded").await }, if pending.is_some() => {
+                pending = None;
+                publish(&sized.context("sizing a report")?)?;
                 if args.reports.is_some_and(|n| live.reports >= n) {
                     break false;
                 }
@@ -288,6 +326,9 @@ async fn live(args: &AdvisorArgs) -> Result<()> {
             _ = stopping.wait_for(|stop| *stop) => break true,
         }
     };
+    if let Some(sizing) = pending.take() {
+        publish(&sizing.await.context("sizing a report")?)?;
+    }
     if last_report {
         // What was handed over before the stop is part of the last report.
         while let Ok(input) = receiver.try_recv() {
@@ -298,7 +339,8 @@ async fn live(args: &AdvisorArgs) -> Result<()> {
     drop(receiver);
     drop(sources);
     if last_report {
-        publish(&mut live)?;
+        let (report, job) = live.report()?;
+        publish(&job.finish(report))?;
     }
     Ok(())
 }
