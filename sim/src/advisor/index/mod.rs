@@ -67,8 +67,8 @@ pub struct IndexBounds {
 }
 
 impl Default for IndexBounds {
-    /// About a million blocks (some 200 MiB of index at most), 4,096 ranks, 65,536
-    /// prefixes and distances.
+    /// About a million blocks (a few hundred bytes each with their map entries, so some
+    /// hundreds of MiB at the bound), 4,096 ranks, 65,536 prefixes and distances.
     fn default() -> Self {
         Self {
             blocks_max: 1 << 20,
