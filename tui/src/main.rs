@@ -173,8 +173,10 @@ enum Command {
     /// The shared KV block store (G4): DRAM, disk and object tiers behind the Redis
     /// protocol, until Ctrl-C.
     Store(store_cmd::StoreArgs),
-    /// The storage advisor: a recorded KV event stream replayed through a shared tier of
-    /// each size under each tiering policy (LRU, LFU, S3-FIFO, ARC).
+    /// The storage advisor: live on the event plane (--nats, --zmq), reports per-tier
+    /// occupancy, reuse distance, hot and cold sets, promotions, demotions and tier sizes;
+    /// or (--replay) a recorded KV event stream through a shared tier of each size under
+    /// each tiering policy (LRU, LFU, S3-FIFO, ARC).
     Advisor(advisor_cmd::AdvisorArgs),
     /// A live dashboard of a router, the engines' events, a simulation or a recording.
     Dash(dash::cli::DashArgs),

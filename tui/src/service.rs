@@ -45,7 +45,7 @@ use tokio::sync::watch;
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// Dynamo's subject for KV events without a namespace; ours by default.
-const DEFAULT_SUBJECT: &str = "kvtwin.kv_events";
+pub(crate) const DEFAULT_SUBJECT: &str = "kvtwin.kv_events";
 
 /// One engine a router subscribes to: `WORKER_ID=ENDPOINT[,replay=ENDPOINT]`.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,6 +4,8 @@
 //! same hit ratio to the five decimals `cache` prints; the library's tests check the
 //! counts exactly), every policy gives a row, the chart is written, and
 //! lines that are not events are named and skipped.
+//!
+//! `kvtwin advisor --nats / --zmq` (`advisor_live.rs`): live reports of a known stream.
 
 mod common;
 

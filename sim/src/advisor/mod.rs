@@ -12,10 +12,21 @@
 //! requests from their first block is exactly `kvtwin cache --curve`'s reference string,
 //! and the hits agree at every size (the tests check it).
 //!
-//! Owns: [`Access`], [`replay`] and [`ReplayRow`]. Never: reads files or sockets (the
-//! command line decodes events), reads a clock, or iterates a hash map.
+//! The live advisor (`kvtwin advisor --nats/--zmq`) keeps, beside a window of these
+//! accesses, an index of the event plane ([`index`]: per block its prefix, size,
+//! holders and access counts; per worker rank and tier the occupancy; reuse distances
+//! from [`distance`]) and reports from both ([`report`]): hot and cold sets, promotions,
+//! demotions, and tier sizes from the window replayed here ([`sizing`]).
+//!
+//! Owns: [`Access`], [`replay`] and [`ReplayRow`]; [`policy`], [`distance`], [`index`],
+//! [`sizing`] and [`report`] below. Never: reads files or sockets (the command line
+//! decodes events), reads a clock, or iterates a hash map.
 
+pub mod distance;
+pub mod index;
 pub mod policy;
+pub mod report;
+pub mod sizing;
 
 use kvtwin::events::{KvCacheEvent, KvCacheEventData};
 use kvtwin::ids::{SequenceHash, WorkerId};

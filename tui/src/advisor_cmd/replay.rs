@@ -1,58 +1,25 @@
 //! `kvtwin advisor --replay EVENTS`: a recorded KV event stream (Dynamo's `RouterEvent`
-//! JSON, one per line, as the engines' relays publish it on NATS) replayed through a
-//! shared tier of each size under each tiering policy (`kvtwin_sim::advisor`): the
-//! blocks it would have served, how many of them another worker had stored, and the
-//! bytes it would have read, written and dropped; a table, `--json` lines, and with
-//! `--plot DIR` the hit ratio against the tier's size, a line per policy.
+//! JSON, one per line, as the engines' relays publish it on NATS and as `kvtwin advisor
+//! --record` writes it) replayed through a shared tier of each size under each tiering
+//! policy (`kvtwin_sim::advisor`): the blocks it would have served, how many of them
+//! another worker had stored, and the bytes it would have read, written and dropped; a
+//! table, `--json` lines, and with `--plot DIR` the hit ratio against the tier's size, a
+//! line per policy.
 //!
-//! Owns: the flags, reading the stream (a line that is not an event is counted and
-//! named by file and line, and the rest kept), the table and the chart. Never: the
-//! policies or the replay (`kvtwin_sim::advisor`).
+//! Owns: reading the stream (a line that is not an event is counted and named by file
+//! and line, and the rest kept), the table and the chart. Never: the policies or the
+//! replay (`kvtwin_sim::advisor`).
 
+use super::AdvisorArgs;
 use crate::plot;
 use anyhow::{bail, Context, Result};
-use clap::Args;
 use kvtwin_plane::wire::{DecodeLimits, RouterEvent};
-use kvtwin_sim::advisor::policy::Policy;
 use kvtwin_sim::advisor::{replay, Access, ReplayRow};
 use std::io::BufRead;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Lines that are not events named on stderr before the rest are only counted.
 const NAMED_BAD_LINES: usize = 5;
-
-#[derive(Args, Debug)]
-pub(crate) struct AdvisorArgs {
-    /// A recorded event stream: Dynamo RouterEvent JSON, one per line (what `nats sub`
-    /// prints of kvtwin relay's or Dynamo's KV event subject).
-    #[arg(long, value_name = "EVENTS")]
-    replay: PathBuf,
-    /// The shared tier's sizes to try, blocks, comma separated.
-    #[arg(long, value_delimiter = ',', required = true, value_name = "BLOCKS")]
-    capacity_blocks: Vec<usize>,
-    /// Policies to try, comma separated: lru, lfu, s3fifo, arc [default: all four].
-    #[arg(long, value_delimiter = ',', value_name = "POLICY", value_parser = parse_policy)]
-    policy: Vec<Policy>,
-    /// Bytes of one block, for the bytes read, written and dropped (0: blocks only).
-    #[arg(long, default_value_t = 0)]
-    block_bytes: u64,
-    /// One JSON object per policy and size instead of a table.
-    #[arg(long)]
-    json: bool,
-    /// Writes the hit ratio against the tier's size, a line per policy, as
-    /// DIR/advisor-replay.svg and .png.
-    #[arg(long, value_name = "DIR")]
-    plot: Option<PathBuf>,
-}
-
-fn parse_policy(name: &str) -> Result<Policy, String> {
-    Policy::parse(&name.to_ascii_lowercase()).ok_or_else(|| {
-        format!(
-            "{name:?}: not a policy ({})",
-            Policy::ALL.map(Policy::name).join(", ")
-        )
-    })
-}
 
 /// The stream's accesses (its Stored events, in order), and how many lines were not
 /// events.
@@ -85,26 +52,25 @@ fn read_stream(path: &Path) -> Result<(Vec<Access>, usize, usize)> {
     Ok((accesses, events, bad))
 }
 
-/// `kvtwin advisor`.
-pub(crate) fn advisor(args: &AdvisorArgs) -> Result<()> {
-    let (accesses, events, bad) = read_stream(&args.replay)?;
+/// `kvtwin advisor --replay PATH`.
+pub(super) fn run(args: &AdvisorArgs, path: &Path) -> Result<()> {
+    if args.capacity_blocks.is_empty() {
+        bail!("--replay needs --capacity-blocks: the shared tier's sizes to try");
+    }
+    let (accesses, events, bad) = read_stream(path)?;
     if bad > 0 {
         eprintln!(
             "kvtwin advisor: {bad} line(s) of {} were not events and were skipped",
-            args.replay.display()
+            path.display()
         );
     }
     if accesses.is_empty() {
         bail!(
             "{}: {events} event(s), none of them a BlockStored: nothing to replay",
-            args.replay.display()
+            path.display()
         );
     }
-    let policies = if args.policy.is_empty() {
-        Policy::ALL.to_vec()
-    } else {
-        args.policy.clone()
-    };
+    let policies = args.policies();
     let mut rows: Vec<ReplayRow> = Vec::new();
     for policy in &policies {
         for &capacity in &args.capacity_blocks {
@@ -118,7 +84,7 @@ pub(crate) fn advisor(args: &AdvisorArgs) -> Result<()> {
     } else {
         println!(
             "{}: {events} events, {} stores asked of a shared tier ({} blocks)",
-            args.replay.display(),
+            path.display(),
             accesses.len(),
             rows.first().map_or(0, |r| r.lookup_blocks)
         );
