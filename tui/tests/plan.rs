@@ -37,7 +37,6 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 fn the_plan_is_the_exhaustive_sweeps_optimum_from_a_quarter_of_the_runs() {
     let dir = tempfile::tempdir().unwrap();
     let space = write(dir.path(), "space.ron", SPACE);
-    let plan = ["plan", SCENARIO, "--space", &space, "--slo", SLO];
     // The sweep that covers the space, as the README runs it: `sweep --space`.
     let file = dir.path().join("sweep.jsonl");
     let out = file.to_str().unwrap();
