@@ -454,7 +454,7 @@ fn a_recording_played_in_tmux_ends_on_the_frame_of_once() {
         30,
     );
     let screen = tmux.wait_for("the recording's end", Duration::from_secs(60), |screen| {
-        screen.contains(" s done ")
+        screen.contains(" s done")
     });
     let body = |frame: &str| -> Vec<String> {
         frame

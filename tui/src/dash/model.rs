@@ -118,8 +118,8 @@ pub(crate) struct WorkerRow {
     /// Requests it finished, cumulative (simulator, or a router's engine).
     #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) completed: Option<u64>,
-    /// Its engine's health check answers (a router fronting it): up without events for
-    /// a while is idle, not stale.
+    /// Its state is known, not inferred from its events (a router's health checks of its
+    /// engine, or the simulator): up without events for a while is idle, not stale.
     #[serde(default, skip_serializing_if = "is_default")]
     pub(crate) checked: bool,
     /// Why it is down, when its source says.

@@ -424,6 +424,9 @@ pub(crate) fn delta_of(snapshot: &ClusterSnapshot, scenario: &str) -> Delta {
             running: Some(worker.running as u64),
             routed: Some(worker.routed),
             completed: Some(worker.completed),
+            // The simulator knows its workers' state: one with nothing to do is idle,
+            // never stale (as when a simulation has finished).
+            checked: true,
             ..WorkerRow::default()
         })
         .collect();
@@ -554,5 +557,21 @@ mod tests {
         assert!(last.done);
         assert_eq!(last.speed, 0.0, "flat out says 0");
         assert_eq!(last.requests_completed, last.requests_arrived);
+    }
+
+    #[tokio::test]
+    async fn a_finished_simulations_idle_workers_are_up_not_stale() {
+        let mut source = source(f64::INFINITY);
+        let mut world = crate::dash::state::World::new(300);
+        let mut end = 0;
+        while let SourceEvent::Update(update) = source.next().await {
+            end = end.max(update.at_ms);
+            world.fold(update);
+        }
+        // A minute after the end, with nothing left to do, none has published.
+        world.tick(end + 60_000);
+        let (up, stale, _, down) = world.worker_counts(10_000);
+        assert_eq!((stale, down), (0, 0), "{up} up");
+        assert!(up > 0);
     }
 }
