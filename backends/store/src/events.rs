@@ -35,8 +35,8 @@ pub const MAX_BATCH_EVENTS: usize = 1024;
 
 /// The worker id the store's events carry unless told otherwise: the bytes of
 /// `kvtwinG4` read big-endian (7743504665528911668), far from the small ids engines are
-/// given.
-pub const DEFAULT_WORKER_ID: u64 = u64::from_be_bytes(*b"kvtwinG4");
+/// given; the router indexes a store's ZMQ events under the same id.
+pub const DEFAULT_WORKER_ID: u64 = kvtwin_plane::service::state::shared::DEFAULT_STORE_WORKER_ID;
 
 /// One change of what the store holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
