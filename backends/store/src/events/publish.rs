@@ -7,8 +7,9 @@
 //! [`run_nats`] (a task doing the same onto NATS, one `RouterEvent` a run, numbered from
 //! 0 with the store's worker id). Block hashes are kvtwin's sequence hashes (the keys'),
 //! tokens hashes the xxh3 of each block's tokens with the default seed.
-//! Never: wait on the store (they only drain their queues), or retry a failed publish
-//! (counted; a router that misses a ZMQ batch asks the replay socket for it).
+//! Never: wait on the store (they only drain their queues), retry a failed publish
+//! (counted; a router that misses a ZMQ batch asks the replay socket for it), or log
+//! more than one warning per transport per `WARN_INTERVAL`.
 
 use super::{runs, EventReceiver, Run, StoreEvent, MAX_BATCH_EVENTS};
 use kvtwin::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
@@ -16,13 +17,14 @@ use kvtwin::ids::{SequenceHash, WorkerId};
 use kvtwin::tier::Tier;
 use kvtwin::tokens::{compute_local_hashes, HashSeed, DEFAULT_HASH_SEED};
 use kvtwin_plane::nats::NatsPublisher;
+use kvtwin_plane::service::warn::WarnLimiter;
 use kvtwin_plane::wire::engine::EngineFormat;
 use kvtwin_plane::wire::{BlockRemoved, BlockStored, EngineBatch, EngineEvent, RouterEvent};
 use kvtwin_plane::zmq::{ZmqError, ZmqPublisher};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// The next events of `receiver`'s queue: waits for one, then takes what else is
 /// there, up to [`MAX_BATCH_EVENTS`].
@@ -79,6 +81,7 @@ pub fn start_zmq(
     std::thread::Builder::new()
         .name("kvtwin-store-events-zmq".into())
         .spawn(move || {
+            let mut warnings = WarnLimiter::default();
             while let Some(first) = receiver.queue.blocking_recv() {
                 let events = more(&mut receiver, first);
                 // One block size a batch: a router refuses a batch of another size whole.
@@ -105,7 +108,9 @@ pub fn start_zmq(
                     match publisher.publish(&batch.to_payload(&options)) {
                         Ok(_) => counters.published.fetch_add(count as u64, Ordering::Relaxed),
                         Err(error) => {
-                            tracing::warn!(%error, "kvtwin store: a KV event batch was not published");
+                            if let Some(held_back) = warnings.admit("zmq_publish", Instant::now()) {
+                                tracing::warn!(%error, held_back, "kvtwin store: a KV event batch was not published");
+                            }
                             counters.errors.fetch_add(1, Ordering::Relaxed)
                         }
                     };
@@ -161,6 +166,7 @@ fn router_event(run: Run, worker: WorkerId, event_id: u64) -> RouterEvent {
 /// a message) until every sender is gone.
 pub async fn run_nats(publisher: NatsPublisher, mut receiver: EventReceiver, worker: WorkerId) {
     let mut event_id = 0;
+    let mut warnings = WarnLimiter::default();
     while let Some(first) = receiver.queue.recv().await {
         let events = more(&mut receiver, first);
         for run in runs(&events) {
@@ -175,7 +181,9 @@ pub async fn run_nats(publisher: NatsPublisher, mut receiver: EventReceiver, wor
                     .published
                     .fetch_add(blocks as u64, Ordering::Relaxed),
                 Err(error) => {
-                    tracing::warn!(%error, "kvtwin store: a KV event was not published on NATS");
+                    if let Some(held_back) = warnings.admit("nats_publish", Instant::now()) {
+                        tracing::warn!(%error, held_back, "kvtwin store: a KV event was not published on NATS");
+                    }
                     counters.errors.fetch_add(1, Ordering::Relaxed)
                 }
             };
