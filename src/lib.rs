@@ -6,7 +6,8 @@
 //! with eviction policies, the tier [`manager::Manager`] generic over
 //! [`hardware::Hardware`] and its one drain loop ([`manager::settle`]), the KV event
 //! outbox and the in-process event bus ([`bus`]), the KV-aware [`router`], memory
-//! layouts, latency statistics ([`stats`]) and the MRDN v1 wire frame.
+//! layouts, latency statistics ([`stats`]), the MRDN v1 wire frame and the frame of a
+//! block kept in a shared store ([`block_frame`]).
 //!
 //! Architecture invariants (see ARCHITECTURE.md):
 //! - the core never does I/O, never spawns threads and never reads a clock: time is handed
@@ -16,6 +17,7 @@
 //! - nothing observable depends on hash-map iteration order.
 
 pub mod block;
+pub mod block_frame;
 pub mod bus;
 pub mod events;
 pub mod fabric;

@@ -30,6 +30,7 @@ mod profile;
 mod profile_engine;
 mod progress;
 mod service;
+mod shared_args;
 mod store_cmd;
 mod sweep;
 mod sweep_plot;

@@ -177,6 +177,9 @@ pub(crate) struct RouterArgs {
     /// The OpenAI front door (`--engine`).
     #[command(flatten)]
     frontend: crate::frontend_args::FrontendArgs,
+    /// A shared store's KV events (`kvtwin store --events-*`).
+    #[command(flatten)]
+    shared: crate::shared_args::SharedArgs,
 }
 
 /// `--max-blocks` by default: 2^24 blocks.
@@ -239,6 +242,7 @@ impl RouterArgs {
                 bail!("--jetstream needs --nats");
             }
         }
+        self.shared.validate()?;
         let mut workers = BTreeSet::new();
         for source in &self.zmq {
             if !workers.insert(source.worker) {
@@ -521,6 +525,8 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
         let health_task = frontend
             .clone()
             .map(|frontend| tokio::spawn(frontend.run_health_checks(stopped(&stop))));
+        let (shared_source, shared_task) =
+            crate::shared_args::start_shared(&args.shared, &args.nats_auth, &state, &stop).await?;
         let mut nats_task = None;
         if let Some(url) = &args.nats {
             let source = connect_nats(
@@ -589,6 +595,10 @@ pub(crate) fn router(args: &RouterArgs) -> Result<()> {
         if let Some(task) = health_task {
             let _ = task.await;
         }
+        if let Some(task) = shared_task {
+            let _ = task.await;
+        }
+        drop(shared_source);
         if let Some(frontend) = frontend {
             // Stops the engines' event sources (joined off the runtime's workers).
             tokio::task::spawn_blocking(move || drop(frontend))

@@ -3,11 +3,21 @@
 //! `s3` feature an S3-compatible bucket, for the object tier), what they already hold
 //! found again, and the Redis protocol served on `--listen` until Ctrl-C.
 //!
+//! With `--events-zmq` and / or `--events-nats`, the store publishes KV events of the
+//! blocks it holds (kvtwin's connector's frames) so routers credit the shared tier: the
+//! transports' publishers start before the store opens, so the blocks a restarted store
+//! finds are announced before it serves.
+//!
 //! Owns: the flags, sizes as people write them (`64MiB`, `2GB`), the token, the start-up
-//! line. Never: the store's logic (`kvtwin_store`).
+//! line, the wiring of the event transports. Never: the store's logic (`kvtwin_store`),
+//! or the events' (`kvtwin_store::events`).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use kvtwin::ids::WorkerId;
+use kvtwin_plane::nats::{NatsMode, NatsPublisher, PublisherConfig as NatsPublisherConfig};
+use kvtwin_plane::zmq::{PublisherConfig as ZmqPublisherConfig, ZmqPublisher};
+use kvtwin_store::events::{publish, StoreEvents, DEFAULT_QUEUE_EVENTS, DEFAULT_WORKER_ID};
 use kvtwin_store::resp::Limits;
 use kvtwin_store::server::{serve, ServerConfig};
 use kvtwin_store::store::{Store, StoreConfig};
@@ -68,6 +78,108 @@ pub(crate) struct StoreArgs {
     /// Log lines as text or as one JSON object each (filter with RUST_LOG, default info).
     #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
     log_format: crate::logging::LogFormat,
+    /// Where its KV events go.
+    #[command(flatten)]
+    events: EventArgs,
+}
+
+/// `kvtwin store`'s KV events: the blocks it holds, for routers (medium EXTERNAL).
+#[derive(Args, Debug)]
+pub(crate) struct EventArgs {
+    /// Publish KV events in vLLM's format on a ZMQ PUB socket bound here (e.g.
+    /// `tcp://*:5600`; port `*` picks one, printed): `kvtwin router --shared-events`.
+    #[arg(long, value_name = "ENDPOINT")]
+    events_zmq: Option<String>,
+    /// The replay ROUTER beside --events-zmq (vLLM's replay protocol: a router that
+    /// missed batches asks for them); the last 10,000 batches are kept.
+    #[arg(long, value_name = "ENDPOINT", requires = "events_zmq")]
+    events_replay: Option<String>,
+    /// Publish KV events as Dynamo's RouterEvent JSON on this NATS server.
+    #[arg(long, value_name = "URL")]
+    events_nats: Option<String>,
+    /// The NATS subject of the events.
+    #[arg(long, value_name = "SUBJECT", default_value = DEFAULT_EVENTS_SUBJECT, requires = "events_nats")]
+    events_subject: String,
+    /// Publish into this JetStream stream (created with the subject when missing), so a
+    /// router started later replays them, instead of core NATS.
+    #[arg(long, value_name = "STREAM", requires = "events_nats")]
+    events_jetstream: Option<String>,
+    /// Credentials and TLS for a secured NATS server.
+    #[command(flatten)]
+    nats_auth: crate::nats_args::NatsAuthArgs,
+    /// The worker id the events carry [default: 7743504665528911668, the bytes of
+    /// "kvtwinG4"].
+    #[arg(long, value_name = "ID")]
+    events_worker_id: Option<u64>,
+    /// Events each transport queues at most while its publisher is behind; past it the
+    /// newest are dropped and counted (INFO, /metrics): the store never waits for them.
+    #[arg(long, value_name = "EVENTS", default_value_t = DEFAULT_QUEUE_EVENTS)]
+    events_queue: usize,
+}
+
+/// The NATS subject of the store's events by default: apart from the engines'
+/// (`kvtwin.kv_events`), as a router keeps the shared tier's index apart.
+pub(crate) const DEFAULT_EVENTS_SUBJECT: &str = "kvtwin.shared.kv_events";
+
+/// The event transports started, and what the start-up line says of them.
+struct StartedEvents {
+    events: Option<Arc<StoreEvents>>,
+    described: String,
+    /// The ZMQ publisher's thread (it ends when the store is dropped).
+    _zmq: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Binds and connects the transports the flags name, their publishers running (the
+/// NATS one on the current runtime).
+async fn start_events(args: &EventArgs) -> Result<StartedEvents> {
+    if args.events_zmq.is_none() && args.events_nats.is_none() {
+        return Ok(StartedEvents {
+            events: None,
+            described: String::new(),
+            _zmq: None,
+        });
+    }
+    let worker = WorkerId::new(args.events_worker_id.unwrap_or(DEFAULT_WORKER_ID));
+    let mut events = StoreEvents::new();
+    let mut described = format!("; KV events as worker {}", worker.get());
+    let mut zmq = None;
+    if let Some(endpoint) = &args.events_zmq {
+        let config = ZmqPublisherConfig::new(endpoint, args.events_replay.as_deref());
+        let publisher =
+            ZmqPublisher::bind(&config).with_context(|| format!("--events-zmq {endpoint}"))?;
+        described.push_str(&format!(" on {}", publisher.endpoint()));
+        if let Some(replay) = publisher.replay_endpoint() {
+            described.push_str(&format!(" (replay {replay})"));
+        }
+        let receiver = events.add_transport("zmq", args.events_queue);
+        zmq = Some(publish::start_zmq(publisher, receiver).context("the ZMQ events thread")?);
+    }
+    if let Some(url) = &args.events_nats {
+        let mode = match &args.events_jetstream {
+            Some(stream) => NatsMode::JetStream {
+                stream: stream.clone(),
+            },
+            None => NatsMode::Core,
+        };
+        let mut config = NatsPublisherConfig::new(url, &args.events_subject, mode);
+        config.connect.auth = args.nats_auth.auth()?;
+        let publisher = NatsPublisher::connect(config)
+            .await
+            .with_context(|| format!("--events-nats {url}"))?;
+        described.push_str(&format!(
+            "{} NATS {} subject {}",
+            if zmq.is_some() { " and" } else { " on" },
+            kvtwin_plane::service::nats_source::redact_url(url),
+            args.events_subject
+        ));
+        let receiver = events.add_transport("nats", args.events_queue);
+        tokio::spawn(publish::run_nats(publisher, receiver, worker));
+    }
+    Ok(StartedEvents {
+        events: Some(Arc::new(events)),
+        described,
+        _zmq: zmq,
+    })
 }
 
 /// A size as people write it: bytes, or a number with KB, MB, GB, TB (powers of 1000)
@@ -157,9 +269,15 @@ pub(crate) fn store(args: &StoreArgs) -> Result<()> {
             .transpose()?,
         max_value: args.max_value,
         promote_on_hit: !args.no_promote,
+        events: None,
     };
     crate::service::runtime()?.block_on(async {
         let stop = crate::service::stop_on_signal()?;
+        let started = start_events(&args.events).await?;
+        let config = StoreConfig {
+            events: started.events.clone(),
+            ..config
+        };
         let store = Arc::new(Store::open(config).await.context("opening the store's tiers")?);
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
@@ -183,7 +301,7 @@ pub(crate) fn store(args: &StoreArgs) -> Result<()> {
         };
         let occupancy = store.occupancy().await;
         tracing::info!(
-            "kvtwin store: listening on {}://{address}; memory {} bytes, disk {} bytes{}, object {} bytes{}; {} keys found{}{}",
+            "kvtwin store: listening on {}://{address}; memory {} bytes, disk {} bytes{}, object {} bytes{}; {} keys found{}{}{}",
             if tls.is_some() { "rediss" } else { "redis" },
             args.memory,
             occupancy.tiers[1].2,
@@ -192,7 +310,8 @@ pub(crate) fn store(args: &StoreArgs) -> Result<()> {
             args.object_dir.as_ref().map_or(String::new(), |d| format!(" in {}", d.display())),
             occupancy.keys,
             if token.is_some() { "; AUTH required" } else { "" },
-            metrics_at.map_or(String::new(), |at| format!("; metrics on http://{at}/metrics"))
+            metrics_at.map_or(String::new(), |at| format!("; metrics on http://{at}/metrics")),
+            started.described,
         );
         let server = ServerConfig {
             token,

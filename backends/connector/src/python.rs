@@ -13,7 +13,7 @@
 //! scheduler side does, in Python).
 
 use crate::layout::EngineLayout;
-use crate::shared::SharedTier;
+use crate::shared::{SharedBlock, SharedTier};
 use crate::store::{HeldChange, StoreConfig, TierStore};
 use kvtwin::block::BlockIdentity;
 use kvtwin::events::KvCacheEventData;
@@ -57,8 +57,10 @@ fn journaled_blocks(disk_dir: PathBuf) -> PyResult<Vec<u64>> {
         .collect())
 }
 
-/// A save's block: `(engine block, position, sequence hash, local hash, parent)`.
-type SaveBlock = (usize, u32, u64, u64, Option<u64>);
+/// A save's block: `(engine block, position, sequence hash, local hash, parent,
+/// tokens)`; the tokens go to the shared store with the block (its KV events name them)
+/// and may be empty without one.
+type SaveBlock = (usize, u32, u64, u64, Option<u64>, Vec<u32>);
 
 /// The connector's tiers and the engine's KV cache.
 #[pyclass(unsendable, module = "kvtwin._native")]
@@ -163,7 +165,8 @@ impl Store {
     }
 
     /// Writes engine blocks (a save's chain) to the shared store, those it is not known
-    /// to hold; how many were sent. Raises when the store cannot take them.
+    /// to hold, each with its parent and tokens (what the store's KV events say); how
+    /// many were sent. Raises when the store cannot take them.
     fn put_shared(&mut self, blocks: Vec<SaveBlock>) -> PyResult<usize> {
         let Self { layout, shared, .. } = self;
         let layout = layout.as_ref().ok_or_else(no_layout)?;
@@ -174,8 +177,16 @@ impl Store {
             layout.gather(block.0, &mut buffer).map_err(value_error)?;
             bytes.push((SequenceHash::new(block.2), buffer));
         }
-        let chain: Vec<(SequenceHash, &[u8])> =
-            bytes.iter().map(|(h, b)| (*h, b.as_slice())).collect();
+        let chain: Vec<SharedBlock<'_>> = blocks
+            .iter()
+            .zip(&bytes)
+            .map(|(block, (hash, bytes))| SharedBlock {
+                hash: *hash,
+                parent: block.4.map(SequenceHash::new),
+                tokens: &block.5,
+                bytes: bytes.as_slice(),
+            })
+            .collect();
         shared
             .put(&chain)
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))
@@ -220,7 +231,7 @@ impl Store {
         let layout = layout.as_ref().ok_or_else(no_layout)?;
         let chain: Vec<BlockIdentity> = blocks
             .iter()
-            .map(|&(_, position, sequence, local, parent)| BlockIdentity {
+            .map(|&(_, position, sequence, local, parent, _)| BlockIdentity {
                 sequence_hash: SequenceHash::new(sequence),
                 local_hash: LocalBlockHash::new(local),
                 parent: parent.map(SequenceHash::new),

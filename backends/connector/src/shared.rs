@@ -6,24 +6,21 @@
 //! calls come between forward passes; reconnected after an error), the blocks' keys
 //! (`{namespace}:{sequence hash, 16 hex digits}`: the namespace names the model and
 //! block size, so engines of one model share and others never mix), the value's frame
-//! ([`frame`]: a tag, the block's BLAKE3 and its bytes: a torn or foreign value is
-//! refused, counted and reported missing, so the engine computes the block), the
+//! ([`frame`]: `kvtwin::block_frame`'s `KVB2`, the block's hash, parent and tokens
+//! beside its bytes, all under one BLAKE3, so the store can announce the block to
+//! routers; a torn, foreign or misplaced value is refused, counted and reported
+//! missing, so the engine computes the block), the
 //! blocks it knows the store holds (bounded, so a block is sent once), and
 //! [`SharedStats`]. Three batched calls, one round trip each: [`SharedTier::prefix`]
 //! (KVTWIN.PREFIX), [`SharedTier::get`] (MGET), [`SharedTier::put`] (MSET).
 //! Never: decide what to load or save (the scheduler side does), or keep a block's
 //! bytes past a call.
 
+use kvtwin::block_frame;
 use kvtwin::ids::SequenceHash;
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 use thiserror::Error;
-
-/// The first bytes of every value the connector stores.
-pub const TAG: &[u8; 4] = b"KVB1";
-
-/// Bytes before a block's own: the tag and its BLAKE3.
-pub const HEADER_BYTES: usize = TAG.len() + 32;
 
 /// Blocks remembered as held by the store (put or loaded), at most: past it the oldest
 /// are forgotten, and at worst sent again.
@@ -32,22 +29,32 @@ pub const KNOWN_BOUND: usize = 1 << 20;
 /// How long one call waits for the store before it fails (the engine then computes).
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// `payload` as the store keeps it: the tag, its BLAKE3, the bytes.
-pub fn frame(payload: &[u8]) -> Vec<u8> {
-    let mut value = Vec::with_capacity(HEADER_BYTES + payload.len());
-    value.extend_from_slice(TAG);
-    value.extend_from_slice(blake3::hash(payload).as_bytes());
-    value.extend_from_slice(payload);
-    value
+/// A block to write: who it is (its sequence hash, its parent's, its tokens: what the
+/// store's KV events tell routers) and its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedBlock<'a> {
+    /// Its sequence hash (its key).
+    pub hash: SequenceHash,
+    /// Its parent's; none for a prompt's first block.
+    pub parent: Option<SequenceHash>,
+    /// Its tokens (may be empty: the store then stores it but announces nothing).
+    pub tokens: &'a [u32],
+    /// Its bytes.
+    pub bytes: &'a [u8],
 }
 
-/// The block in `value` if it is one of `block_bytes` bytes, whole and unchanged.
-pub fn unframe(value: &[u8], block_bytes: usize) -> Option<&[u8]> {
-    if value.len() != HEADER_BYTES + block_bytes || &value[..TAG.len()] != TAG {
-        return None;
-    }
-    let (header, payload) = value.split_at(HEADER_BYTES);
-    (blake3::hash(payload).as_bytes() == &header[TAG.len()..]).then_some(payload)
+/// `block` as the store keeps it: a `KVB2` frame ([`kvtwin::block_frame`]).
+pub fn frame(block: &SharedBlock<'_>) -> Vec<u8> {
+    block_frame::encode(block.hash, block.parent, block.tokens, block.bytes)
+}
+
+/// The bytes of block `hash` in `value` if it is a block of `block_bytes` bytes, whole
+/// and unchanged, and (for a `KVB2` frame) that block: a value under the wrong key is
+/// refused like a torn one. `KVB1` frames (what the connector wrote before) still read.
+pub fn unframe(value: &[u8], hash: SequenceHash, block_bytes: usize) -> Option<&[u8]> {
+    let decoded = block_frame::decode(value).ok()?;
+    let ours = decoded.identity.as_ref().is_none_or(|id| id.hash == hash);
+    (ours && decoded.payload.len() == block_bytes).then_some(decoded.payload)
 }
 
 /// The shared store could not answer.
@@ -178,7 +185,7 @@ impl SharedTier {
                 self.stats.missing_blocks += 1;
                 return Ok(i);
             };
-            let Some(block) = unframe(value, block_bytes) else {
+            let Some(block) = unframe(value, hashes[i], block_bytes) else {
                 self.stats.corrupt_blocks += 1;
                 return Ok(i);
             };
@@ -189,24 +196,23 @@ impl SharedTier {
         Ok(values.len().min(hashes.len()))
     }
 
-    /// Sends the blocks (hash and bytes) the store is not known to hold, in one MSET;
-    /// how many were sent.
-    pub fn put(&mut self, blocks: &[(SequenceHash, &[u8])]) -> Result<usize, SharedError> {
-        let fresh: Vec<&(SequenceHash, &[u8])> = blocks
+    /// Sends the blocks the store is not known to hold, in one MSET; how many were sent.
+    pub fn put(&mut self, blocks: &[SharedBlock<'_>]) -> Result<usize, SharedError> {
+        let fresh: Vec<&SharedBlock<'_>> = blocks
             .iter()
-            .filter(|(hash, _)| !self.known.set.contains(hash))
+            .filter(|block| !self.known.set.contains(&block.hash))
             .collect();
         self.stats.known_blocks += (blocks.len() - fresh.len()) as u64;
         if fresh.is_empty() {
             return Ok(0);
         }
         let mut command = redis::cmd("MSET");
-        for (hash, bytes) in &fresh {
-            command.arg(self.key(*hash)).arg(frame(bytes));
+        for block in &fresh {
+            command.arg(self.key(block.hash)).arg(frame(block));
         }
         self.query::<()>(&command)?;
-        for (hash, _) in &fresh {
-            self.known.insert(*hash);
+        for block in &fresh {
+            self.known.insert(block.hash);
         }
         self.stats.put_blocks += fresh.len() as u64;
         Ok(fresh.len())
@@ -243,18 +249,42 @@ mod tests {
 
     #[test]
     fn a_frame_holds_its_block_and_nothing_else_passes() {
-        let block = vec![7u8; 64];
+        let bytes = vec![7u8; 64];
+        let hash = SequenceHash::new(0xab);
+        let block = SharedBlock {
+            hash,
+            parent: Some(SequenceHash::new(0xaa)),
+            tokens: &[1, 2, 3, 4],
+            bytes: &bytes,
+        };
         let value = frame(&block);
-        assert_eq!(value.len(), HEADER_BYTES + 64);
-        assert_eq!(unframe(&value, 64), Some(&block[..]));
-        assert_eq!(unframe(&value, 63), None, "another engine's block size");
+        assert_eq!(value.len(), block_frame::FIXED_BYTES + 16 + 64);
+        assert_eq!(unframe(&value, hash, 64), Some(&bytes[..]));
+        assert_eq!(
+            unframe(&value, hash, 63),
+            None,
+            "another engine's block size"
+        );
+        assert_eq!(
+            unframe(&value, SequenceHash::new(1), 64),
+            None,
+            "another key's block"
+        );
         let mut flipped = value.clone();
-        flipped[HEADER_BYTES + 10] ^= 1;
-        assert_eq!(unframe(&flipped, 64), None, "a flipped byte");
-        assert_eq!(unframe(&value[..value.len() - 1], 63), None, "torn");
+        flipped[value.len() - 10] ^= 1;
+        assert_eq!(unframe(&flipped, hash, 64), None, "a flipped byte");
+        let mut token = value.clone();
+        token[block_frame::FIXED_BYTES] ^= 1;
+        assert_eq!(unframe(&token, hash, 64), None, "a flipped token");
+        assert_eq!(unframe(&value[..value.len() - 1], hash, 63), None, "torn");
         let mut foreign = value.clone();
         foreign[0] = b'X';
-        assert_eq!(unframe(&foreign, 64), None, "not ours");
+        assert_eq!(unframe(&foreign, hash, 64), None, "not ours");
+        // What the connector wrote before: the bytes under their BLAKE3.
+        let mut v1 = block_frame::TAG_V1.to_vec();
+        v1.extend_from_slice(blake3::hash(&bytes).as_bytes());
+        v1.extend_from_slice(&bytes);
+        assert_eq!(unframe(&v1, hash, 64), Some(&bytes[..]));
     }
 
     #[test]

@@ -36,6 +36,7 @@ fn the_connector_reaches_a_store_over_tls_and_not_in_plain_text() {
             object: None,
             max_value: 1 << 20,
             promote_on_hit: true,
+            events: None,
         })
         .await
         .unwrap();

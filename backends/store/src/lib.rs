@@ -14,10 +14,14 @@
 //! - [`resp`] and [`server`]: the Redis protocol (RESP2) subset that `redis-cli`, the
 //!   `redis` Python client and LMCache's Redis connector speak.
 //! - [`metrics`]: `/metrics` and `/healthz`.
+//! - [`events`]: the KV events of the blocks it holds (kvtwin's connector's `KVB2`
+//!   frames), published in vLLM's format on ZMQ and Dynamo's on NATS so routers credit
+//!   the shared tier.
 //!
 //! Never: routing or simulation (the router and the simulator model this tier; this
 //! crate is the real one).
 
+pub mod events;
 pub mod index;
 pub mod metrics;
 pub mod pages;

@@ -3,9 +3,14 @@
 //! label of `memory`, `disk` or `object`) and the small HTTP app that serves it with
 //! `/healthz`.
 //!
+//! With KV events on: `kvtwin_store_kv_events_total{event}`, `_non_block_values_total`,
+//! `_announced_blocks`, and per `transport` what was published, dropped for a full
+//! queue, or failed.
+//!
 //! Owns: the families and their names. Never: keeps counts of its own (the store's
 //! counters and occupancy are read at scrape time).
 
+use crate::events::TransportCounters;
 use crate::index::Tier;
 use crate::store::Store;
 use axum::extract::State;
@@ -23,6 +28,20 @@ use std::sync::Arc;
 pub struct StoreTierLabels {
     /// `memory`, `disk` or `object`.
     pub tier: &'static str,
+}
+
+/// One kind of KV event.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    /// `stored` or `removed`.
+    pub event: &'static str,
+}
+
+/// One transport of the KV events.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransportLabels {
+    /// `zmq` or `nats`.
+    pub transport: &'static str,
 }
 
 fn by_tier(values: [u64; 3]) -> Vec<(StoreTierLabels, u64)> {
@@ -117,6 +136,48 @@ pub async fn exposition(store: &Store) -> String {
         "Free pages the pool keeps for the next values.",
         pages.free as u64,
     );
+    if let Some(events) = store.events() {
+        let e = &events.counters;
+        out.gauge(
+            "kvtwin_store_announced_blocks",
+            "Distinct blocks the store holds and announced in its KV events.",
+            occupancy.announced_blocks as u64,
+        );
+        out.counters(
+            "kvtwin_store_kv_events_total",
+            "KV events queued: blocks stored (first copy in the store) and removed (last copy gone).",
+            vec![
+                (EventLabels { event: "stored" }, load(&e.stored)),
+                (EventLabels { event: "removed" }, load(&e.removed)),
+            ],
+        );
+        out.counter(
+            "kvtwin_store_non_block_values_total",
+            "Values stored that are not block frames (announced nothing).",
+            load(&e.non_block_values),
+        );
+        let per_transport = |value: fn(&TransportCounters) -> &AtomicU64| {
+            events
+                .transports()
+                .map(|(transport, counters)| (TransportLabels { transport }, load(value(counters))))
+                .collect()
+        };
+        out.counters(
+            "kvtwin_store_kv_events_published_total",
+            "Blocks announced on a transport.",
+            per_transport(|c| &c.published),
+        );
+        out.counters(
+            "kvtwin_store_kv_events_dropped_total",
+            "KV events dropped because a transport's queue was full (publishing never waits).",
+            per_transport(|c| &c.dropped),
+        );
+        out.counters(
+            "kvtwin_store_kv_event_publish_errors_total",
+            "Publishes a transport failed (their events lost).",
+            per_transport(|c| &c.errors),
+        );
+    }
     out.finish()
 }
 
@@ -149,6 +210,7 @@ mod tests {
             object: None,
             max_value: 1 << 20,
             promote_on_hit: true,
+            events: None,
         })
         .await
         .unwrap();
@@ -171,5 +233,53 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
         assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(
+            !text.contains("kv_events"),
+            "no events, no event families: {text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn with_events_the_announced_blocks_and_each_transports_drops_are_served() {
+        let mut events = crate::events::StoreEvents::new();
+        // A queue of one, never drained: the second event is dropped.
+        let _receiver = events.add_transport("zmq", 1);
+        let store = Store::open(StoreConfig {
+            limits: [1 << 20, 0, 0],
+            disk: None,
+            object: None,
+            max_value: 1 << 20,
+            promote_on_hit: true,
+            events: Some(Arc::new(events)),
+        })
+        .await
+        .unwrap();
+        for hash in 1..=2u64 {
+            let frame = kvtwin::block_frame::encode(
+                kvtwin::ids::SequenceHash::new(hash),
+                None,
+                &[1, 2],
+                b"kv",
+            );
+            store
+                .put(Bytes::from(format!("k{hash}")), Bytes::from(frame))
+                .await
+                .unwrap();
+        }
+        store
+            .put(Bytes::from_static(b"lm"), Bytes::from_static(b"v"))
+            .await
+            .unwrap();
+        let text = exposition(&store).await;
+        for line in [
+            "kvtwin_store_announced_blocks 2",
+            "kvtwin_store_kv_events_total{event=\"stored\"} 2",
+            "kvtwin_store_kv_events_total{event=\"removed\"} 0",
+            "kvtwin_store_non_block_values_total 1",
+            "kvtwin_store_kv_events_dropped_total{transport=\"zmq\"} 1",
+            "kvtwin_store_kv_events_published_total{transport=\"zmq\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
     }
 }

@@ -639,6 +639,32 @@ async fn info(store: &Store) -> String {
         pages.released,
         pages.free
     ));
+    if let Some(events) = store.events() {
+        let c = &events.counters;
+        text.insert_str(
+            text.len() - "# Keyspace\r\n".len(),
+            &format!(
+                "# Events\r\nannounced_blocks:{}\r\nkv_events_stored:{}\r\nkv_events_removed:{}\r\nnon_block_values:{}\r\n",
+                occupancy.announced_blocks,
+                load(&c.stored),
+                load(&c.removed),
+                load(&c.non_block_values),
+            ),
+        );
+        let mut transports = String::new();
+        for (name, t) in events.transports() {
+            transports.push_str(&format!(
+                "kv_events_{name}:published={},dropped={},errors={}\r\n",
+                load(&t.published),
+                load(&t.dropped),
+                load(&t.errors)
+            ));
+        }
+        text.insert_str(
+            text.len() - "# Keyspace\r\n".len(),
+            &format!("{transports}\r\n"),
+        );
+    }
     if occupancy.keys > 0 {
         text.push_str(&format!(
             "db0:keys={},expires=0,avg_ttl=0\r\n",

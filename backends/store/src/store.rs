@@ -11,14 +11,23 @@
 //! store was told to. A value whose bytes fail the check is counted, dropped, and
 //! answered as missing: the engine computes it again; a torn value is never served.
 //!
-//! Owns: the tiers' bytes, carrying out steps, reads under leases, counters. Never:
-//! speaks a protocol (`server` does), or decides what goes where (`index` does).
+//! With [`StoreEvents`] configured, the store also says which blocks it holds: under
+//! the same lock as the change, a block's first copy in the store queues a `Stored`
+//! event and its last copy leaving a `Removed` one (`crate::events` says which values
+//! are blocks); a restarted store announces the blocks it found before it serves.
+//!
+//! Owns: the tiers' bytes, carrying out steps, reads under leases, counters, which keys
+//! hold announced blocks. Never: speaks a protocol (`server` does), decides what goes
+//! where (`index` does), or waits for an event to be published.
 
+use crate::events::{StoreEvent, StoreEvents};
 use crate::index::{Full, Step, Tier, TierIndex};
 use crate::pages::{Pages, Value};
 use crate::record::{self, RecordReader, FIXED_HEADER, MAX_KEY};
 use bytes::Bytes;
 use futures::TryStreamExt;
+use kvtwin::block_frame::{self, FrameIdentity};
+use kvtwin::ids::SequenceHash;
 use object_store::path::Path;
 use object_store::{GetResultPayload, ObjectStore, ObjectStoreExt, PutPayload};
 use std::collections::HashMap;
@@ -39,6 +48,8 @@ pub struct StoreConfig {
     pub max_value: u64,
     /// Whether a value read off disk or the object tier moves to DRAM.
     pub promote_on_hit: bool,
+    /// Where its KV events go; none: it announces nothing (and decodes no frame).
+    pub events: Option<Arc<StoreEvents>>,
 }
 
 /// Why the store did not do what it was asked.
@@ -78,6 +89,11 @@ struct MemoryCopy {
 struct Inner {
     index: TierIndex,
     memory: HashMap<u64, MemoryCopy>,
+    /// Keys whose value is an announced block, and that block (with events only).
+    announced: HashMap<Bytes, SequenceHash>,
+    /// Keys holding each announced block: announced with the first, removed with the
+    /// last.
+    holders: HashMap<SequenceHash, u32>,
 }
 
 /// The store's counters since it started.
@@ -112,6 +128,8 @@ pub struct Occupancy {
     pub tiers: [(usize, u64, u64); 3],
     /// Copies leased now.
     pub leased: usize,
+    /// Distinct blocks announced and held (0 without events).
+    pub announced_blocks: usize,
 }
 
 /// The shared block store.
@@ -122,8 +140,22 @@ pub struct Store {
     promote_on_hit: bool,
     /// The pages DRAM's values (and values read off the lower tiers) lie in.
     pages: Pages,
+    events: Option<Arc<StoreEvents>>,
     /// What it did.
     pub counters: Counters,
+}
+
+/// Bytes of a recovered value's head read first to announce its block: the frame's
+/// fixed part and 1,024 tokens.
+const HEAD_READ_BYTES: u64 = (block_frame::FIXED_BYTES + 4 * 1024) as u64;
+
+/// The block `value` is, if it is a whole `KVB2` frame with tokens: what the store
+/// announces.
+fn block_of(value: &[u8]) -> Option<FrameIdentity> {
+    block_frame::decode(value)
+        .ok()?
+        .identity
+        .filter(|block| !block.tokens.is_empty())
 }
 
 fn path_of(copy: u64) -> Path {
@@ -152,11 +184,14 @@ impl Store {
             inner: Mutex::new(Inner {
                 index: TierIndex::new(limits),
                 memory: HashMap::new(),
+                announced: HashMap::new(),
+                holders: HashMap::new(),
             }),
             tiers: [None, config.disk, config.object],
             max_value: config.max_value,
             promote_on_hit: config.promote_on_hit,
             pages: Pages::new(limits[0]),
+            events: config.events,
             counters: Counters::default(),
         };
         let mut found = Vec::new();
@@ -198,6 +233,7 @@ impl Store {
             let mut inner = store.inner.lock().await;
             let steps = inner.index.recover(found);
             store.carry_out(&mut inner, steps).await;
+            store.announce_recovered(&mut inner).await;
         }
         if recovered > 0 {
             tracing::info!(recovered, "kvtwin store: records found on the tiers");
@@ -219,13 +255,22 @@ impl Store {
             });
         }
         let digest = *blake3::hash(&value).as_bytes();
+        // Checked outside the lock: which block the value is, if any.
+        let identity = self.events.as_ref().map(|_| block_of(&value));
         // The key gets an allocation of its own and the value goes into pages (outside
         // the lock): cut from a connection's read buffer, they would keep that whole
         // buffer alive for as long as the store holds them (see `pages`).
         let key = Bytes::copy_from_slice(&key);
         let value = self.pages.copy(&value);
         let mut inner = self.inner.lock().await;
-        let tier = self.place(&mut inner, key, value, digest).await?;
+        let placed = self.place(&mut inner, key.clone(), value, digest).await;
+        if let Some(identity) = identity {
+            match &placed {
+                Ok(_) => self.announce(&mut inner, &key, identity),
+                Err(_) => self.forget_if_gone(&mut inner, &key),
+            }
+        }
+        let tier = placed?;
         self.counters.puts.fetch_add(1, Ordering::Relaxed);
         Ok(tier)
     }
@@ -276,10 +321,16 @@ impl Store {
                     if let Some(steps) = inner.index.remove(key) {
                         self.carry_out(&mut inner, steps).await;
                     }
+                    self.forget_if_gone(&mut inner, key);
                 }
                 None
             }
         }
+    }
+
+    /// Where its KV events go, if anywhere (their counters).
+    pub fn events(&self) -> Option<&StoreEvents> {
+        self.events.as_deref()
     }
 
     /// The tier that holds `key` now (without touching its recency), if any.
@@ -303,6 +354,8 @@ impl Store {
         match inner.index.remove(key) {
             Some(steps) => {
                 self.carry_out(&mut inner, steps).await;
+                // A copy being read is deleted after its reader: the key is gone now.
+                self.forget_if_gone(&mut inner, key);
                 true
             }
             None => false,
@@ -317,6 +370,7 @@ impl Store {
             if let Some(steps) = inner.index.remove(key) {
                 self.carry_out(&mut inner, steps).await;
             }
+            self.forget_if_gone(&mut inner, key);
         }
         keys.len()
     }
@@ -329,6 +383,7 @@ impl Store {
             keys: index.len(),
             tiers: Tier::ALL.map(|t| (index.count(t), index.used(t), index.limit(t))),
             leased: index.leased(),
+            announced_blocks: inner.holders.len(),
         }
     }
 
@@ -374,6 +429,9 @@ impl Store {
     /// from the index, counted and logged: the tiers never hold less than it says.
     async fn carry_out(&self, inner: &mut Inner, steps: Vec<Step>) {
         for step in steps {
+            let key = match &step {
+                Step::Delete { key, .. } | Step::Demote { key, .. } => key.clone(),
+            };
             match step {
                 Step::Delete {
                     copy,
@@ -445,6 +503,106 @@ impl Store {
                         }
                     }
                 }
+            }
+            // A key evicted or dropped is gone from every tier; one moved or replaced
+            // is not.
+            self.forget_if_gone(inner, &key);
+        }
+    }
+
+    /// After `key` took a new value (under the lock): announces the block it is, and
+    /// removes the block it was if that was another one.
+    fn announce(&self, inner: &mut Inner, key: &Bytes, identity: Option<FrameIdentity>) {
+        let Some(events) = &self.events else {
+            return;
+        };
+        let previous = inner.announced.get(key).copied();
+        match identity {
+            Some(block) if previous == Some(block.hash) => {}
+            Some(block) => {
+                if previous.is_some() {
+                    self.unannounce(inner, key);
+                }
+                inner.announced.insert(key.clone(), block.hash);
+                let holders = inner.holders.entry(block.hash).or_default();
+                *holders += 1;
+                if *holders == 1 {
+                    events.emit(StoreEvent::Stored(block));
+                }
+            }
+            None => {
+                events.note_non_block();
+                if previous.is_some() {
+                    self.unannounce(inner, key);
+                }
+            }
+        }
+    }
+
+    /// Removes the announced block of `key` if the store no longer holds the key.
+    fn forget_if_gone(&self, inner: &mut Inner, key: &[u8]) {
+        if self.events.is_some() && inner.index.peek(key).is_none() {
+            self.unannounce(inner, key);
+        }
+    }
+
+    /// `key` no longer holds its announced block (if it had one): the block's removal
+    /// is announced with its last holder.
+    fn unannounce(&self, inner: &mut Inner, key: &[u8]) {
+        let (Some(events), Some(hash)) = (&self.events, inner.announced.remove(key)) else {
+            return;
+        };
+        let holders = inner.holders.entry(hash).or_default();
+        *holders = holders.saturating_sub(1);
+        if *holders == 0 {
+            inner.holders.remove(&hash);
+            events.emit(StoreEvent::Removed(hash));
+        }
+    }
+
+    /// Announces the blocks a restarted store found on its tiers, reading each value's
+    /// head (its frame's identity; the whole value is checked when it is read, and a
+    /// corrupt one is removed then). Waits for room in the queues: nothing is served yet.
+    async fn announce_recovered(&self, inner: &mut Inner) {
+        let Some(events) = &self.events else {
+            return;
+        };
+        let keys: Vec<Bytes> = inner.index.keys().cloned().collect();
+        for key in keys {
+            let Some(entry) = inner.index.peek(&key) else {
+                continue;
+            };
+            let Some(objects) = &self.tiers[entry.tier as usize] else {
+                continue;
+            };
+            let start = (FIXED_HEADER + key.len()) as u64;
+            let head = |len: u64| start..entry.size.min(start + len);
+            let path = path_of(entry.copy);
+            // Most blocks' tokens fit the first read; a longer block takes a second.
+            let mut identity = None;
+            for len in [HEAD_READ_BYTES, entry.size] {
+                let Ok(bytes) = objects.get_range(&path, head(len)).await else {
+                    break;
+                };
+                match block_frame::read_identity(&bytes) {
+                    Ok(block) => {
+                        identity = Some(block);
+                        break;
+                    }
+                    Err(block_frame::BlockFrameError::Truncated) if len < entry.size => {}
+                    Err(_) => break,
+                }
+            }
+            let identity = identity.filter(|block| !block.tokens.is_empty());
+            let Some(block) = identity else {
+                events.note_non_block();
+                continue;
+            };
+            inner.announced.insert(key.clone(), block.hash);
+            let holders = inner.holders.entry(block.hash).or_default();
+            *holders += 1;
+            if *holders == 1 {
+                events.emit_waiting(StoreEvent::Stored(block)).await;
             }
         }
     }

@@ -117,6 +117,7 @@ fn kvtwin_store(dir: &std::path::Path, token: Option<&str>) -> u16 {
                 object: None,
                 max_value: 16 << 20,
                 promote_on_hit: true,
+                events: None,
             })
             .await
             .unwrap();

@@ -40,7 +40,9 @@ Two halves in two processes, as vLLM runs them:
   KVTWIN.PREFIX a request) how far the prompt's prefix continues there past the
   mirror's run; the worker loads those blocks from it after the local ones
   (``Store.load_shared``, each checked with BLAKE3) and writes what it saves
-  (``Store.put_shared``). A store that cannot be reached counts as holding nothing;
+  (``Store.put_shared``: each block with its parent and tokens, which the saves'
+  metadata carries, so the store's KV events can name it to routers). A store that
+  cannot be reached counts as holding nothing;
   a shared load that fails is reported like a local one (vLLM recomputes).
 - KV events for the store's tiers: the worker sends what its tiers did (blocks stored
   in or removed from host memory and disk) with the same metadata, and the scheduler
@@ -93,8 +95,10 @@ if TYPE_CHECKING:
 # Under vLLM's logger, so its handlers (and VLLM_LOGGING_LEVEL) apply.
 logger = init_logger(f"vllm.{__name__}")
 
-# A save's block: (engine block id, position, sequence hash, local hash, parent hash).
-SaveBlock = tuple[int, int, int, int, "int | None"]
+# A save's block: (engine block id, position, sequence hash, local hash, parent hash,
+# tokens). The tokens travel only with a shared store (its KV events name each block's
+# tokens, so routers hash them); empty otherwise.
+SaveBlock = tuple[int, int, int, int, "int | None", list[int]]
 # What one of the store's tiers did: (stored, medium, sequence hashes); medium None with
 # nothing stored is every tier emptied.
 TierEvent = tuple[bool, "str | None", list[int]]
@@ -349,10 +353,15 @@ class KvtwinConnector(KVConnectorBase_V1):
             return
         chain: list[SaveBlock] = []
         request = tracked.request
+        prompt = request.prompt_token_ids or []
         for position in range(tracked.saved_upto, full):
             sequence, local = tracked.identities[position]
             parent = tracked.identities[position - 1][0] if position > 0 else None
-            chain.append((tracked.block_ids[position], position, sequence, local, parent))
+            start = position * self._block_size
+            tokens = list(prompt[start : start + self._block_size]) if self._shared_url else []
+            chain.append(
+                (tracked.block_ids[position], position, sequence, local, parent, tokens)
+            )
             self._name(request, position, sequence)
         tracked.saved_upto = full
         meta.saves.append(chain)

@@ -263,13 +263,17 @@ pub fn answer_json(answer: &RouteAnswer) -> Value {
             tiers_json(|tier| u64::from(overlap.by_tier[tier.index()])),
         );
     }
-    json!({
+    let mut body = json!({
         "worker": answer.worker.map(|key| key.worker.get()),
         "dp_rank": answer.worker.map(|key| key.dp_rank),
         "overlaps": overlaps,
         "tier_overlaps": tier_overlaps,
         "query_blocks": answer.query_blocks,
-    })
+    });
+    if let Some(shared) = answer.shared_blocks {
+        body["shared_blocks"] = json!(shared);
+    }
+    body
 }
 
 async fn route(State(state): State<SharedState>, body: Bytes) -> Response {

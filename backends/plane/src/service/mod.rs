@@ -8,7 +8,8 @@
 //! connection every in-repository client makes: http or https, the token), [`stream`] (the
 //! change stream's messages and the cursor that makes them), [`sse`] (server-sent events
 //! framing), [`stream_client`] (a client of `/v1/stream`), [`source`] (engine
-//! event sources: a ZMQ subscriber thread per engine applying decoded batches),
+//! event sources: a ZMQ subscriber thread per engine applying decoded batches; a
+//! shared store's go to the state's shared index, `state::shared`),
 //! [`nats_source`] (Dynamo `RouterEvent`s from NATS, core or replayed from JetStream) and
 //! [`relay`] (one engine's ZMQ events onto NATS), [`publish`] (a kvtwin worker's events
 //! as vLLM batches over ZMQ), [`synthetic`] (a seeded engine event

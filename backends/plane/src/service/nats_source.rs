@@ -19,6 +19,7 @@
 
 use super::http::{lock, SharedState};
 use super::metrics::SourceLabels;
+use super::state::shared::EventTarget;
 use crate::nats::{ConsumeMode, NatsError, NatsSubscriber, SubscriberConfig};
 use crate::wire::WorkerEvent;
 use crate::wire::{DecodeLimits, Envelope, RouterEvent};
@@ -145,17 +146,29 @@ impl NatsSource {
         state: SharedState,
         shutdown: impl Future<Output = ()>,
     ) -> impl Future<Output = Result<NatsSourceStats, NatsError>> {
+        self.run_to(EventTarget::Workers, state, shutdown)
+    }
+
+    /// [`NatsSource::run`], the events going to `target`'s index (a shared store's
+    /// subject: the shared index).
+    pub fn run_to(
+        self,
+        target: EventTarget,
+        state: SharedState,
+        shutdown: impl Future<Output = ()>,
+    ) -> impl Future<Output = Result<NatsSourceStats, NatsError>> {
         let caught_up = self.subscriber.initial_pending().is_none_or(|n| n == 0);
         lock(&state).register_source(self.labels.clone(), caught_up);
         let span = tracing::info_span!(
             "nats_source",
             endpoint = %self.labels.endpoint,
         );
-        tracing::Instrument::instrument(self.apply(state, shutdown, caught_up), span)
+        tracing::Instrument::instrument(self.apply(target, state, shutdown, caught_up), span)
     }
 
     async fn apply(
         mut self,
+        target: EventTarget,
         state: SharedState,
         shutdown: impl Future<Output = ()>,
         mut caught_up: bool,
@@ -192,12 +205,12 @@ impl NatsSource {
             // Overflows of the client's queue: messages lost before they reached us
             // (occurrences; the client does not say how many messages each dropped).
             for _ in slow_seen..connection.slow_consumer {
-                router.drop_one("nats_slow_consumer");
+                router.drop_one_to(target, "nats_slow_consumer");
             }
             slow_seen = connection.slow_consumer;
             if reconnects > reconnects_seen {
                 let workers: Vec<WorkerId> = carried.iter().copied().collect();
-                router.note_reconnects(&workers, reconnects - reconnects_seen);
+                router.note_reconnects_to(target, &workers, reconnects - reconnects_seen);
                 router.note_source_reconnects(&self.labels, reconnects - reconnects_seen);
                 reconnects_seen = reconnects;
             }
@@ -208,11 +221,11 @@ impl NatsSource {
             match decoded {
                 Ok(events) => {
                     stats.events += events.len() as u64;
-                    router.apply_batch(&events);
+                    router.apply_batch_to(target, &events);
                 }
                 Err(reason) => {
                     stats.refused += 1;
-                    router.drop_one(reason);
+                    router.drop_one_to(target, reason);
                 }
             }
         }

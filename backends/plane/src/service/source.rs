@@ -3,7 +3,8 @@
 //!
 //! Owns: [`ZmqSource`] (the thread: subscriber items in, decoded events applied under the
 //! state's lock, restarts and losses turned into state changes and counters, each
-//! attributed to the source's worker as well as counted globally),
+//! attributed to the source's worker as well as counted globally; or, for a shared
+//! store's source, to the shared index: `EventTarget`),
 //! [`BatchDecoder`] (how a payload becomes worker events: the vLLM / SGLang msgpack
 //! decoder in `crate::wire`, or anything a test supplies) and [`EventNumbering`] (per
 //! rank event ids for streams whose events carry none).
@@ -18,6 +19,7 @@
 use super::block_size::{BlockSizeMismatch, RouterBlockSize};
 use super::http::{lock, SharedState};
 use super::metrics::SourceLabels;
+use super::state::shared::EventTarget;
 use super::state::ConnectionEvent;
 use crate::wire::normalize::{EngineNormalizer, NormalizerStats};
 use crate::wire::{DecodeLimits, EngineDecoder, EngineEvent, RawBatch, UnknownEvents, WorkerEvent};
@@ -192,6 +194,18 @@ pub fn start_vllm_source(
     replay: Option<&str>,
     state: &SharedState,
 ) -> Result<ZmqSource, ZmqError> {
+    start_vllm_source_to(EventTarget::Workers, worker, endpoint, replay, state)
+}
+
+/// [`start_vllm_source`] into `target`'s index: `kvtwin router --shared-events` follows
+/// a shared store's events this way (as `worker`, the store's id in its index).
+pub fn start_vllm_source_to(
+    target: EventTarget,
+    worker: WorkerId,
+    endpoint: &str,
+    replay: Option<&str>,
+    state: &SharedState,
+) -> Result<ZmqSource, ZmqError> {
     let config = SubscriberConfig {
         receive_hwm_batches: ENGINE_RECEIVE_HWM_BATCHES,
         max_message_bytes: Some(ENGINE_MAX_MESSAGE_BYTES),
@@ -202,7 +216,7 @@ pub fn start_vllm_source(
         EngineDecoder::new(DecodeLimits::default(), UnknownEvents::Skip),
         Some(block_size),
     );
-    ZmqSource::start(worker, config, decoder, state.clone())
+    ZmqSource::start_to(target, worker, config, decoder, state.clone())
 }
 
 /// Event ids per data-parallel rank, for streams (vLLM's) whose events are not numbered:
@@ -250,6 +264,19 @@ impl ZmqSource {
     /// carrying `worker_id` and `endpoint`, so every log line says which engine it is
     /// about.
     pub fn start(
+        worker: WorkerId,
+        config: SubscriberConfig,
+        decoder: impl BatchDecoder,
+        state: SharedState,
+    ) -> Result<Self, ZmqError> {
+        Self::start_to(EventTarget::Workers, worker, config, decoder, state)
+    }
+
+    /// [`ZmqSource::start`], the events going to `target`'s index: an engine's to the
+    /// workers', a shared store's to the shared index (its restarts, gaps and drops
+    /// counted there, never on a worker's row).
+    pub fn start_to(
+        target: EventTarget,
         worker: WorkerId,
         config: SubscriberConfig,
         mut decoder: impl BatchDecoder,
@@ -306,43 +333,48 @@ impl ZmqSource {
                     };
                     let stats = subscriber.stats();
                     let mut router = lock(&state);
-                    router.note_gaps(worker, stats.gaps - seen.gaps);
+                    router.note_gaps_to(target, worker, stats.gaps - seen.gaps);
                     router.note_replayed(stats.replayed - seen.replayed);
                     for _ in seen.replay_dropped..stats.replay_dropped {
-                        router.drop_for(worker, "replay_overflow");
+                        router.drop_for_to(target, worker, "replay_overflow");
                     }
                     // The connection counts in it were handed over above.
                     seen = stats;
                     for reason in skipped {
-                        router.drop_for(worker, reason);
+                        router.drop_for_to(target, worker, reason);
                     }
                     let tracked = decoder.stats();
-                    router
-                        .note_salt_evictions(worker, tracked.salt_evictions - salt_evictions_seen);
+                    router.note_salt_evictions_to(
+                        target,
+                        worker,
+                        tracked.salt_evictions - salt_evictions_seen,
+                    );
                     salt_evictions_seen = tracked.salt_evictions;
                     match (item, decoded) {
                         (SubscriberItem::Batch(_), Some(Ok(mut events))) => {
                             numbering.number(&mut events);
-                            router.apply_batch(&events);
+                            router.apply_batch_to(target, &events);
                         }
                         (SubscriberItem::Batch(_), Some(Err(refusal))) => {
                             match refusal.block_size {
-                                Some(mismatch) => router.refuse_block_size(worker, mismatch),
-                                None => router.drop_for(worker, refusal.reason),
+                                Some(mismatch) => {
+                                    router.refuse_block_size_to(target, worker, mismatch)
+                                }
+                                None => router.drop_for_to(target, worker, refusal.reason),
                             }
                         }
                         (SubscriberItem::Restarted { .. }, _) => {
                             // Only the ranks this engine's stream carried.
-                            router.restart_ranks(worker, &numbering.ranks());
+                            router.restart_ranks_to(target, worker, &numbering.ranks());
                             numbering.reset();
                             decoder.restarted();
                             salt_evictions_seen = decoder.stats().salt_evictions;
                         }
                         (SubscriberItem::Lost { first, last }, _) => {
-                            router.note_lost(worker, last - first + 1);
+                            router.note_lost_to(target, worker, last - first + 1);
                         }
                         (SubscriberItem::Malformed(error), _) => {
-                            router.drop_for(worker, error.reason());
+                            router.drop_for_to(target, worker, error.reason());
                         }
                         _ => {}
                     }

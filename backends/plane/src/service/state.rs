@@ -4,7 +4,8 @@
 //! Owns: [`RouterState`] (the `KvIndexer`, each worker rank's [`EngineHashes`], last
 //! event id and [`WorkerIntegrity`], the [`Metrics`], an optional [`ApplyObserver`]),
 //! [`RouteAnswer`], [`WorkerSummary`], the change sequence readers follow and the ring of
-//! recent [`RouteRecord`]s. Everything is
+//! recent [`RouteRecord`]s; a shared store's blocks in an index of their own
+//! ([`shared::SharedIndex`], credited, never a worker). Everything is
 //! synchronous and deterministic for a given event order: the service wraps it in one
 //! lock; tests drive it directly to compare a networked run with an in-process replay.
 //!
@@ -41,6 +42,7 @@ use kvtwin::ids::{LocalBlockHash, WorkerId};
 use kvtwin::router::indexer::{ApplyEventError, IndexBudget, KvIndexer, WorkerOverlap};
 use kvtwin::tier::Tier;
 use kvtwin::tokens::{HashSeed, DEFAULT_HASH_SEED};
+use shared::SharedIndex;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
@@ -192,6 +194,8 @@ pub struct RouteAnswer {
     pub overlaps: Vec<WorkerOverlap>,
     /// Full blocks in the query.
     pub query_blocks: usize,
+    /// Its leading blocks the shared tier holds; `None` without a shared source.
+    pub shared_blocks: Option<u32>,
 }
 
 /// An event the index did not take whole; see [`RouterState::apply`].
@@ -233,6 +237,8 @@ pub struct RouterState {
     /// Engine-hash entries of every rank together (what `max_blocks` caps along with
     /// the index).
     engine_entries: usize,
+    /// The shared tier's blocks, from its store's events (never a worker).
+    shared: SharedIndex,
 }
 
 impl std::fmt::Debug for RouterState {
@@ -249,6 +255,7 @@ impl std::fmt::Debug for RouterState {
             .field("routes", &self.routes.len())
             .field("route_seq", &self.route_seq)
             .field("serving", &self.serving)
+            .field("shared", &self.shared)
             .finish()
     }
 }
@@ -287,6 +294,7 @@ impl RouterState {
             sources: SourceTable::default(),
             serving: Serving::default(),
             engine_entries: 0,
+            shared: SharedIndex::new(limits.budget),
         }
     }
 
@@ -818,6 +826,10 @@ impl RouterState {
             worker,
             overlaps,
             query_blocks: query.len(),
+            shared_blocks: self
+                .shared
+                .enabled()
+                .then(|| self.shared_prefix(query).blocks),
         }
     }
 
@@ -826,12 +838,14 @@ impl RouterState {
     /// (`routes`, `route_query_blocks`, `route_hit_blocks`: the winner's overlap). Its
     /// sequence number.
     pub fn record_route(&mut self, answer: &RouteAnswer) -> u64 {
+        let shared = answer.shared_blocks.unwrap_or(0);
         let candidate = |overlap: &WorkerOverlap| RouteCandidate {
             worker: overlap.worker.worker.get(),
             dp_rank: overlap.worker.dp_rank,
             overlap: TierCounts::from_array(overlap.by_tier.map(u64::from)),
             load: self.cached(&overlap.worker),
             score: u64::from(overlap.blocks),
+            shared: u64::from(shared.saturating_sub(overlap.blocks)),
         };
         let mut candidates: Vec<RouteCandidate> = answer
             .overlaps
@@ -854,6 +868,7 @@ impl RouterState {
                     overlap: TierCounts::default(),
                     load: self.cached(&winner),
                     score: 0,
+                    shared: u64::from(shared),
                 });
                 candidates.sort_by_key(|c| (c.worker, c.dp_rank));
             }
@@ -953,6 +968,7 @@ impl RouterState {
 mod expose;
 mod hashing;
 pub mod serving;
+pub mod shared;
 pub mod sources;
 mod usable;
 

@@ -372,6 +372,14 @@ pub struct RouteCandidate {
     pub load: u64,
     /// Its overlap in blocks, all tiers (the longest wins).
     pub score: u64,
+    /// The query's leading blocks a shared store holds beyond its overlap (credited by
+    /// the scheduler at the shared credit); absent when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shared: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One answered route.

@@ -1,6 +1,7 @@
 //! The store on real directories: values across the tiers, a restart, a flipped byte.
 
 use super::*;
+use kvtwin::block_frame;
 use object_store::local::LocalFileSystem;
 
 fn dir_store(path: &std::path::Path) -> Arc<dyn ObjectStore> {
@@ -15,6 +16,7 @@ fn config(dir: &std::path::Path, limits: [u64; 3]) -> StoreConfig {
         object: Some(dir_store(&dir.join("object"))),
         max_value: 1 << 20,
         promote_on_hit: false,
+        events: None,
     }
 }
 
@@ -225,4 +227,147 @@ async fn concurrent_readers_and_writers_never_see_a_torn_value() {
         assert!(used <= limit);
     }
     assert_eq!(store.counters.corrupt.load(Ordering::Relaxed), 0);
+}
+
+/// A block frame of `len` bytes: block `hash` under `parent`, tokens of its own.
+fn block(hash: u64, parent: Option<u64>, len: usize) -> Bytes {
+    let tokens: Vec<u32> = (0..4).map(|t| hash as u32 * 10 + t).collect();
+    Bytes::from(block_frame::encode(
+        SequenceHash::new(hash),
+        parent.map(SequenceHash::new),
+        &tokens,
+        &vec![hash as u8; len],
+    ))
+}
+
+/// A store with events (one transport) over `limits`, and that transport's receiver.
+async fn announcing(
+    dir: &std::path::Path,
+    limits: [u64; 3],
+) -> (Store, crate::events::EventReceiver) {
+    let mut events = StoreEvents::new();
+    let receiver = events.add_transport("test", 1024);
+    let mut config = config(dir, limits);
+    config.events = Some(Arc::new(events));
+    (Store::open(config).await.unwrap(), receiver)
+}
+
+/// What was announced since the last call: `+hash` stored, `-hash` removed.
+fn announced(receiver: &mut crate::events::EventReceiver) -> Vec<String> {
+    let mut seen = Vec::new();
+    while let Ok(event) = receiver.queue.try_recv() {
+        seen.push(match &*event {
+            StoreEvent::Stored(block) => format!("+{}", block.hash.get()),
+            StoreEvent::Removed(hash) => format!("-{}", hash.get()),
+        });
+    }
+    seen
+}
+
+/// A record of a 1,000-byte block frame under a 2-byte key.
+const BLOCK_RECORD: u64 = (FIXED_HEADER + 2 + block_frame::FIXED_BYTES + 16 + 1000) as u64;
+
+#[tokio::test]
+async fn blocks_are_announced_once_in_the_store_and_removed_with_their_last_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = BLOCK_RECORD;
+    let (store, mut events) = announcing(dir.path(), [r, r, r]).await;
+    for n in 1..=3u64 {
+        let parent = (n > 1).then_some(n - 1);
+        store
+            .put(Bytes::from(format!("k{n}")), block(n, parent, 1000))
+            .await
+            .unwrap();
+    }
+    // Each moved down as the next came: moves are not removals.
+    assert_eq!(announced(&mut events), ["+1", "+2", "+3"]);
+    let frame = block(2, Some(1), 8);
+    let decoded = block_frame::decode(&frame).unwrap();
+    assert_eq!(decoded.identity.unwrap().tokens, [20, 21, 22, 23]);
+    // The same block again, and read back (promotion off): nothing new.
+    store
+        .put(Bytes::from_static(b"k3"), block(3, Some(2), 1000))
+        .await
+        .unwrap();
+    assert!(store.get(b"k1").await.is_some());
+    assert_eq!(announced(&mut events), Vec::<String>::new());
+    // A fourth pushes k1 out of the lowest tier: removed (room is made first).
+    store
+        .put(Bytes::from_static(b"k4"), block(4, Some(3), 1000))
+        .await
+        .unwrap();
+    assert_eq!(announced(&mut events), ["-1", "+4"]);
+    // DEL, and a block overwritten by something that is not one.
+    assert!(store.delete(b"k2").await);
+    store
+        .put(Bytes::from_static(b"k3"), value(0, 1000))
+        .await
+        .unwrap();
+    assert_eq!(announced(&mut events), ["-2", "-3"]);
+    // Another client's values (and the connector's first frames) announce nothing,
+    // counted.
+    store
+        .put(Bytes::from_static(b"lm"), Bytes::from_static(b"kv_bytes"))
+        .await
+        .unwrap();
+    assert_eq!(announced(&mut events), Vec::<String>::new());
+    let counters = &store.events.as_ref().unwrap().counters;
+    assert_eq!(counters.non_block_values.load(Ordering::Relaxed), 2);
+    assert_eq!(counters.stored.load(Ordering::Relaxed), 4);
+    assert_eq!(counters.removed.load(Ordering::Relaxed), 3);
+    assert_eq!(store.clear().await, 3);
+    assert_eq!(announced(&mut events), ["-4"]);
+}
+
+#[tokio::test]
+async fn one_block_under_two_keys_is_announced_once_and_removed_with_the_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, mut events) = announcing(dir.path(), [10 * BLOCK_RECORD, 0, 0]).await;
+    for key in ["a:1", "b:1"] {
+        store
+            .put(Bytes::from(key), block(1, None, 1000))
+            .await
+            .unwrap();
+    }
+    assert_eq!(announced(&mut events), ["+1"]);
+    assert!(store.delete(b"a:1").await);
+    assert_eq!(announced(&mut events), Vec::<String>::new());
+    assert!(store.delete(b"b:1").await);
+    assert_eq!(announced(&mut events), ["-1"]);
+}
+
+#[tokio::test]
+async fn a_restarted_store_announces_the_blocks_it_found_and_a_corrupt_one_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (store, _) = announcing(dir.path(), [0, 10 * BLOCK_RECORD, 0]).await;
+        store
+            .put(Bytes::from_static(b"k1"), block(1, None, 1000))
+            .await
+            .unwrap();
+        store
+            .put(Bytes::from_static(b"k2"), block(2, Some(1), 1000))
+            .await
+            .unwrap();
+        store
+            .put(Bytes::from_static(b"lm"), value(7, 1000))
+            .await
+            .unwrap();
+    }
+    let (store, mut events) = announcing(dir.path(), [0, 10 * BLOCK_RECORD, 0]).await;
+    let mut found = announced(&mut events);
+    found.sort();
+    assert_eq!(found, ["+1", "+2"]);
+    // k2's bytes flipped on disk: found corrupt when read, dropped, removed.
+    let digest_of_k2 = *blake3::hash(&block(2, Some(1), 1000)).as_bytes();
+    for file in std::fs::read_dir(dir.path().join("disk")).unwrap() {
+        let path = file.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        if bytes.windows(32).any(|w| w == digest_of_k2) {
+            *bytes.last_mut().unwrap() ^= 1;
+            std::fs::write(&path, bytes).unwrap();
+        }
+    }
+    assert_eq!(store.get(b"k2").await, None);
+    assert_eq!(announced(&mut events), ["-2"]);
 }

@@ -7,7 +7,7 @@
 //! holds the state's).
 
 use super::{RouterState, WorkerEvictions};
-use crate::service::metrics::{Exposition, SourceLabels, TierLabels, WorkerLabels};
+use crate::service::metrics::{Exposition, ReasonLabels, SourceLabels, TierLabels, WorkerLabels};
 use kvtwin::tier::Tier;
 
 impl RouterState {
@@ -19,7 +19,51 @@ impl RouterState {
         self.expose_sources(&mut out);
         self.expose_sizes(&mut out);
         self.expose_serving(&mut out);
+        self.expose_shared(&mut out);
         out.finish()
+    }
+
+    /// The shared tier's index, when a shared source feeds it.
+    fn expose_shared(&self, out: &mut Exposition) {
+        let shared = self.shared();
+        if !shared.enabled() {
+            return;
+        }
+        let counts = &shared.counts;
+        out.gauge(
+            "kvtwin_router_shared_blocks",
+            "Distinct blocks the shared store holds, as its KV events said (credited, never routed to).",
+            shared.blocks() as u64,
+        );
+        out.counter(
+            "kvtwin_router_shared_events_received_total",
+            "KV events of the shared store received.",
+            counts.events,
+        );
+        out.counter(
+            "kvtwin_router_shared_events_applied_total",
+            "KV events of the shared store applied to its index.",
+            counts.applied,
+        );
+        out.counters(
+            "kvtwin_router_shared_events_dropped_total",
+            "Messages, batches or events of the shared store refused, by reason.",
+            counts
+                .dropped
+                .iter()
+                .map(|(reason, count)| (ReasonLabels { reason }, *count))
+                .collect(),
+        );
+        out.counter(
+            "kvtwin_router_shared_lost_batches_total",
+            "Batches of the shared store's stream lost for good.",
+            counts.lost_batches,
+        );
+        out.counter(
+            "kvtwin_router_shared_restarts_total",
+            "Restarts of the shared store (its blocks cleared, then announced again).",
+            counts.restarts,
+        );
     }
 
     fn expose_sources(&self, out: &mut Exposition) {

@@ -11,7 +11,8 @@
 //! [`RouterState::finish_request`].
 //!
 //! The choice is Dynamo's KV router's, in kvtwin's [`Scheduler`]: the blocks a prompt
-//! still has to prefill on a worker after its overlap there, plus the blocks of the
+//! still has to prefill on a worker after its overlap there (less the shared credit of
+//! those a shared store holds beyond it, `super::shared`), plus the blocks of the
 //! requests already running there (prompt and output so far), plus optionally a weight
 //! per running request; the cheapest wins, ties broken by a seeded RNG. Load is counted
 //! from dispatch to the request's end, so fresh prompts spread over idle engines even
@@ -709,10 +710,12 @@ impl RouterState {
             }
         }
         let overlaps = self.indexer.find_matches(query, false).workers;
+        // A shared store's blocks, credited beyond each engine's own overlap.
+        let shared = self.shared_prefix(query);
         let candidates: Vec<Candidate> = self
             .serving
             .scheduler
-            .candidates(query.len(), &overlaps)
+            .candidates_shared(query.len(), &overlaps, shared)
             .into_iter()
             .filter(|candidate| serving.contains(&candidate.worker.worker))
             .collect();
@@ -802,6 +805,7 @@ impl RouterState {
                 overlap: TierCounts::from_array(candidate.overlap_by_tier.map(u64::from)),
                 load: candidate.load.active_blocks,
                 score: u64::from(candidate.overlap_blocks),
+                shared: u64::from(candidate.shared_blocks),
             })
             .collect();
         self.bump();
