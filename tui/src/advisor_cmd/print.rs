@@ -128,27 +128,21 @@ pub(super) fn table(report: &LiveReport) -> String {
             .collect::<Vec<_>>()
             .join(" ")
     };
-    let _ = writeln!(t, "hot blocks:");
-    for b in &a.hot_blocks {
-        let _ = writeln!(
-            t,
-            "  {:>20} {:>6} accesses, idle {:>6}  {}",
-            b.block,
-            b.accesses,
-            b.idle,
-            tiers_of(&b.holders)
-        );
-    }
-    let _ = writeln!(t, "cold blocks:");
-    for b in &a.cold_blocks {
-        let _ = writeln!(
-            t,
-            "  {:>20} {:>6} accesses, idle {:>6}  {}",
-            b.block,
-            b.accesses,
-            b.idle,
-            tiers_of(&b.holders)
-        );
+    for (title, blocks) in [
+        ("hot blocks", &a.hot_blocks),
+        ("cold blocks", &a.cold_blocks),
+    ] {
+        let _ = writeln!(t, "{title}:");
+        for b in blocks {
+            let _ = writeln!(
+                t,
+                "  {:>20} {:>6} accesses, idle {:>6}  {}",
+                b.block,
+                b.accesses,
+                b.idle,
+                tiers_of(&b.holders)
+            );
+        }
     }
     let _ = writeln!(t, "promotions:");
     for p in &a.promotions {

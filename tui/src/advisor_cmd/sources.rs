@@ -17,7 +17,6 @@
 
 use crate::service::ZmqSourceArg;
 use anyhow::{Context, Result};
-use kvtwin::events::{KvCacheEvent, KvCacheEventData};
 use kvtwin::ids::WorkerId;
 use kvtwin_plane::nats::{ConsumeMode, NatsAuth, NatsError, NatsSubscriber, SubscriberConfig};
 use kvtwin_plane::service::nats_source::redact_url;
@@ -257,21 +256,7 @@ fn zmq_source(
             Ok(Some(SubscriberItem::Restarted { .. })) => {
                 normalizer.restarted();
                 // Every rank seen starts over: its blocks are gone.
-                let events = next_ids
-                    .iter_mut()
-                    .map(|(&dp_rank, next)| {
-                        let event_id = *next;
-                        *next += 1;
-                        RouterEvent {
-                            worker_id: worker,
-                            event: KvCacheEvent {
-                                event_id,
-                                dp_rank,
-                                data: KvCacheEventData::Cleared,
-                            },
-                        }
-                    })
-                    .collect();
+                let events = RouterEvent::cleared_ranks(worker, &mut next_ids);
                 inputs.push(Input::Events { source, events });
             }
             Ok(Some(SubscriberItem::Lost { first, last })) => inputs.push(Input::Lost {
@@ -299,7 +284,7 @@ fn zmq_source(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvtwin::events::StoredBlock;
+    use kvtwin::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
     use kvtwin::ids::{LocalBlockHash, SequenceHash};
     use kvtwin::tier::Tier;
 

@@ -32,7 +32,6 @@ use crate::wire::{
 };
 use crate::zmq::{SubscriberConfig, SubscriberItem, SubscriberStats, ZmqError, ZmqSubscriber};
 use bytes::Bytes;
-use kvtwin::events::{KvCacheEvent, KvCacheEventData};
 use kvtwin::ids::WorkerId;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -423,24 +422,8 @@ async fn relay(
                     Ok(Some(SubscriberItem::Restarted { .. })) => {
                         normalizer.restarted();
                         salt_evictions_seen = normalizer.stats().salt_evictions;
-                        // Every rank seen starts over: tell the routers to forget it,
-                        // numbered after that rank's last event.
-                        let cleared = next_ids
-                            .iter_mut()
-                            .map(|(&dp_rank, next)| {
-                                let event_id = *next;
-                                *next += 1;
-                                RouterEvent {
-                                    worker_id: worker,
-                                    event: KvCacheEvent {
-                                        event_id,
-                                        dp_rank,
-                                        data: KvCacheEventData::Cleared,
-                                    },
-                                }
-                            })
-                            .collect();
-                        Hop::Restarted(cleared)
+                        // Every rank seen starts over: tell the routers to forget it.
+                        Hop::Restarted(RouterEvent::cleared_ranks(worker, &mut next_ids))
                     }
                     Ok(Some(SubscriberItem::Lost { first, last })) => Hop::Lost(last - first + 1),
                     Ok(Some(SubscriberItem::Malformed(error))) => Hop::Dropped(error.reason(), 1),

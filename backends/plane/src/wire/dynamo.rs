@@ -58,6 +58,30 @@ fn tier_of(name: &str) -> Result<Tier, WireError> {
 }
 
 impl RouterEvent {
+    /// What a restarted engine's stream says to routers: `Cleared` for every rank seen,
+    /// each numbered after that rank's last event (`next_ids`: each rank's next id,
+    /// advanced), so they forget all it held.
+    pub fn cleared_ranks(
+        worker_id: WorkerId,
+        next_ids: &mut std::collections::BTreeMap<u32, u64>,
+    ) -> Vec<RouterEvent> {
+        next_ids
+            .iter_mut()
+            .map(|(&dp_rank, next)| {
+                let event_id = *next;
+                *next += 1;
+                RouterEvent {
+                    worker_id,
+                    event: KvCacheEvent {
+                        event_id,
+                        dp_rank,
+                        data: KvCacheEventData::Cleared,
+                    },
+                }
+            })
+            .collect()
+    }
+
     /// The storage tier the event names (`Cleared` concerns every tier and is sent as
     /// `device`).
     pub fn storage_tier(&self) -> Tier {
