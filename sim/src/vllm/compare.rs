@@ -193,6 +193,12 @@ impl EngineStream {
     pub fn events(&self) -> &[BlockEvent] {
         &self.events
     }
+
+    /// Engine hashes it could not place so far (a `Removed` of a hash never stored, a
+    /// `Stored` whose parent was never stored).
+    pub fn unknown(&self) -> u64 {
+        self.unknown
+    }
 }
 
 /// Flattens the twin's events.
@@ -399,17 +405,7 @@ pub fn compare_closed_loop(
         };
         step_number += 1;
         twin_preemptions += step.preempted.len() as u64;
-        twin_partial_prefills += step
-            .scheduled
-            .iter()
-            .filter(|s| {
-                let index = usize::try_from(s.id.get()).unwrap_or(usize::MAX);
-                s.prefill
-                    && requests
-                        .get(index)
-                        .is_some_and(|r| s.context + s.tokens < r.prompt.len() as u64)
-            })
-            .count() as u64;
+        twin_partial_prefills += partial_prefills(&step, requests);
         for done in &step.finished {
             let index = usize::try_from(done.id.get()).unwrap_or(usize::MAX);
             if let Some(slot) = twin_cached.get_mut(index) {
@@ -513,7 +509,22 @@ pub fn compare_timed(
 
 /// The twin's request for `served`, the `index`th: its prompt and the engine's outputs,
 /// hashed into blocks (so output blocks hash alike in both).
-fn twin_request(index: usize, served: &ServedRequest, block_size: usize) -> VllmRequest {
+/// Prefill chunks `step` scheduled short of their prompt's end (request ids are indices
+/// into `requests`).
+pub(super) fn partial_prefills(step: &super::StepOutcome, requests: &[ServedRequest]) -> u64 {
+    step.scheduled
+        .iter()
+        .filter(|s| {
+            let index = usize::try_from(s.id.get()).unwrap_or(usize::MAX);
+            s.prefill
+                && requests
+                    .get(index)
+                    .is_some_and(|r| s.context + s.tokens < r.prompt.len() as u64)
+        })
+        .count() as u64
+}
+
+pub(super) fn twin_request(index: usize, served: &ServedRequest, block_size: usize) -> VllmRequest {
     let sequence: Vec<Token> = served
         .prompt
         .iter()

@@ -9,7 +9,8 @@
 //! [`scheduler`] (`Scheduler.schedule` / `update_from_output`), each following the
 //! vLLM function its documentation names; [`connector`] is the twin of kvtwin's own KV
 //! connector's store, which a scheduler may be given; [`compare`] sets the twin beside a real engine
-//! that served the same requests; [`serve`] runs engines in time behind the router's
+//! that served the same requests, and [`follow`] beside one that served several clients,
+//! each request joining at the step the engine's event batches show; [`serve`] runs engines in time behind the router's
 //! choice, their steps priced by a compute model; [`run`] runs a scenario whose
 //! workers are vLLM engines (`worker.engine: Vllm`) on them. Blocks are identified by kvtwin's
 //! [`BlockIdentity`](kvtwin::block::BlockIdentity) (a chained hash of the block's
@@ -20,6 +21,7 @@
 pub mod cache;
 pub mod compare;
 pub mod connector;
+pub mod follow;
 pub mod pool;
 pub mod request;
 pub mod run;
@@ -28,6 +30,8 @@ pub mod serve;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_follow;
 #[cfg(test)]
 mod tests_serve;
 

@@ -146,6 +146,19 @@ impl VllmScheduler {
         }
     }
 
+    /// A copy to try a step on (what a request joining now would do), or `None` for an
+    /// engine with a connector: its store's manager is not copied.
+    pub fn try_clone(&self) -> Option<Self> {
+        self.connector.is_none().then(|| Self {
+            config: self.config,
+            cache: self.cache.clone(),
+            requests: self.requests.clone(),
+            waiting: self.waiting.clone(),
+            running: self.running.clone(),
+            connector: None,
+        })
+    }
+
     /// The connector's store, if the engine has one.
     pub fn store(&self) -> Option<&TwinStore> {
         self.connector.as_ref().map(|c| &c.store)

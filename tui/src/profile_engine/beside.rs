@@ -56,10 +56,11 @@ const OUTLAST: f64 = 6.0;
 /// their decode.
 const PROBE_AFTER: Duration = Duration::from_millis(60);
 
-/// Beside one decode, rounds run past `repeats` while the probed or the control windows
-/// have no clean sample yet (on a loaded machine a window is spoilt when the long
-/// answer ends early or another request finishes in it), at most this many.
-const EXTRA_STRETCH_ROUNDS: usize = 8;
+/// Rounds run past `repeats` while a point has no clean sample of the probe yet, and
+/// beside one decode while the probed or the control windows have none (on a loaded
+/// machine a sample is spoilt when a long answer ends early or another request finishes
+/// in its window), at most this many.
+const EXTRA_ROUNDS: usize = 8;
 
 /// The probes at one number of decodes beside: every repeat of every engine.
 #[derive(Clone, Debug)]
@@ -139,7 +140,8 @@ pub(super) fn background_tokens(
 /// with fresh prompts of `isl` tokens; `lone_engine_ms` is that length's lone prefill.
 /// Beside one decode, each probe is followed by a control window as long as
 /// `control` with no probe in it (the stretch's reference); rounds go on past `repeats`
-/// (up to [`EXTRA_STRETCH_ROUNDS`]) until both kinds of window have a clean sample.
+/// (up to [`EXTRA_ROUNDS`]) until the probe has a clean sample at each `decodes` and, beside
+/// one decode, both kinds of window have one.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn measure(
     client: &EngineClient,
@@ -158,10 +160,13 @@ pub(super) async fn measure(
     for &k in decodes {
         let (mut outside, mut inside) = (Vec::new(), Vec::new());
         let mut round = 0;
+        // Past `repeats` while this point has no sample at all (on a loaded machine
+        // every round can be spoilt: a long answer ends inside the probe's window, or
+        // the engine's clock is not read), and beside one decode while either kind of
+        // stretch window has none.
         while round < repeats
-            || (k == 1
-                && (probed.is_empty() || controlled.is_empty())
-                && round < repeats + EXTRA_STRETCH_ROUNDS)
+            || ((inside.is_empty() || (k == 1 && (probed.is_empty() || controlled.is_empty())))
+                && round < repeats + EXTRA_ROUNDS)
         {
             round += 1;
             for with_probe in [true, false] {
@@ -190,13 +195,21 @@ pub(super) async fn measure(
                 }
             }
         }
-        if k == 1 && round > repeats {
+        if round > repeats {
             eprintln!(
-                "  beside one decode: {} rounds past the {repeats} asked for to find clean \
-                 windows ({} with a probe, {} without)",
+                "  beside {k} decoding: {} rounds past the {repeats} asked for to find clean \
+                 samples ({} of the probe{})",
                 round - repeats,
-                probed.len(),
-                controlled.len()
+                inside.len(),
+                if k == 1 {
+                    format!(
+                        ", {} windows with a probe, {} without",
+                        probed.len(),
+                        controlled.len()
+                    )
+                } else {
+                    String::new()
+                }
             );
         }
         eprintln!(
