@@ -100,6 +100,7 @@ struct Candidate {
     joins: Vec<usize>,
     fork: VllmScheduler,
     step: StepOutcome,
+    /// The step's events, one entry per block, sorted as the engine's batches are.
     events: Vec<BlockEvent>,
 }
 
@@ -141,10 +142,8 @@ const MAX_RETRIES: usize = 4_000;
 /// and the tally.
 struct State {
     twin: VllmScheduler,
-    /// Sent and not yet joined, in order of sending.
-    sent: Vec<usize>,
-    /// The step each sent request is due at.
-    due: BTreeMap<usize, u64>,
+    /// Sent and not yet joined, in order of sending, each with the step it is due at.
+    sent: Vec<(usize, u64)>,
     /// The next request to send.
     next: usize,
     step_number: u64,
@@ -166,7 +165,6 @@ impl State {
                 .try_clone()
                 .expect("the followed twin has no connector"),
             sent: self.sent.clone(),
-            due: self.due.clone(),
             cached: self.cached.clone(),
             ..*self
         }
@@ -187,10 +185,10 @@ impl State {
         // In step first (`None` sorts first); then the fewest joining before they are
         // due and the most that are due; then the rank.
         let key = |rank: Rank, option: &Candidate| {
-            let early = option
-                .joins
+            let early = self
+                .sent
                 .iter()
-                .filter(|index| self.due.get(index).is_some_and(|&at| at > self.step_number))
+                .filter(|(index, due)| *due > self.step_number && option.joins.contains(index))
                 .count();
             // Departures: the nearest to the engine's batches first.
             let departure = (!rank.in_step()).then_some(rank);
@@ -235,7 +233,7 @@ impl State {
                 }
             }
         }
-        self.sent.retain(|index| !option.joins.contains(index));
+        self.sent.retain(|(index, _)| !option.joins.contains(index));
         self.step_number += 1;
         self.twin = option.fork;
         let step = option.step;
@@ -247,8 +245,7 @@ impl State {
                 *slot = Some(done.cached_tokens);
             }
             if self.next < requests.len() {
-                self.sent.push(self.next);
-                self.due.insert(self.next, self.step_number + lag);
+                self.sent.push((self.next, self.step_number + lag));
                 self.next += 1;
             }
         }
@@ -261,7 +258,6 @@ impl State {
 /// on: [`engine_batches_after_reset`]) put it, and, where they cannot tell, when it is
 /// due: `join_lag_steps` after the step that answered the request before it; see the
 /// module documentation.
-///
 pub fn compare_following(
     scheduler: VllmSchedulerConfig,
     cache: VllmCacheConfig,
@@ -272,12 +268,11 @@ pub fn compare_following(
 ) -> FollowedComparison {
     let block_size = usize::try_from(cache.block_size).unwrap_or(usize::MAX);
     let (batches, unknown_hashes) = translate(block_size, batches);
-    let first: Vec<usize> = (0..clients.min(requests.len())).collect();
+    let first = clients.min(requests.len());
     let mut state = State {
         twin: VllmScheduler::new(scheduler, cache),
-        due: first.iter().map(|&index| (index, 0)).collect(),
-        next: first.len(),
-        sent: first,
+        sent: (0..first).map(|index| (index, 0)).collect(),
+        next: first,
         step_number: 0,
         cursor: 0,
         cached: vec![None; requests.len()],
@@ -322,10 +317,13 @@ pub fn compare_following(
             if let Some((saved, mut others)) = choices.pop_back() {
                 retries += 1;
                 let (rank, option) = others.remove(0);
-                let mut back = saved.copy();
-                if !others.is_empty() {
+                let mut back = if others.is_empty() {
+                    saved
+                } else {
+                    let back = saved.copy();
                     choices.push_back((saved, others));
-                }
+                    back
+                };
                 back.take(rank, option, requests, join_lag_steps);
                 state = back;
                 continue;
@@ -387,7 +385,7 @@ fn translate(block_size: usize, batches: &[Vec<EngineEvent>]) -> (Vec<Vec<BlockE
 /// schedules anything.
 fn options(
     twin: &VllmScheduler,
-    sent: &[usize],
+    sent: &[(usize, u64)],
     requests: &[ServedRequest],
     block_size: usize,
 ) -> Vec<Candidate> {
@@ -398,7 +396,7 @@ fn options(
             .iter()
             .enumerate()
             .filter(|(bit, _)| mask & (1 << bit) != 0)
-            .map(|(_, &index)| index)
+            .map(|(_, &(index, _))| index)
             .collect();
         let Some(mut fork) = twin.try_clone() else {
             return out;
@@ -418,7 +416,8 @@ fn options(
                 .any(|s| usize::try_from(s.id.get()).is_ok_and(|id| id == *index))
         };
         if joins.iter().all(scheduled) {
-            let events = flatten(&step.events);
+            let mut events = flatten(&step.events);
+            events.sort_unstable();
             out.push(Candidate {
                 joins,
                 fork,
@@ -433,24 +432,19 @@ fn options(
 /// How `option` stands against `window` (the engine's batches from the next on, each
 /// sorted: the order of a step's events is not compared).
 fn rank(option: &Candidate, window: &[Vec<BlockEvent>]) -> Rank {
-    if option.events.is_empty() {
+    let made = &option.events;
+    if made.is_empty() {
         // A step the engine may have taken without publishing anything.
-        return if window.first().is_some_and(Vec::is_empty) {
-            Rank::Next
-        } else {
-            Rank::Quiet
-        };
+        return Rank::Quiet;
     }
-    let mut made = option.events.clone();
-    made.sort_unstable();
     let nearby = window.iter().take(LOOKAHEAD_BATCHES + 1);
-    if let Some(at) = nearby.clone().position(|batch| *batch == made) {
+    if let Some(at) = nearby.clone().position(|batch| batch == made) {
         return if at == 0 { Rank::Next } else { Rank::Later(at) };
     }
     nearby
         .enumerate()
         .map(|(skipped, batch)| {
-            let (missing, extra) = apart(batch, &made);
+            let (missing, extra) = apart(batch, made);
             let shared = made.len() - extra;
             Rank::Apart {
                 differing: missing + extra,
