@@ -9,15 +9,18 @@
 //! dimensions fixed), more workers or more blocks in any tier never makes a latency
 //! worse, so a point that meets the SLO makes every point above it meet it, and one that
 //! fails makes every point below it fail. Cost grows along the same dimensions. Then:
-//! 1. Screening: per category, bisect workers at the largest cache on a prefix of the
-//!    workload, to guess the fewest workers that can meet the SLO; confirm on all of it,
-//!    walking from the guess to the true boundary (the point there meets the SLO, the one
-//!    below does not, both on the full workload).
-//! 2. From that many workers up, while a level's cheapest point could still beat the best
-//!    found: for each setting of the other cache dimensions (cheapest first), bisect the
-//!    last cache dimension for the smallest that meets the SLO, over the points cheaper
-//!    than the best so far only. A point already implied by an earlier run (above a pass,
-//!    below a failure) is not run again.
+//! 1. Fewest workers: per category, bisect workers at the largest cache for the fewest
+//!    that meet the SLO (the point there meets, the one below fails, both on the full
+//!    workload; a long line is screened on a prefix of the workload first, and only the
+//!    guess and the walk to the true boundary run in full). Only the levels that could
+//!    still beat the best found are searched, and with a best to beat the top of the line
+//!    runs first: a category that cannot beat it costs one run.
+//! 2. From that many workers up, category by category (the one whose cheapest
+//!    undecided point is cheapest first), while a level's cheapest point could still beat
+//!    the best found: for each setting of the other cache dimensions (cheapest first),
+//!    bisect the last cache dimension for the smallest that meets the SLO, over the points
+//!    cheaper than the best so far only. A point already implied by an earlier run (above
+//!    a pass, below a failure) is not run again.
 //!
 //! 3. Check: the points one level below the optimum on each monotone dimension, where
 //!    only implied, are run; if one meets the SLO the premise broke there, it becomes the
@@ -47,8 +50,10 @@ impl<E: Evaluate> Evaluate for &mut E {
     }
 }
 
-/// Worker levels below which screening costs more runs than it saves.
-const MIN_SCREENED_LEVELS: usize = 4;
+/// Worker levels below which screening costs more simulations than it saves: bisecting
+/// `n` levels on full runs takes about log2(n) + 1 of them, screening log2(n) screens
+/// and at least two full runs.
+const MIN_SCREENED_LEVELS: usize = 8;
 
 /// One full run the search made.
 #[derive(Clone, Debug)]
@@ -219,6 +224,70 @@ impl<E: Evaluate> State<'_, E> {
         Ok(())
     }
 
+    /// Runs, per category, the cheapest point of the most workers that could still beat
+    /// the best, where no run at that level decided it: the premise's weakest spot. More
+    /// device blocks are free and admit bigger decode batches, so a point with fewer of
+    /// them can meet a TPOT bound that the level's largest cache, run in step 1, fails;
+    /// then every point of the level was ruled out wrongly. If the probe meets the SLO it
+    /// becomes the best, and its neighbours are checked in turn.
+    fn probe_levels(&mut self) -> Result<(), E::Error> {
+        for category in 0..self.points.categories.len() {
+            let Some(w) = (0..self.points.levels[0])
+                .rev()
+                .find(|w| self.level_affordable(category, *w))
+            else {
+                continue;
+            };
+            let cheapest = (0..self.points.points.len())
+                .filter(|i| {
+                    let p = self.point(*i);
+                    p.category == category
+                        && p.levels[0] == w
+                        && p.invalid.is_none()
+                        && self.affordable(*i)
+                })
+                .reduce(|a, b| if self.point(b).before(self.point(a)) { b } else { a });
+            if let Some(index) = cheapest {
+                if !self.outcome.runs.contains_key(&index) && self.failed_only_with_more_free(index)
+                {
+                    self.outcome.checks += 1;
+                    self.run(index)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every run that rules `index` out has more of some free dimension (one
+    /// that does not change the price, as device blocks) than it: then only the premise
+    /// on those dimensions says it fails.
+    fn failed_only_with_more_free(&self, index: usize) -> bool {
+        let p = self.point(index);
+        let free = self.free_dimensions();
+        self.known[p.category].iter().all(|(other, known)| {
+            let q = self.point(*other);
+            *known == Known::Meets
+                || !p.below(q)
+                || (1..4).any(|d| free[d] && q.levels[d] > p.levels[d])
+        })
+    }
+
+    /// The cache dimensions whose levels do not change a point's price.
+    fn free_dimensions(&self) -> [bool; 4] {
+        let mut free = [false, true, true, true];
+        for p in &self.points.points {
+            for (d, free) in free.iter_mut().enumerate().skip(1) {
+                if *free && p.levels[d] > 0 && p.invalid.is_none() {
+                    let mut levels = p.levels;
+                    levels[d] -= 1;
+                    let q = self.points.at(p.category, levels);
+                    *free = q.invalid.is_some() || q.usd_per_hour == p.usd_per_hour;
+                }
+            }
+        }
+        free
+    }
+
     /// The index of the point of `category` at `levels`, if it is a valid one.
     fn valid(&self, category: usize, levels: [usize; 4]) -> Option<usize> {
         let p = self.points.at(category, levels);
@@ -227,11 +296,17 @@ impl<E: Evaluate> State<'_, E> {
             .then(|| self.points.index(category, levels))
     }
 
-    /// Finds the lowest worker level whose largest-cache point meets the SLO (screened,
-    /// then confirmed on the full workload), so that every level below is known to fail
-    /// at once. The largest cache is the most of each cache dimension any valid point of
-    /// the category has; levels where that point is not valid are left to the rest of
-    /// the search.
+    /// Finds the lowest worker level whose largest-cache point meets the SLO, among the
+    /// levels whose cheapest point could still beat the best found, so that every level
+    /// below is known to fail at once (and the point found is a best to beat). The
+    /// largest cache is the most of each cache dimension any valid point of the category
+    /// has; levels where that point is not valid are left to the rest of the search.
+    ///
+    /// A long line is screened first (bisected on the prefix of the workload, then the
+    /// guess confirmed on all of it, walking to the boundary); a short one is bisected on
+    /// full runs, which is exact with fewer runs in all than screens and a walk. With a
+    /// best to beat, the top of the line runs first: a category that cannot beat it is
+    /// then settled by that one run.
     fn fewest_workers(&mut self, category: usize) -> Result<(), E::Error> {
         let mut top = [0; 4];
         for p in &self.points.points {
@@ -241,49 +316,84 @@ impl<E: Evaluate> State<'_, E> {
                 }
             }
         }
-        let line: Vec<(usize, usize)> = (0..self.points.levels[0])
-            .filter_map(|w| {
-                self.valid(category, [w, top[1], top[2], top[3]])
-                    .map(|i| (w, i))
-            })
+        let line: Vec<usize> = (0..self.points.levels[0])
+            .filter(|w| self.level_affordable(category, *w))
+            .filter_map(|w| self.valid(category, [w, top[1], top[2], top[3]]))
             .collect();
-        if line.is_empty() {
+        let Some(&highest) = line.last() else {
+            return Ok(());
+        };
+        if self.best.is_some() && !self.decide(highest)? {
             return Ok(());
         }
-        // Screen: bisect on the prefix for the first level that meets the SLO. A short
-        // line is cheaper to walk on the full workload than to screen first.
-        let (mut lo, mut hi) = (0, line.len());
         if self.screen_fraction < 1.0 && line.len() >= MIN_SCREENED_LEVELS {
-            while lo < hi {
-                let mid = (lo + hi) / 2;
-                let points = self.points;
-                let summary = self
-                    .evaluate
-                    .evaluate(&points.points[line[mid].1], self.screen_fraction)?;
-                let meets = self.slo.judge(&summary).holds();
-                self.outcome.screens.insert(line[mid].1, summary);
-                if meets {
-                    hi = mid;
-                } else {
-                    lo = mid + 1;
-                }
-            }
-        } else {
-            lo = line.len() / 2;
+            return self.screen_then_walk(&line);
         }
-        // Confirm on the full workload, walking to the boundary.
+        // Bisect for the first level that meets the SLO (`line.len()`: none does).
+        let (mut lo, mut hi) = (0, line.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.decide(line[mid])? {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`State::fewest_workers`] on a long `line`: bisect on the prefix for the first
+    /// level that meets the SLO, then confirm on the full workload, walking from that
+    /// guess to the boundary (the point there meets the SLO, the one below does not).
+    fn screen_then_walk(&mut self, line: &[usize]) -> Result<(), E::Error> {
+        let (mut lo, mut hi) = (0, line.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let points = self.points;
+            let summary = self
+                .evaluate
+                .evaluate(&points.points[line[mid]], self.screen_fraction)?;
+            let meets = self.slo.judge(&summary).holds();
+            self.outcome.screens.insert(line[mid], summary);
+            if meets {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
         let mut at = lo.min(line.len() - 1);
-        if self.decide(line[at].1)? {
-            while at > 0 && self.decide(line[at - 1].1)? {
+        if self.decide(line[at])? {
+            while at > 0 && self.decide(line[at - 1])? {
                 at -= 1;
             }
         } else {
             at += 1;
-            while at < line.len() && !self.decide(line[at].1)? {
+            while at < line.len() && !self.decide(line[at])? {
                 at += 1;
             }
         }
         Ok(())
+    }
+
+    /// Whether any valid point of `category` at worker level `w` could still beat the
+    /// best found.
+    fn level_affordable(&self, category: usize, w: usize) -> bool {
+        self.points.points.iter().enumerate().any(|(i, p)| {
+            p.category == category && p.levels[0] == w && p.invalid.is_none() && self.affordable(i)
+        })
+    }
+
+    /// The cheapest valid point of `category` not yet known to fail (its key), if any:
+    /// what the category's optimum costs at least.
+    fn lower_bound(&self, category: usize) -> Option<usize> {
+        (0..self.points.points.len())
+            .filter(|i| {
+                let p = self.point(*i);
+                p.category == category
+                    && p.invalid.is_none()
+                    && self.implied(*i) != Some(Known::Fails)
+            })
+            .reduce(|a, b| if self.point(b).before(self.point(a)) { b } else { a })
     }
 
     /// At worker level `w`: for each setting of the outer cache dimensions, bisect the
@@ -361,23 +471,38 @@ pub fn search<E: Evaluate>(
         best: None,
         outcome: Outcome::default(),
     };
+    // 1. Every category's fewest workers, each found point a best for the next to beat.
     for category in 0..points.categories.len() {
         state.fewest_workers(category)?;
+    }
+    // 2. The categories whose optimum could be cheapest first, so that the best found
+    // early leaves the others' dearer points unrun.
+    let mut order: Vec<(usize, usize)> = (0..points.categories.len())
+        .filter_map(|category| state.lower_bound(category).map(|at| (at, category)))
+        .collect();
+    order.sort_by(|(a, _), (b, _)| {
+        if points.points[*a].before(&points.points[*b]) {
+            std::cmp::Ordering::Less
+        } else {
+            std::cmp::Ordering::Greater
+        }
+    });
+    for (_, category) in order {
         // Levels below the fewest workers fail by implication: their lines cost no run.
         for w in 0..points.levels[0] {
-            // Only a level whose cheapest valid point could beat the best is searched.
-            let affordable = points.points.iter().enumerate().any(|(i, p)| {
-                p.category == category
-                    && p.levels[0] == w
-                    && p.invalid.is_none()
-                    && state.affordable(i)
-            });
-            if affordable {
+            if state.level_affordable(category, w) {
                 state.cheapest_at(category, w)?;
             }
         }
     }
-    state.check_neighbours()?;
+    loop {
+        let best = state.best;
+        state.check_neighbours()?;
+        state.probe_levels()?;
+        if state.best == best {
+            break;
+        }
+    }
     let mut outcome = std::mem::take(&mut state.outcome);
     outcome.chosen = state.best;
     outcome.find_violations(points);
@@ -622,6 +747,71 @@ mod tests {
         .unwrap();
         for (low, high) in &searched.violations {
             assert!(searched.runs[low].verdict.holds() && !searched.runs[high].verdict.holds());
+        }
+    }
+
+    /// The simulations (full runs and screens) a search of `points` under `bound` makes,
+    /// after checking its answer against the brute force.
+    fn simulations(points: &Points, model: &Model, bound: f64) -> usize {
+        let slo = Slo::parse(&format!("ttft_p99_ms={bound}")).unwrap();
+        let table = Table { model, full: 0 };
+        let outcome = search(points, &slo, table, 0.25).unwrap();
+        assert_eq!(
+            outcome.chosen,
+            brute_force(points, model, bound),
+            "bound {bound}"
+        );
+        outcome.runs.len() + outcome.screens.len()
+    }
+
+    #[test]
+    fn a_small_space_needs_at_most_a_quarter_of_its_valid_points() {
+        // 3 GPUs (H100, H200, A100 prices) × 6 worker counts × 4 device sizes = 72
+        // points, the largest device size not fitting on two of them: 60 valid, as the
+        // issue's example. Device blocks cost nothing (the GPU is paid for), so at each
+        // worker count the search wants the fewest that meet the SLO.
+        let levels = [6, 4, 1, 1];
+        let per_category = 24;
+        let invalid: Vec<usize> = [0, 2]
+            .iter()
+            .flat_map(|c| (0..6).map(move |w| c * per_category + w * 4 + 3))
+            .collect();
+        let points = space(&[2.99, 3.79, 1.79], levels, [0.0, 0.0], &invalid);
+        let valid = points.points.len() - invalid.len();
+        assert_eq!(valid, 60);
+        // The GPUs as fast as they are dear (any of them may win), one much slower, or
+        // cache worth more than workers: and SLOs from met by a single worker to met
+        // by none.
+        let models = [
+            [(900.0, 0.6, 0.5), (700.0, 0.6, 0.5), (1500.0, 0.6, 0.5)],
+            [(900.0, 0.9, 0.1), (500.0, 0.9, 0.1), (3000.0, 0.5, 0.1)],
+            [(600.0, 0.2, 1.2), (600.0, 0.3, 1.0), (900.0, 0.2, 1.5)],
+        ];
+        let mut worst = 0;
+        for categories in models {
+            let model = Model {
+                categories: categories
+                    .iter()
+                    .map(|(base, w, d)| (*base, [*w, *d, 0.0, 0.0]))
+                    .collect(),
+                screen_error: 1.0,
+            };
+            for bound in (1..=60).map(|i| i as f64 * 25.0) {
+                let made = simulations(&points, &model, bound);
+                assert!(made * 4 <= valid, "bound {bound}: {made} simulations of {valid}");
+                worst = worst.max(made);
+            }
+        }
+        eprintln!("at most {worst} simulations of {valid} valid points");
+        // The host tier priced too: 2 GPUs × 4 workers × 2 device × 3 host sizes = 48.
+        let points = space(&[2.99, 1.79], [4, 2, 3, 1], [0.4, 0.0], &[]);
+        let model = Model {
+            categories: vec![(800.0, [0.7, 0.3, 0.4, 0.0]), (1200.0, [0.7, 0.3, 0.4, 0.0])],
+            screen_error: 1.0,
+        };
+        for bound in (1..=40).map(|i| i as f64 * 25.0) {
+            let made = simulations(&points, &model, bound);
+            assert!(made * 4 <= 48, "bound {bound}: {made} simulations of 48");
         }
     }
 
