@@ -5,39 +5,15 @@
 //! answers "how big must the cache be for this trace?"; `kvtwin router` and `kvtwin
 //! relay` run the event plane's services. All logic lives in the libraries.
 
-mod advisor_cmd;
-mod autoscale_plot;
+mod args;
 mod bench;
-mod bench_cuda;
-mod bench_dash;
-mod bench_gemm;
-mod bench_relay;
-mod bench_serve;
-mod bench_sim;
-mod bench_soak;
-mod bench_store;
-mod calibrate;
-mod dash;
-mod estimate;
-mod frontend_args;
+mod cmd;
 mod logging;
-mod nats_args;
-mod plan;
-mod plan_output;
-mod plan_plot;
 mod plot;
-mod profile;
-mod profile_engine;
 mod progress;
-mod service;
-mod shared_args;
-mod store_cmd;
-mod sweep;
-mod sweep_plot;
-mod trace_args;
-mod validate_engine;
 
 use anyhow::{bail, Context, Result};
+use args::trace::MismatchArg;
 use clap::{Parser, Subcommand, ValueEnum};
 use kvtwin::pool::EvictionPolicyKind;
 use kvtwin_sim::cache;
@@ -47,7 +23,6 @@ use kvtwin_sim::workload::{
     read_mooncake_trace, MooncakeTraceReader, Request, TraceCheck, TraceMismatch,
 };
 use std::path::{Path, PathBuf};
-use trace_args::MismatchArg;
 
 const DEFAULT_SCENARIO: &str = "scenarios/default.ron";
 
@@ -150,37 +125,37 @@ enum Command {
     },
     /// The cheapest configuration of a design space that meets an SLO (latency bounds),
     /// with the Pareto fronts of cost, latency and throughput.
-    Plan(plan::PlanArgs),
+    Plan(cmd::plan::PlanArgs),
     /// The compute model's static estimate for a batch of identical requests: TTFT,
     /// TPOT, latency, throughput and memory, named as AIConfigurator's `cli estimate`
     /// names them; no simulation.
-    Estimate(estimate::EstimateArgs),
+    Estimate(cmd::estimate::EstimateArgs),
     /// One replica's capacity tables (prefill TTFT by ISL, decode ITL by KV usage and
     /// context) in the layout NVIDIA Dynamo's SLA planner reads.
-    Profile(profile::ProfileArgs),
+    Profile(cmd::profile::ProfileArgs),
     /// Run every point of a grid of overrides (under K seeds) in parallel into a
     /// JSON-lines file, resumable and shardable; `kvtwin sweep merge` joins shards.
-    Sweep(sweep::SweepArgs),
+    Sweep(cmd::sweep::SweepArgs),
     /// Measure this machine through the host backend and write a hardware profile.
-    Calibrate(calibrate::CalibrateArgs),
+    Calibrate(cmd::calibrate::CalibrateArgs),
     /// Run a transfer script on the host backend and on the simulator, or (--engine) a
     /// workload through a running engine cluster and through its twin; compare them.
-    Validate(calibrate::ValidateArgs),
+    Validate(cmd::calibrate::ValidateArgs),
     /// A routing service fed by engine KV events (ZMQ, one --zmq per engine, or NATS),
     /// answering over HTTP/JSON until Ctrl-C.
-    Router(service::RouterArgs),
+    Router(cmd::router::RouterArgs),
     /// Relay one engine's ZMQ KV events onto NATS as Dynamo RouterEvents until Ctrl-C.
-    Relay(service::RelayArgs),
+    Relay(cmd::router::RelayArgs),
     /// The shared KV block store (G4): DRAM, disk and object tiers behind the Redis
     /// protocol, until Ctrl-C.
-    Store(store_cmd::StoreArgs),
+    Store(cmd::store::StoreArgs),
     /// The storage advisor: live on the event plane (--nats, --zmq), reports per-tier
     /// occupancy, reuse distance, hot and cold sets, promotions, demotions and tier sizes;
     /// or (--replay) a recorded KV event stream through a shared tier of each size under
     /// each tiering policy (LRU, LFU, S3-FIFO, ARC).
-    Advisor(advisor_cmd::AdvisorArgs),
+    Advisor(cmd::advisor::AdvisorArgs),
     /// A live dashboard of a router, the engines' events, a simulation or a recording.
-    Dash(dash::cli::DashArgs),
+    Dash(cmd::dash::cli::DashArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(Bench),
@@ -202,33 +177,33 @@ enum Bench {
     /// Run the full simulator on a trace (or the built-in synthetic workload) and print
     /// one JSON line: wall time, simulated requests and engine events per wall second,
     /// peak memory, and the headline outputs.
-    Sim(bench_sim::SimArgs),
+    Sim(bench::sim::SimArgs),
     /// Copy batches of KV blocks between pinned host memory and a GPU, and compare them
     /// with one large copy (CUDA events) and with `HostHardware`'s transfers (needs a
     /// build with `--features cuda` and a GPU).
-    Cuda(bench_cuda::CudaArgs),
+    Cuda(bench::cuda::CudaArgs),
     /// Time Llama-3-8B's GEMMs on a GPU with cuBLAS (and one device-to-device copy),
     /// beside what a built-in compute profile's roofline predicts for them (needs a build
     /// with `--features cuda`, a GPU and libcublas).
-    Gemm(bench_gemm::GemmArgs),
+    Gemm(bench::gemm::GemmArgs),
     /// Push synthetic vLLM events through ZMQ → relay → NATS → router on loopback (its
     /// own nats-server) and report block events per second and the added latency.
-    Relay(bench_relay::RelayArgs),
+    Relay(bench::relay::RelayArgs),
     /// Run engines, relays, a JetStream nats-server and a router as processes for
     /// minutes, `kill -9` and restart each of the latter at seeded moments, and check the
     /// router against the engines, acknowledged events and RSS; one JSON line.
-    Soak(bench_soak::SoakArgs),
+    Soak(bench::soak::SoakArgs),
     /// Time the dashboard: frames per view and size, update ingest, the replica path at
     /// the event rate, key press to frame and replay speed; one JSON line.
-    Dash(bench_dash::DashBenchArgs),
+    Dash(bench::dash::DashBenchArgs),
     /// Load an OpenAI-compatible server (`kvtwin router --engine`, or one vLLM engine)
     /// with token-id completions: shared prefixes in a closed or open loop, or a
     /// Mooncake trace replayed; TTFT, ITL, end to end, throughput, cached tokens and
     /// requests per worker as one JSON line (a table on stderr).
-    Serve(bench_serve::ServeArgs),
+    Serve(bench::serve::ServeArgs),
     /// A `kvtwin store` under concurrent SETs and GETs over twice its DRAM: torn reads
     /// (every value checked against its BLAKE3), RSS, evictions; one JSON line.
-    Store(bench_store::StoreBenchArgs),
+    Store(bench::store::StoreBenchArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -344,26 +319,28 @@ fn dispatch() -> Result<()> {
                 cache_sizes(trace, &capacity_blocks, block_tokens, policy, json)
             }
         }
-        Command::Bench(Bench::Router { workload, threads }) => bench::router(&workload, threads),
-        Command::Bench(Bench::Sim(args)) => bench_sim::run(&args),
-        Command::Bench(Bench::Cuda(args)) => bench_cuda::run(&args),
-        Command::Bench(Bench::Gemm(args)) => bench_gemm::run(&args),
-        Command::Bench(Bench::Relay(args)) => bench_relay::run(&args),
-        Command::Bench(Bench::Soak(args)) => bench_soak::run(&args),
-        Command::Bench(Bench::Dash(args)) => bench_dash::run(&args),
-        Command::Bench(Bench::Serve(args)) => bench_serve::run(&args),
-        Command::Bench(Bench::Store(args)) => bench_store::run(&args),
-        Command::Sweep(args) => sweep::run(&args),
-        Command::Router(args) => service::router(&args),
-        Command::Dash(args) => dash::cli::dash(&args),
-        Command::Plan(args) => plan::plan(&args),
-        Command::Profile(args) => profile::profile(&args),
-        Command::Estimate(args) => estimate::run(&args),
-        Command::Relay(args) => service::relay(&args),
-        Command::Store(args) => store_cmd::store(&args),
-        Command::Advisor(args) => advisor_cmd::advisor(&args),
-        Command::Calibrate(args) => calibrate::calibrate(&args),
-        Command::Validate(args) => calibrate::validate(&args),
+        Command::Bench(Bench::Router { workload, threads }) => {
+            bench::router::router(&workload, threads)
+        }
+        Command::Bench(Bench::Sim(args)) => bench::sim::run(&args),
+        Command::Bench(Bench::Cuda(args)) => bench::cuda::run(&args),
+        Command::Bench(Bench::Gemm(args)) => bench::gemm::run(&args),
+        Command::Bench(Bench::Relay(args)) => bench::relay::run(&args),
+        Command::Bench(Bench::Soak(args)) => bench::soak::run(&args),
+        Command::Bench(Bench::Dash(args)) => bench::dash::run(&args),
+        Command::Bench(Bench::Serve(args)) => bench::serve::run(&args),
+        Command::Bench(Bench::Store(args)) => bench::store::run(&args),
+        Command::Sweep(args) => cmd::sweep::run(&args),
+        Command::Router(args) => cmd::router::router(&args),
+        Command::Dash(args) => cmd::dash::cli::dash(&args),
+        Command::Plan(args) => cmd::plan::plan(&args),
+        Command::Profile(args) => cmd::profile::profile(&args),
+        Command::Estimate(args) => cmd::estimate::run(&args),
+        Command::Relay(args) => cmd::router::relay(&args),
+        Command::Store(args) => cmd::store::store(&args),
+        Command::Advisor(args) => cmd::advisor::advisor(&args),
+        Command::Calibrate(args) => cmd::calibrate::calibrate(&args),
+        Command::Validate(args) => cmd::calibrate::validate(&args),
     }
 }
 
@@ -496,7 +473,7 @@ fn run(path: &Path, options: RunOptions) -> Result<()> {
             path.display()
         );
     }
-    let check = trace_args::trace_check(&scenario, trace_mismatch);
+    let check = args::trace::trace_check(&scenario, trace_mismatch);
     let mut requests = requests_of(&scenario, path, trace);
     let mut trace_input = None;
     if scenario.traffic.is_some() {
@@ -558,7 +535,7 @@ fn run(path: &Path, options: RunOptions) -> Result<()> {
     };
     println!("{report}");
     if let (Some(dir), Some(autoscale)) = (&plot, &report.autoscale) {
-        for file in autoscale_plot::charts(dir, &report.scenario, autoscale)? {
+        for file in plot::autoscale::charts(dir, &report.scenario, autoscale)? {
             eprintln!("kvtwin: wrote {}", file.display());
         }
     }
