@@ -5,7 +5,7 @@
 //! `--engine WORKER_ID=URL` ([`EngineArg`]) and [`start_frontend`].
 //! Never: proxy, tokenize or check an engine itself (the plane's frontend does).
 
-use crate::cmd::router::ZmqSourceArg;
+use crate::args::zmq::ZmqSourceArg;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kvtwin::ids::WorkerId;

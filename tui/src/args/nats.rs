@@ -1,13 +1,19 @@
 //! The secured-NATS options `kvtwin router`, `kvtwin relay` and `kvtwin dash --nats`
 //! share: a credentials file, a token, a user and password, an nkey seed, TLS.
 //!
-//! Owns: [`NatsAuthArgs`] and its conversion to the plane's `NatsAuth`.
+//! Owns: [`NatsAuthArgs`] and its conversion to the plane's `NatsAuth`, the subject KV
+//! events go to by default ([`DEFAULT_SUBJECT`]), and [`connect_nats`], a subscription to
+//! Dynamo RouterEvents (the router's, and a dashboard replica's).
 //! Never: print a secret (tokens and passwords come from the environment or a file
 //! rather than the command line where they can be, and clap hides their values).
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
-use kvtwin_plane::nats::{read_secret, NatsAuth, Secret};
+use kvtwin_plane::nats::{
+    read_secret, ConsumeMode, NatsAuth, Secret, SubscriberConfig as NatsSubscriberConfig,
+};
+use kvtwin_plane::service::nats_source::{NatsSource, NatsSourceConfig};
+use kvtwin_plane::wire::DecodeLimits;
 use std::path::PathBuf;
 
 /// How to authenticate to a NATS server that requires it, and TLS.
@@ -82,4 +88,32 @@ impl NatsAuthArgs {
             require_tls: self.nats_require_tls,
         })
     }
+}
+
+/// Dynamo's subject for KV events without a namespace; ours by default.
+pub(crate) const DEFAULT_SUBJECT: &str = "kvtwin.kv_events";
+
+/// Subscribes to Dynamo RouterEvents on `subject` at `url`: core NATS, or a JetStream
+/// stream replayed from its start.
+pub(crate) async fn connect_nats(
+    url: &str,
+    subject: &str,
+    jetstream: Option<&str>,
+    auth: &NatsAuth,
+) -> Result<NatsSource> {
+    let mode = match jetstream {
+        Some(stream) => ConsumeMode::Replay {
+            stream: stream.to_string(),
+        },
+        None => ConsumeMode::Core,
+    };
+    let mut subscriber = NatsSubscriberConfig::new(url, subject, mode);
+    subscriber.connect.auth = auth.clone();
+    let source = NatsSource::connect(NatsSourceConfig {
+        subscriber,
+        limits: DecodeLimits::default(),
+    })
+    .await
+    .with_context(|| format!("subscribing to {subject} on {url}"))?;
+    Ok(source)
 }

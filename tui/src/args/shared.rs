@@ -6,7 +6,9 @@
 //! [`start_shared`]. Never: index or weigh anything itself (`kvtwin_plane::service`'s
 //! state does), or make the store a worker.
 
-use crate::cmd::router::{connect_nats, parse_zmq_source, stopped, ZmqSourceArg};
+use crate::args::nats::connect_nats;
+use crate::args::zmq::{parse_zmq_source, ZmqSourceArg};
+use crate::runtime::stopped;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kvtwin::ids::WorkerId;

@@ -1,12 +1,16 @@
 //! `--trace-mismatch`: what a command does with a Mooncake trace row whose `input_length`
 //! and `hash_ids` disagree, on the command line (the scenario's `mismatch` otherwise).
 //!
-//! Owns: [`MismatchArg`] and the check a command reads its trace with.
-//! Never: read a trace (the reader in `kvtwin_sim::mooncake` does).
+//! Owns: [`MismatchArg`], the check a command reads its trace with, and [`read_trace`]:
+//! a trace read whole with it, what the check changed said on stderr.
+//! Never: parse a trace (the reader in `kvtwin_sim::mooncake` does).
 
+use anyhow::{Context, Result};
 use clap::ValueEnum;
 use kvtwin_sim::mooncake::{TraceCheck, TraceMismatch};
 use kvtwin_sim::scenario::Scenario;
+use kvtwin_sim::workload::read_mooncake_trace;
+use std::path::Path;
 
 /// What to do with a trace row whose tokens and hash ids disagree at the block size.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -40,4 +44,32 @@ pub(crate) fn trace_check(scenario: &Scenario, flag: Option<MismatchArg>) -> Tra
         check.mismatch = flag.into();
     }
     check
+}
+
+/// Reads `trace` whole with `check`, saying on stderr what the check changed.
+pub(crate) fn read_trace(
+    trace: &Path,
+    check: TraceCheck,
+) -> Result<kvtwin_sim::workload::TraceRead> {
+    let read = read_mooncake_trace(trace, check)
+        .with_context(|| format!("reading trace {}", trace.display()))?;
+    if read.input.mismatched_rows() > 0 {
+        eprintln!(
+            "kvtwin: {}: {} of {} rows {} (--trace-mismatch {}): {} with tokens past their \
+             hash_ids, {} with hash_ids past their tokens at {} tokens a block",
+            trace.display(),
+            read.input.mismatched_rows(),
+            read.input.rows,
+            if read.input.mismatch == TraceMismatch::Clamp {
+                "clamped"
+            } else {
+                "extended"
+            },
+            read.input.mismatch.name(),
+            read.input.tokens_past_hash_ids,
+            read.input.hash_ids_past_tokens,
+            read.input.block_tokens,
+        );
+    }
+    Ok(read)
 }

@@ -133,7 +133,7 @@ pub(crate) fn run(args: &SimArgs) -> Result<()> {
         Some(trace) => {
             let start = Instant::now();
             let check = crate::args::trace::trace_check(&scenario, None);
-            let report = crate::simulate_trace(&scenario, trace, check)?;
+            let report = crate::cmd::run::simulate_trace(&scenario, trace, check)?;
             (report, start.elapsed().as_secs_f64())
         }
         None => {

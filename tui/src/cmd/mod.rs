@@ -5,12 +5,15 @@
 //! subcommand (`main` does), or hold logic that belongs to a library.
 
 pub(crate) mod advisor;
+pub(crate) mod cache;
 pub(crate) mod calibrate;
 pub(crate) mod dash;
 pub(crate) mod estimate;
 pub(crate) mod plan;
 pub(crate) mod profile;
+pub(crate) mod relay;
 pub(crate) mod router;
+pub(crate) mod run;
 pub(crate) mod store;
 pub(crate) mod sweep;
 pub(crate) mod validate;

@@ -1,113 +1,36 @@
-//! `kvtwin router` and `kvtwin relay`: the event plane's services from the command line.
+//! `kvtwin router`: a routing service fed by engine KV events (ZMQ, one `--zmq` per
+//! engine, or NATS), answering over HTTP/JSON until Ctrl-C (or SIGTERM).
 //!
-//! Owns: their flags, the strict parsing of `--zmq WORKER_ID=ENDPOINT[,replay=ENDPOINT]`
-//! ([`ZmqSourceArg`]), the tokio runtime, and the wiring of library parts: a
-//! `RouterState` fed by `ZmqSource`s or a `NatsSource` and served by `service::http`
-//! (with the access flags: a token, `/metrics` open or not, TLS, and the refusal of a
-//! non-loopback address without a token), or one `run_relay`. Both run until Ctrl-C (or
-//! SIGTERM) and log to stderr, never the token. Stopping is bounded: the router stops
-//! accepting and gives requests in flight [`STOP_GRACE`]; the relay publishes what it had
-//! queued for `--drain-timeout-s` (10 s) and exits 1 if anything decoded was not
-//! acknowledged.
+//! Owns: its flags (with [`BudgetArgs`], the index budget a dashboard replica shares) and
+//! the wiring of library parts: a `RouterState` fed by `ZmqSource`s or a `NatsSource`
+//! and served by `service::http` (with the access flags: a token, `/metrics` open or
+//! not, TLS, and the refusal of a non-loopback address without a token), the OpenAI
+//! front door (`args::frontend`) and a shared store's events (`args::shared`). It logs
+//! to stderr, never the token. Stopping is bounded: the router stops accepting and gives
+//! requests in flight [`STOP_GRACE`].
 //! Never: decode, translate or apply an event itself (`kvtwin_plane::service` does).
 
+use crate::args::nats::{connect_nats, DEFAULT_SUBJECT};
+use crate::args::zmq::{describe_zmq_source, parse_zmq_source, start_zmq_sources, ZmqSourceArg};
+use crate::runtime::{runtime, signal_stop, stop_on_signal, stopped};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use kvtwin::ids::WorkerId;
 use kvtwin::router::indexer::IndexBudget;
-use kvtwin_plane::nats::{
-    ConsumeMode, NatsAuth, NatsMode, PublisherConfig as NatsPublisherConfig,
-    SubscriberConfig as NatsSubscriberConfig,
-};
 use kvtwin_plane::service::auth::{
     check_exposure, load_token, Access, Exposure, MetricsAccess, TokenSource, TOKEN_ENV,
 };
 use kvtwin_plane::service::block_size::RouterBlockSize;
 use kvtwin_plane::service::http::{app_full, serve_app, SharedState, Transport};
-use kvtwin_plane::service::nats_source::{NatsSource, NatsSourceConfig};
-use kvtwin_plane::service::relay::{
-    run_relay_reporting, serve_metrics, NatsFormat, RelayConfig, RelayStats,
-};
-use kvtwin_plane::service::source::{start_vllm_source, ZmqSource};
 use kvtwin_plane::service::state::{RouterLimits, RouterState};
 use kvtwin_plane::service::tls::server_config;
-use kvtwin_plane::wire::DecodeLimits;
-use kvtwin_plane::zmq::SubscriberConfig;
-use serde_json::json;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
 
 /// How long a stopping router lets requests in flight finish.
 const STOP_GRACE: Duration = Duration::from_secs(10);
-
-/// Dynamo's subject for KV events without a namespace; ours by default.
-pub(crate) const DEFAULT_SUBJECT: &str = "kvtwin.kv_events";
-
-/// One engine a router subscribes to: `WORKER_ID=ENDPOINT[,replay=ENDPOINT]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ZmqSourceArg {
-    /// The worker id its events are indexed under.
-    pub(crate) worker: u64,
-    /// The engine's PUB endpoint.
-    pub(crate) endpoint: String,
-    /// The engine's replay ROUTER, if any.
-    pub(crate) replay: Option<String>,
-}
-
-/// A ZMQ endpoint as libzmq takes it: `transport://address`, nothing around it.
-fn check_endpoint(what: &str, endpoint: &str) -> Result<(), String> {
-    match endpoint.split_once("://") {
-        Some((transport, address))
-            if !transport.is_empty()
-                && !address.is_empty()
-                && !endpoint.chars().any(char::is_whitespace) =>
-        {
-            Ok(())
-        }
-        _ => Err(format!(
-            "{what} {endpoint:?} is not a ZMQ endpoint (transport://address, e.g. tcp://127.0.0.1:5557)"
-        )),
-    }
-}
-
-/// Parses `WORKER_ID=ENDPOINT[,replay=ENDPOINT]`; any other shape is an error that says
-/// what was expected.
-pub(crate) fn parse_zmq_source(text: &str) -> Result<ZmqSourceArg, String> {
-    let expected = concat!(
-        "expected WORKER_ID=ENDPOINT[,replay=ENDPOINT], ",
-        "e.g. 1=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558"
-    );
-    let (worker, rest) = text
-        .split_once('=')
-        .ok_or_else(|| format!("{text:?}: no worker id; {expected}"))?;
-    let worker: u64 = worker.parse().map_err(|_| {
-        format!("{text:?}: worker id {worker:?} is not an unsigned integer; {expected}")
-    })?;
-    let mut parts = rest.split(',');
-    let endpoint = parts.next().unwrap_or_default();
-    check_endpoint("endpoint", endpoint).map_err(|error| format!("{text:?}: {error}"))?;
-    let mut replay = None;
-    for option in parts {
-        match option.split_once('=') {
-            Some(("replay", value)) if replay.is_none() => {
-                check_endpoint("replay endpoint", value)
-                    .map_err(|error| format!("{text:?}: {error}"))?;
-                replay = Some(value.to_string());
-            }
-            Some(("replay", _)) => return Err(format!("{text:?}: replay given twice")),
-            _ => return Err(format!("{text:?}: unknown option {option:?}; {expected}")),
-        }
-    }
-    Ok(ZmqSourceArg {
-        worker,
-        endpoint: endpoint.to_string(),
-        replay,
-    })
-}
 
 #[derive(Args, Debug)]
 pub(crate) struct RouterArgs {
@@ -316,172 +239,6 @@ fn describe_access(args: &RouterArgs, access: &Access) -> String {
     format!("; bearer token from {from} required except on {open}")
 }
 
-#[derive(Args, Debug)]
-pub(crate) struct RelayArgs {
-    /// The engine's ZMQ KV event stream.
-    #[arg(long, value_name = "ENDPOINT", value_parser = zmq_endpoint)]
-    zmq: String,
-    /// The engine's replay socket (gaps and a late start are filled from it).
-    #[arg(long, value_name = "ENDPOINT", value_parser = zmq_endpoint)]
-    replay: Option<String>,
-    /// The NATS server.
-    #[arg(long, value_name = "URL")]
-    nats: String,
-    /// Credentials and TLS for a secured NATS server.
-    #[command(flatten)]
-    nats_auth: crate::args::nats::NatsAuthArgs,
-    /// The engine's worker id in the events.
-    #[arg(long)]
-    worker_id: u64,
-    /// The NATS subject.
-    #[arg(long, default_value = DEFAULT_SUBJECT)]
-    subject: String,
-    /// Publish into this JetStream stream (created when missing) instead of core NATS.
-    #[arg(long, value_name = "STREAM")]
-    jetstream: Option<String>,
-    /// Dynamo 1.6 msgpack envelopes (up to 128 events each) instead of one JSON event
-    /// per message.
-    #[arg(long)]
-    envelope: bool,
-    /// On SIGTERM or Ctrl-C, how long to keep publishing what was queued (JetStream:
-    /// waiting for each ack) before giving up on the rest; events given up on make the
-    /// exit status 1.
-    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
-    drain_timeout_s: u64,
-    /// Also print the stats line (the one printed at exit) every this many milliseconds
-    /// while it changes, so a supervisor knows what was published and acknowledged even if
-    /// the relay is killed (`kvtwin bench soak` reads it).
-    #[arg(long, value_name = "MS")]
-    stats_every_ms: Option<u64>,
-    /// Serve the stats as Prometheus metrics (`GET /metrics`, OpenMetrics text, and
-    /// `GET /healthz`) on this address (port 0: a free one, logged). The counters are
-    /// open to anyone who reaches the address.
-    #[arg(long, value_name = "ADDR")]
-    metrics_listen: Option<SocketAddr>,
-    /// Log lines as text or as one JSON object each (filter with RUST_LOG, default info).
-    #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text)]
-    log_format: crate::logging::LogFormat,
-}
-
-fn zmq_endpoint(text: &str) -> Result<String, String> {
-    check_endpoint("endpoint", text).map(|()| text.to_string())
-}
-
-pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")
-}
-
-/// A watch that turns true on Ctrl-C (or SIGTERM), and a future per subscriber that
-/// resolves then. The handlers are installed before this returns, so a signal sent as
-/// soon as the caller says it is ready is never missed: until then SIGINT keeps the
-/// disposition the process inherited, which under a parent that ignores it (a
-/// non-interactive shell's `&`) would make Ctrl-C do nothing at all.
-pub(crate) fn stop_on_signal() -> Result<watch::Sender<bool>> {
-    let (stop, _) = watch::channel(false);
-    let sender = stop.clone();
-    #[cfg(unix)]
-    let (mut interrupt, mut terminate) = {
-        use tokio::signal::unix::{signal, SignalKind};
-        (
-            signal(SignalKind::interrupt()).context("listening for SIGINT")?,
-            signal(SignalKind::terminate()).context("listening for SIGTERM")?,
-        )
-    };
-    tokio::spawn(async move {
-        #[cfg(unix)]
-        tokio::select! {
-            _ = interrupt.recv() => {}
-            _ = terminate.recv() => {}
-        }
-        #[cfg(not(unix))]
-        let _ = tokio::signal::ctrl_c().await;
-        tracing::info!("stopping");
-        signal_stop(&sender);
-    });
-    Ok(stop)
-}
-
-/// Turns the stop watch true, whether or not anything listens yet: a signal can come
-/// before the first `stopped` subscribes (right after the router says it listens), and
-/// `watch::Sender::send` with no receiver leaves the value as it was, which had left a
-/// router interrupted at that moment running forever.
-fn signal_stop(stop: &watch::Sender<bool>) {
-    stop.send_replace(true);
-}
-
-pub(crate) fn stopped(
-    stop: &watch::Sender<bool>,
-) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let mut receiver = stop.subscribe();
-    async move {
-        let _ = receiver.wait_for(|stop| *stop).await;
-    }
-}
-
-/// Subscribes to each engine of `sources`, applying their events to `state` (the router
-/// service's sources, also a dashboard replica's); stopped when dropped.
-/// Prints nothing: callers say what they started ([`describe_zmq_source`]), a dashboard
-/// cannot print under its screen.
-pub(crate) fn start_zmq_sources(
-    sources: &[ZmqSourceArg],
-    state: &SharedState,
-) -> Result<Vec<ZmqSource>> {
-    sources
-        .iter()
-        .map(|source| {
-            start_vllm_source(
-                WorkerId::new(source.worker),
-                &source.endpoint,
-                source.replay.as_deref(),
-                state,
-            )
-            .with_context(|| format!("subscribing to {}", source.endpoint))
-        })
-        .collect()
-}
-
-/// "worker W from ENDPOINT (replay ENDPOINT)".
-pub(crate) fn describe_zmq_source(source: &ZmqSourceArg) -> String {
-    format!(
-        "worker {} from {}{}",
-        source.worker,
-        source.endpoint,
-        source
-            .replay
-            .as_deref()
-            .map(|replay| format!(" (replay {replay})"))
-            .unwrap_or_default()
-    )
-}
-
-/// Subscribes to Dynamo RouterEvents on `subject` at `url`: core NATS, or a JetStream
-/// stream replayed from its start.
-pub(crate) async fn connect_nats(
-    url: &str,
-    subject: &str,
-    jetstream: Option<&str>,
-    auth: &NatsAuth,
-) -> Result<NatsSource> {
-    let mode = match jetstream {
-        Some(stream) => ConsumeMode::Replay {
-            stream: stream.to_string(),
-        },
-        None => ConsumeMode::Core,
-    };
-    let mut subscriber = NatsSubscriberConfig::new(url, subject, mode);
-    subscriber.connect.auth = auth.clone();
-    let source = NatsSource::connect(NatsSourceConfig {
-        subscriber,
-        limits: DecodeLimits::default(),
-    })
-    .await
-    .with_context(|| format!("subscribing to {subject} on {url}"))?;
-    Ok(source)
-}
-
 pub(crate) fn router(args: &RouterArgs) -> Result<()> {
     crate::logging::init(args.log_format, crate::logging::SERVICE_DEFAULT)?;
     args.validate()?;
@@ -614,185 +371,9 @@ fn describe_cap(cap: Option<usize>) -> String {
     cap.map_or_else(|| "unbounded".to_string(), |blocks| blocks.to_string())
 }
 
-pub(crate) fn relay(args: &RelayArgs) -> Result<()> {
-    crate::logging::init(args.log_format, crate::logging::SERVICE_DEFAULT)?;
-    let mode = match &args.jetstream {
-        Some(stream) => NatsMode::JetStream {
-            stream: stream.clone(),
-        },
-        None => NatsMode::Core,
-    };
-    let worker = WorkerId::new(args.worker_id);
-    let config = RelayConfig {
-        worker,
-        zmq: SubscriberConfig::new(&args.zmq, args.replay.as_deref()),
-        nats: {
-            let mut nats = NatsPublisherConfig::new(&args.nats, &args.subject, mode);
-            nats.connect.auth = args.nats_auth.auth()?;
-            nats
-        },
-        format: if args.envelope {
-            NatsFormat::Envelope {
-                publisher_id: args.worker_id,
-            }
-        } else {
-            NatsFormat::Json
-        },
-        limits: DecodeLimits::default(),
-        // A NATS server restart (a few seconds of reconnecting) costs time, not events.
-        publish_attempts: 40,
-        drain_timeout: Duration::from_secs(args.drain_timeout_s),
-    };
-    let stats = runtime()?.block_on(async {
-        let stop = stop_on_signal()?;
-        tracing::info!(
-            "kvtwin relay: worker {} from {}{} to {} subject {} ({}, {})",
-            args.worker_id,
-            args.zmq,
-            args.replay
-                .as_deref()
-                .map(|replay| format!(" (replay {replay})"))
-                .unwrap_or_default(),
-            args.nats,
-            args.subject,
-            args.jetstream
-                .as_deref()
-                .map(|stream| format!("JetStream stream {stream}"))
-                .unwrap_or_else(|| "core NATS".to_string()),
-            if args.envelope { "envelopes" } else { "JSON" }
-        );
-        let progress = (args.stats_every_ms.is_some() || args.metrics_listen.is_some())
-            .then(|| watch::channel(RelayStats::default()).0);
-        if let (Some(address), Some(sender)) = (args.metrics_listen, &progress) {
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .with_context(|| format!("--metrics-listen {address}"))?;
-            let address = listener.local_addr().context("the metrics address")?;
-            tracing::info!("kvtwin relay: metrics on http://{address}/metrics");
-            let serving = serve_metrics(listener, sender.subscribe(), worker, stopped(&stop));
-            tokio::spawn(async move {
-                if let Err(error) = serving.await {
-                    tracing::warn!(%error, "the metrics listener failed");
-                }
-            });
-        }
-        if let (Some(ms), Some(sender)) = (args.stats_every_ms, &progress) {
-            let mut receiver = sender.subscribe();
-            let every = std::time::Duration::from_millis(ms.max(1));
-            tokio::spawn(async move {
-                let mut ticks = tokio::time::interval(every);
-                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-                loop {
-                    ticks.tick().await;
-                    match receiver.has_changed() {
-                        Ok(true) => println!("{}", stats_json(&receiver.borrow_and_update())),
-                        Ok(false) => {}
-                        Err(_) => break,
-                    }
-                }
-            });
-        }
-        anyhow::Ok(run_relay_reporting(config, stopped(&stop), progress).await?)
-    })?;
-    println!("{}", stats_json(&stats));
-    if stats.unacknowledged() > 0 {
-        bail!(
-            "not everything decoded was acknowledged: {} publish(es) failed, {} event(s) still \
-             queued when the {} s drain ran out",
-            stats.publish_failures,
-            stats.abandoned_events,
-            args.drain_timeout_s
-        );
-    }
-    Ok(())
-}
-
-/// The relay's stats line: one JSON object.
-fn stats_json(stats: &RelayStats) -> serde_json::Value {
-    json!({
-        "batches": stats.batches,
-        "events": stats.events,
-        "blocks": stats.blocks,
-        "messages": stats.messages,
-        "publish_failures": stats.publish_failures,
-        "restarts": stats.restarts,
-        "lost_batches": stats.lost_batches,
-        "dropped": stats.dropped,
-        "abandoned_events": stats.abandoned_events,
-        "zmq_reconnects": stats.zmq_reconnects,
-        "zmq_disconnects": stats.zmq_disconnects,
-        "nats_reconnects": stats.nats_reconnects,
-        "salt_evictions": stats.salt_evictions,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_stop_signalled_before_anything_listens_still_stops_later_listeners() {
-        let (stop, first) = watch::channel(false);
-        drop(first);
-        signal_stop(&stop);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
-        let late = runtime.block_on(async {
-            tokio::time::timeout(std::time::Duration::from_secs(5), stopped(&stop)).await
-        });
-        assert!(
-            late.is_ok(),
-            "a listener subscribed after the signal never stopped"
-        );
-    }
-
-    #[test]
-    fn zmq_sources_parse_with_and_without_replay() {
-        assert_eq!(
-            parse_zmq_source("1=tcp://127.0.0.1:5557"),
-            Ok(ZmqSourceArg {
-                worker: 1,
-                endpoint: "tcp://127.0.0.1:5557".into(),
-                replay: None,
-            })
-        );
-        assert_eq!(
-            parse_zmq_source("18446744073709551615=ipc:///tmp/kv,replay=tcp://10.0.0.2:5558"),
-            Ok(ZmqSourceArg {
-                worker: u64::MAX,
-                endpoint: "ipc:///tmp/kv".into(),
-                replay: Some("tcp://10.0.0.2:5558".into()),
-            })
-        );
-    }
-
-    #[test]
-    fn malformed_zmq_sources_are_refused_with_what_was_expected() {
-        for (text, says) in [
-            ("tcp://127.0.0.1:5557", "no worker id"),
-            ("5557", "no worker id"),
-            ("-1=tcp://h:1", "not an unsigned integer"),
-            ("w=tcp://h:1", "not an unsigned integer"),
-            ("1=", "not a ZMQ endpoint"),
-            ("1=127.0.0.1:5557", "not a ZMQ endpoint"),
-            ("1=tcp://", "not a ZMQ endpoint"),
-            ("1=tcp://h:1,", "unknown option"),
-            ("1=tcp://h:1,replay", "unknown option"),
-            ("1=tcp://h:1,replay=", "not a ZMQ endpoint"),
-            ("1=tcp://h:1,replay=h:2", "not a ZMQ endpoint"),
-            (
-                "1=tcp://h:1,replay=tcp://h:2,replay=tcp://h:3",
-                "replay given twice",
-            ),
-            ("1=tcp://h:1,topic=kv", "unknown option"),
-            ("1=tcp://h 1", "not a ZMQ endpoint"),
-        ] {
-            let error = parse_zmq_source(text).expect_err(text);
-            assert!(error.contains(says), "{text}: {error}");
-        }
-    }
 
     #[test]
     fn the_router_takes_zmq_or_nats_and_refuses_both_or_neither() {

@@ -271,8 +271,8 @@ pub(crate) fn store(args: &StoreArgs) -> Result<()> {
         promote_on_hit: !args.no_promote,
         events: None,
     };
-    crate::cmd::router::runtime()?.block_on(async {
-        let stop = crate::cmd::router::stop_on_signal()?;
+    crate::runtime::runtime()?.block_on(async {
+        let stop = crate::runtime::stop_on_signal()?;
         let started = start_events(&args.events).await?;
         let config = StoreConfig {
             events: started.events.clone(),
@@ -324,7 +324,7 @@ pub(crate) fn store(args: &StoreArgs) -> Result<()> {
         };
         tokio::select! {
             () = serve(listener, store, server) => {}
-            () = crate::cmd::router::stopped(&stop) => {
+            () = crate::runtime::stopped(&stop) => {
                 tracing::info!("kvtwin store: stopped");
             }
         }

@@ -6,10 +6,14 @@
 //! positive on a log axis, is skipped, and a chart with nothing left to draw is an error.
 //! Text is drawn with DejaVu Sans, embedded in the binary through the `dejavu` crate and
 //! registered with plotters' `ab_glyph` renderer, so no system font library is needed.
+//! What each command draws (the series, axes and file names) is chosen in a submodule:
+//! [`autoscale`] (`kvtwin run --plot`), [`cache`] (`kvtwin cache --curve --plot`),
+//! [`plan`] and [`sweep`].
 //! Never: compute what it draws (callers pass finished numbers, with units in the axis
 //! labels) or print anything.
 
 pub(crate) mod autoscale;
+pub(crate) mod cache;
 pub(crate) mod plan;
 pub(crate) mod sweep;
 

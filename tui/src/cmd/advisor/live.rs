@@ -19,7 +19,8 @@
 use super::metrics::{render, serve_metrics};
 use super::sources::{self, Input, SourceSpecs, CHANNEL_BOUND};
 use super::{print, AdvisorArgs};
-use crate::cmd::router::{runtime, stop_on_signal, stopped, DEFAULT_SUBJECT};
+use crate::args::nats::DEFAULT_SUBJECT;
+use crate::runtime::{runtime, stop_on_signal, stopped};
 use anyhow::{Context, Result};
 use kvtwin_plane::service::warn::WarnLimiter;
 use kvtwin_plane::wire::RouterEvent;

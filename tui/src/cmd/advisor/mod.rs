@@ -19,7 +19,7 @@ mod replay;
 mod sources;
 
 use crate::args::nats::NatsAuthArgs;
-use crate::cmd::router::{parse_zmq_source, ZmqSourceArg};
+use crate::args::zmq::{parse_zmq_source, ZmqSourceArg};
 use anyhow::Result;
 use clap::{ArgGroup, Args};
 use kvtwin_sim::advisor::policy::Policy;

@@ -15,7 +15,7 @@
 //! Never: apply an event (the advisor's loop does), or stop on a bad message (it is
 //! counted by its reason and skipped).
 
-use crate::cmd::router::ZmqSourceArg;
+use crate::args::zmq::ZmqSourceArg;
 use anyhow::{Context, Result};
 use kvtwin::ids::WorkerId;
 use kvtwin_plane::nats::{ConsumeMode, NatsAuth, NatsError, NatsSubscriber, SubscriberConfig};

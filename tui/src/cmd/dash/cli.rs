@@ -12,7 +12,8 @@ use super::router_source::RouterSource;
 use super::run::{interactive, once, LoopConfig, OnceUntil};
 use super::sim_source::{SimSource, TraceError};
 use super::source::{ReplaySource, Source};
-use crate::cmd::router::{parse_zmq_source, BudgetArgs, ZmqSourceArg};
+use crate::args::zmq::{parse_zmq_source, ZmqSourceArg};
+use crate::cmd::router::BudgetArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use kvtwin_plane::service::auth::{load_token, TokenSource};
@@ -232,8 +233,8 @@ async fn open_source(args: &DashArgs) -> Result<(Box<dyn Source>, SourceKind, On
             scenario.seed = seed;
         }
         let speed = if args.once { f64::INFINITY } else { args.speed };
-        let source = match crate::requests_of(&scenario, path, args.trace.clone()) {
-            crate::Requests::Trace(trace) => {
+        let source = match crate::cmd::run::requests_of(&scenario, path, args.trace.clone()) {
+            crate::cmd::run::Requests::Trace(trace) => {
                 let check = crate::args::trace::trace_check(&scenario, None);
                 let reader = kvtwin_sim::workload::MooncakeTraceReader::open(&trace, check)
                     .with_context(|| format!("reading trace {}", trace.display()))?;
@@ -252,7 +253,7 @@ async fn open_source(args: &DashArgs) -> Result<(Box<dyn Source>, SourceKind, On
                 });
                 SimSource::start(scenario, requests, speed, error)
             }
-            crate::Requests::Generated(mut requests) => {
+            crate::cmd::run::Requests::Generated(mut requests) => {
                 // Arrival order, as `simulate` puts them (a stable sort keeps ties in
                 // generation order).
                 requests.sort_by_key(|request| request.arrival);

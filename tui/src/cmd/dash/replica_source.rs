@@ -11,7 +11,8 @@
 use super::model::{TimedUpdate, Update};
 use super::plane_delta::delta_of_message;
 use super::source::{LiveClock, LiveFeed};
-use crate::cmd::router::{connect_nats, describe_zmq_source, start_zmq_sources, ZmqSourceArg};
+use crate::args::nats::connect_nats;
+use crate::args::zmq::{describe_zmq_source, start_zmq_sources, ZmqSourceArg};
 use anyhow::Result;
 use kvtwin::router::indexer::IndexBudget;
 use kvtwin_plane::nats::NatsAuth;

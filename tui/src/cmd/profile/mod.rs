@@ -1,11 +1,11 @@
 //! `kvtwin profile`: one replica's capacity tables, written where NVIDIA Dynamo's SLA
 //! planner reads them (its `--profile-results-dir`), and printed as two short tables:
 //! predicted by the simulator for a scenario's worker, or measured on a running engine
-//! (`--engine URL`, [`crate::cmd::profile::engine`]).
+//! (`--engine URL`, [`engine`]).
 //!
 //! Owns: the flags, loading the scenario, and the output. Never: measure or interpolate
 //! anything itself: that is `kvtwin_sim::autoscale::profile`'s (or, for an engine,
-//! `profile_engine`'s).
+//! `engine`'s).
 
 pub(crate) mod engine;
 
@@ -82,19 +82,14 @@ pub(crate) fn profile(args: &ProfileArgs) -> Result<()> {
             list.as_ref()
                 .map(|list| list.iter().map(|&n| n as u64).collect())
         };
-        let grid = crate::cmd::profile::engine::EngineGrid {
+        let grid = engine::EngineGrid {
             isl: as_tokens(&args.isl),
             contexts: as_tokens(&args.context),
             batches: args.batch.clone(),
             osl: args.osl.unwrap_or(32),
             repeats: args.repeats.unwrap_or(3),
         };
-        return crate::cmd::profile::engine::profile_engine(
-            &args.engine,
-            args.router.as_deref(),
-            &grid,
-            &args.out,
-        );
+        return engine::profile_engine(&args.engine, args.router.as_deref(), &grid, &args.out);
     }
     if args.repeats.is_some() || args.batch.is_some() || args.osl.is_some() {
         anyhow::bail!(

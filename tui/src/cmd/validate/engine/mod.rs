@@ -797,7 +797,7 @@ fn table(
         }
         let _ = writeln!(out);
     }
-    out.push_str(&crate::cmd::calibrate::metric_table(summary, "twin"));
+    out.push_str(&super::metric_table(summary, "twin"));
     out
 }
 

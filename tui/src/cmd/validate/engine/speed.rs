@@ -1,5 +1,5 @@
 //! `kvtwin validate --engine --speed-check`: the twin of each repeat run at the engines'
-//! speed around it. A check (`profile_engine::speed`) before the first repeat and after
+//! speed around it. A check (`profile::engine::speed`) before the first repeat and after
 //! each gives every engine a factor over its table; the repeat's twin runs on each
 //! engine's table at the mean of the two checks around it (`TableModel::at_speed`), and
 //! the twin at the profile's own speed is kept beside it, so that the report can say
