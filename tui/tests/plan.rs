@@ -1,7 +1,7 @@
-//! `kvtwin plan`: on a space of 200 points it finds the exhaustive sweep's optimum with
-//! at most a quarter of the simulations; it chooses a shared tier's size by SLO and
-//! price; an SLO nothing meets names the constraint that fails and by how much; bad
-//! input names its field.
+//! `kvtwin plan`: on spaces of 200 and of 72 points it finds the exhaustive sweep's
+//! optimum with at most a quarter of the simulations; it chooses a shared tier's size by
+//! SLO and price; an SLO nothing meets names the constraint that fails and by how much;
+//! bad input names its field.
 
 mod common;
 
@@ -35,21 +35,55 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 
 #[test]
 fn the_plan_is_the_exhaustive_sweeps_optimum_from_a_quarter_of_the_runs() {
+    // Several SLOs over the one sweep: binding on TTFT, on TPOT, and on both.
+    plan_against_sweep(
+        SPACE,
+        200,
+        &[
+            "ttft_p99_ms=500,tpot_p99_ms=40",
+            "ttft_p99_ms=300,tpot_p99_ms=12",
+            SLO,
+        ],
+    );
+}
+
+/// 3 GPUs × 6 worker counts × 4 device sizes = 72 points, on 800 conversations: a
+/// space small enough that bisecting it as a large one would cost more than a quarter.
+const SMALL_SPACE: &str = r#"(
+    gpu: ["h100-llama3-8b", "h200-llama3-8b", "a100-llama3-8b"],
+    set: [("workload.Conversations.conversations", ["800"])],
+    workers: [1, 2, 3, 4, 5, 6],
+    device_blocks: [500, 1000, 2000, 4000],
+)"#;
+
+#[test]
+fn a_small_space_costs_at_most_a_quarter_of_its_points_too() {
+    plan_against_sweep(
+        SMALL_SPACE,
+        72,
+        &[
+            "ttft_p99_ms=500,tpot_p99_ms=40",
+            "ttft_p99_ms=300,tpot_p99_ms=12",
+            "ttft_p99_ms=450,tpot_p99_ms=15",
+            "ttft_p99_ms=100,tpot_p99_ms=8",
+        ],
+    );
+}
+
+/// Sweeps `space` (`points` runs, all valid) as the README does (`sweep --space`), then
+/// for each SLO: `plan`'s search chooses what `plan --from-sweep` (the exhaustive
+/// optimum) chooses, with at most a quarter of the simulations, and not the space's
+/// cheapest point (the search had to find it).
+fn plan_against_sweep(space: &str, points: usize, slos: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let space = write(dir.path(), "space.ron", SPACE);
-    // The sweep that covers the space, as the README runs it: `sweep --space`.
+    let space = write(dir.path(), "space.ron", space);
     let file = dir.path().join("sweep.jsonl");
     let out = file.to_str().unwrap();
     common::kvtwin(&["sweep", SCENARIO, "--space", &space, "--out", out]);
     let lines = std::fs::read_to_string(&file).unwrap().lines().count();
-    assert_eq!(lines, 200, "the sweep runs every point");
+    assert_eq!(lines, points, "the sweep runs every point");
 
-    // Several SLOs over the one sweep: binding on TTFT, on TPOT, and on both.
-    for slo in [
-        "ttft_p99_ms=500,tpot_p99_ms=40",
-        "ttft_p99_ms=300,tpot_p99_ms=12",
-        SLO,
-    ] {
+    for slo in slos {
         let plan = ["plan", SCENARIO, "--space", &space, "--slo", slo];
         let exhaustive: Value = serde_json::from_str(&common::kvtwin(
             &[
@@ -75,7 +109,6 @@ fn the_plan_is_the_exhaustive_sweeps_optimum_from_a_quarter_of_the_runs() {
             simulations * 4 <= lines as u64,
             "{slo}: {simulations} simulations"
         );
-        // Not the cheapest point of the space: the search had to find it.
         assert!(
             chosen["replicas"] != 1 || chosen["device_blocks"] != 500,
             "{slo}: {chosen}"

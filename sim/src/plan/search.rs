@@ -246,7 +246,13 @@ impl<E: Evaluate> State<'_, E> {
                         && p.invalid.is_none()
                         && self.affordable(*i)
                 })
-                .reduce(|a, b| if self.point(b).before(self.point(a)) { b } else { a });
+                .reduce(|a, b| {
+                    if self.point(b).before(self.point(a)) {
+                        b
+                    } else {
+                        a
+                    }
+                });
             if let Some(index) = cheapest {
                 if !self.outcome.runs.contains_key(&index) && self.failed_only_with_more_free(index)
                 {
@@ -393,7 +399,13 @@ impl<E: Evaluate> State<'_, E> {
                     && p.invalid.is_none()
                     && self.implied(*i) != Some(Known::Fails)
             })
-            .reduce(|a, b| if self.point(b).before(self.point(a)) { b } else { a })
+            .reduce(|a, b| {
+                if self.point(b).before(self.point(a)) {
+                    b
+                } else {
+                    a
+                }
+            })
     }
 
     /// At worker level `w`: for each setting of the outer cache dimensions, bisect the
@@ -798,7 +810,10 @@ mod tests {
             };
             for bound in (1..=60).map(|i| i as f64 * 25.0) {
                 let made = simulations(&points, &model, bound);
-                assert!(made * 4 <= valid, "bound {bound}: {made} simulations of {valid}");
+                assert!(
+                    made * 4 <= valid,
+                    "bound {bound}: {made} simulations of {valid}"
+                );
                 worst = worst.max(made);
             }
         }
@@ -806,7 +821,10 @@ mod tests {
         // The host tier priced too: 2 GPUs × 4 workers × 2 device × 3 host sizes = 48.
         let points = space(&[2.99, 1.79], [4, 2, 3, 1], [0.4, 0.0], &[]);
         let model = Model {
-            categories: vec![(800.0, [0.7, 0.3, 0.4, 0.0]), (1200.0, [0.7, 0.3, 0.4, 0.0])],
+            categories: vec![
+                (800.0, [0.7, 0.3, 0.4, 0.0]),
+                (1200.0, [0.7, 0.3, 0.4, 0.0]),
+            ],
             screen_error: 1.0,
         };
         for bound in (1..=40).map(|i| i as f64 * 25.0) {
