@@ -79,7 +79,7 @@ pub fn rebuild_matches_pools(cluster: &Cluster<'_>) -> bool {
                         pool.snapshot().registered.into_keys().collect();
                     replica.is_subset(&pools)
                         && pools
-                            .difference(replica)
+                            .difference(&replica)
                             .all(|hash| !reachable.contains(&(*hash, *tier)))
                 }
                 None => replica.is_empty(),

@@ -425,7 +425,7 @@ fn events_rebuild_every_tier_registry() {
             .keys()
             .copied()
             .collect();
-        assert_eq!(&registry, replica.hashes(t), "{t}");
+        assert_eq!(registry, replica.hashes(t), "{t}");
     }
     m.reset_cache(at(10)).unwrap();
     let events = m.take_events();
@@ -683,10 +683,7 @@ fn rebuilt(events: &[KvCacheEvent]) -> [BTreeSet<SequenceHash>; 2] {
         event.event_id = id as u64;
         replica.apply(&event).unwrap();
     }
-    [
-        replica.hashes(Tier::Device).clone(),
-        replica.hashes(Tier::Host).clone(),
-    ]
+    [replica.hashes(Tier::Device), replica.hashes(Tier::Host)]
 }
 
 fn registered(m: &Manager<TestHardware>, tier: Tier) -> BTreeSet<SequenceHash> {
@@ -849,7 +846,7 @@ fn a_failed_disk_loses_its_blocks_fails_its_transfers_and_comes_back_empty() {
         replica.apply(event).unwrap();
     }
     for t in [Tier::Device, Tier::Host, Tier::Disk] {
-        assert_eq!(*replica.hashes(t), registered(&m, t), "{t}");
+        assert_eq!(replica.hashes(t), registered(&m, t), "{t}");
     }
     assert_eq!(
         m.fail_tier(Tier::Device, at(8)),
