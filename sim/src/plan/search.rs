@@ -335,8 +335,15 @@ impl<E: Evaluate> State<'_, E> {
         if self.screen_fraction < 1.0 && line.len() >= MIN_SCREENED_LEVELS {
             return self.screen_then_walk(&line);
         }
-        // Bisect for the first level that meets the SLO (`line.len()`: none does).
-        let (mut lo, mut hi) = (0, line.len());
+        self.bisect(&line, line.len())?;
+        Ok(())
+    }
+
+    /// Bisects `line` (points in increasing order) on full runs for the first that meets
+    /// the SLO, knowing that none before `hi` has been shown to (`line.len()`: none may);
+    /// its position, `hi` when none before it does.
+    fn bisect(&mut self, line: &[usize], hi: usize) -> Result<usize, E::Error> {
+        let (mut lo, mut hi) = (0, hi);
         while lo < hi {
             let mid = (lo + hi) / 2;
             if self.decide(line[mid])? {
@@ -345,7 +352,7 @@ impl<E: Evaluate> State<'_, E> {
                 lo = mid + 1;
             }
         }
-        Ok(())
+        Ok(lo)
     }
 
     /// [`State::fewest_workers`] on a long `line`: bisect on the prefix for the first
@@ -451,15 +458,7 @@ impl<E: Evaluate> State<'_, E> {
                 continue;
             }
             // The last point meets the SLO: bisect for the first that does.
-            let (mut lo, mut hi) = (0, line.len() - 1);
-            while lo < hi {
-                let mid = (lo + hi) / 2;
-                if self.decide(line[mid])? {
-                    hi = mid;
-                } else {
-                    lo = mid + 1;
-                }
-            }
+            self.bisect(&line, line.len() - 1)?;
         }
         Ok(())
     }
