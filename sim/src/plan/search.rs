@@ -139,6 +139,8 @@ struct State<'p, E: Evaluate> {
     screen_fraction: f64,
     /// Full-run results per category: (point index, result).
     known: Vec<Vec<(usize, Known)>>,
+    /// [`free_dimensions`] of the space.
+    free: [bool; 4],
     best: Option<usize>,
     outcome: Outcome,
 }
@@ -238,21 +240,16 @@ impl<E: Evaluate> State<'_, E> {
             else {
                 continue;
             };
-            let cheapest = (0..self.points.points.len())
-                .filter(|i| {
+            let cheapest = cheapest(
+                self.points,
+                (0..self.points.points.len()).filter(|i| {
                     let p = self.point(*i);
                     p.category == category
                         && p.levels[0] == w
                         && p.invalid.is_none()
                         && self.affordable(*i)
-                })
-                .reduce(|a, b| {
-                    if self.point(b).before(self.point(a)) {
-                        b
-                    } else {
-                        a
-                    }
-                });
+                }),
+            );
             if let Some(index) = cheapest {
                 if !self.outcome.runs.contains_key(&index) && self.failed_only_with_more_free(index)
                 {
@@ -269,29 +266,12 @@ impl<E: Evaluate> State<'_, E> {
     /// on those dimensions says it fails.
     fn failed_only_with_more_free(&self, index: usize) -> bool {
         let p = self.point(index);
-        let free = self.free_dimensions();
         self.known[p.category].iter().all(|(other, known)| {
             let q = self.point(*other);
             *known == Known::Meets
                 || !p.below(q)
-                || (1..4).any(|d| free[d] && q.levels[d] > p.levels[d])
+                || (1..4).any(|d| self.free[d] && q.levels[d] > p.levels[d])
         })
-    }
-
-    /// The cache dimensions whose levels do not change a point's price.
-    fn free_dimensions(&self) -> [bool; 4] {
-        let mut free = [false, true, true, true];
-        for p in &self.points.points {
-            for (d, free) in free.iter_mut().enumerate().skip(1) {
-                if *free && p.levels[d] > 0 && p.invalid.is_none() {
-                    let mut levels = p.levels;
-                    levels[d] -= 1;
-                    let q = self.points.at(p.category, levels);
-                    *free = q.invalid.is_some() || q.usd_per_hour == p.usd_per_hour;
-                }
-            }
-        }
-        free
     }
 
     /// The index of the point of `category` at `levels`, if it is a valid one.
@@ -396,23 +376,18 @@ impl<E: Evaluate> State<'_, E> {
         })
     }
 
-    /// The cheapest valid point of `category` not yet known to fail (its key), if any:
-    /// what the category's optimum costs at least.
+    /// The cheapest valid point of `category` not yet known to fail, if any: what the
+    /// category's optimum costs at least.
     fn lower_bound(&self, category: usize) -> Option<usize> {
-        (0..self.points.points.len())
-            .filter(|i| {
+        cheapest(
+            self.points,
+            (0..self.points.points.len()).filter(|i| {
                 let p = self.point(*i);
                 p.category == category
                     && p.invalid.is_none()
                     && self.implied(*i) != Some(Known::Fails)
-            })
-            .reduce(|a, b| {
-                if self.point(b).before(self.point(a)) {
-                    b
-                } else {
-                    a
-                }
-            })
+            }),
+        )
     }
 
     /// At worker level `w`: for each setting of the outer cache dimensions, bisect the
@@ -479,6 +454,7 @@ pub fn search<E: Evaluate>(
         evaluate,
         screen_fraction,
         known: vec![Vec::new(); points.categories.len()],
+        free: free_dimensions(points),
         best: None,
         outcome: Outcome::default(),
     };
@@ -491,13 +467,7 @@ pub fn search<E: Evaluate>(
     let mut order: Vec<(usize, usize)> = (0..points.categories.len())
         .filter_map(|category| state.lower_bound(category).map(|at| (at, category)))
         .collect();
-    order.sort_by(|(a, _), (b, _)| {
-        if points.points[*a].before(&points.points[*b]) {
-            std::cmp::Ordering::Less
-        } else {
-            std::cmp::Ordering::Greater
-        }
-    });
+    order.sort_by(|(a, _), (b, _)| points.points[*a].key_cmp(&points.points[*b]));
     for (_, category) in order {
         // Levels below the fewest workers fail by implication: their lines cost no run.
         for w in 0..points.levels[0] {
@@ -549,19 +519,37 @@ pub fn exhaustive(points: &Points, slo: &Slo, summaries: BTreeMap<usize, RunSumm
         }
     }
     outcome.find_violations(points);
-    outcome.chosen = outcome
-        .runs
-        .iter()
-        .filter(|(_, run)| run.verdict.holds())
-        .map(|(index, _)| *index)
-        .reduce(|a, b| {
-            if points.points[b].before(&points.points[a]) {
-                b
-            } else {
-                a
-            }
-        });
+    outcome.chosen = cheapest(
+        points,
+        outcome
+            .runs
+            .iter()
+            .filter(|(_, run)| run.verdict.holds())
+            .map(|(index, _)| *index),
+    );
     outcome
+}
+
+/// The cache dimensions of `points` whose levels do not change a point's price (device
+/// blocks: the GPU is paid for).
+fn free_dimensions(points: &Points) -> [bool; 4] {
+    let mut free = [false, true, true, true];
+    for p in &points.points {
+        for (d, free) in free.iter_mut().enumerate().skip(1) {
+            if *free && p.levels[d] > 0 && p.invalid.is_none() {
+                let mut levels = p.levels;
+                levels[d] -= 1;
+                let q = points.at(p.category, levels);
+                *free = q.invalid.is_some() || q.usd_per_hour == p.usd_per_hour;
+            }
+        }
+    }
+    free
+}
+
+/// The point of `indices` least in [`PlanPoint::key`] order, if any.
+fn cheapest(points: &Points, indices: impl Iterator<Item = usize>) -> Option<usize> {
+    indices.min_by(|a, b| points.points[*a].key_cmp(&points.points[*b]))
 }
 
 #[cfg(test)]

@@ -187,13 +187,15 @@ impl PlanPoint {
         (self.usd_per_hour, self.levels, self.category)
     }
 
+    /// `self` against `other` in [`PlanPoint::key`] order.
+    pub fn key_cmp(&self, other: &PlanPoint) -> std::cmp::Ordering {
+        let (a, b) = (self.key(), other.key());
+        a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2))
+    }
+
     /// Whether `self` sorts before `other` in [`PlanPoint::key`] order.
     pub fn before(&self, other: &PlanPoint) -> bool {
-        let (a, b) = (self.key(), other.key());
-        a.0.total_cmp(&b.0)
-            .then(a.1.cmp(&b.1))
-            .then(a.2.cmp(&b.2))
-            .is_lt()
+        self.key_cmp(other).is_lt()
     }
 
     /// Whether `self` has at most `other`'s workers and blocks on every monotone
