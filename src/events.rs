@@ -166,6 +166,16 @@ impl RegistryReplica {
     pub fn hashes(&self, tier: Tier) -> BTreeSet<SequenceHash> {
         self.tiers[tier.index()].iter().copied().collect()
     }
+
+    /// Whether `tier` holds `hash`.
+    pub fn contains(&self, tier: Tier, hash: SequenceHash) -> bool {
+        self.tiers[tier.index()].contains(&hash)
+    }
+
+    /// How many hashes `tier` holds.
+    pub fn count(&self, tier: Tier) -> usize {
+        self.tiers[tier.index()].len()
+    }
 }
 
 #[cfg(test)]

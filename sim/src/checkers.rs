@@ -12,7 +12,6 @@ use kvtwin::ids::SequenceHash;
 use kvtwin::manager::Manager;
 use kvtwin::router::Router;
 use kvtwin::tier::Tier;
-use std::collections::{BTreeMap, BTreeSet};
 
 /// Whether the router's view of each worker is that worker's pools: it lists no block
 /// the worker does not hold (in exactly the tiers it holds it), and every block a prefix
@@ -31,32 +30,49 @@ fn worker_view_matches_pools(router: &Router, worker: &WorkerView<'_>) -> bool {
     if !worker.serving {
         return view.is_empty();
     }
+    // Sorted vectors and binary searches: these checks end every report, and ordered
+    // maps of every block made them a tenth of a simulation (issue 33).
+    let view: Vec<(SequenceHash, u8)> = view.into_iter().collect();
     let pools = registered_tiers(worker.manager);
-    let reachable: BTreeSet<SequenceHash> = worker
-        .manager
-        .reachable_blocks()
-        .into_iter()
-        .map(|(identity, _)| identity.sequence_hash)
-        .collect();
+    let tiers_in = |of: &[(SequenceHash, u8)], hash: SequenceHash| {
+        of.binary_search_by_key(&hash, |(h, _)| *h)
+            .ok()
+            .map(|i| of[i].1)
+    };
     view.iter()
-        .all(|(hash, tiers)| pools.get(hash) == Some(tiers))
-        && reachable
+        .all(|(hash, tiers)| tiers_in(&pools, *hash) == Some(*tiers))
+        && worker
+            .manager
+            .reachable_blocks()
             .iter()
-            .all(|hash| view.get(hash) == pools.get(hash))
+            .all(|(identity, _)| {
+                let hash = identity.sequence_hash;
+                tiers_in(&view, hash) == tiers_in(&pools, hash)
+            })
 }
 
 /// Every registered block of `manager`'s pools, with the tiers holding it as a bit set
-/// (bit `Tier::index`), as the router's indexer keeps them.
-fn registered_tiers<H: Hardware>(manager: &Manager<H>) -> BTreeMap<SequenceHash, u8> {
-    let mut pools: BTreeMap<SequenceHash, u8> = BTreeMap::new();
+/// (bit `Tier::index`), as the router's indexer keeps them; sorted by hash.
+fn registered_tiers<H: Hardware>(manager: &Manager<H>) -> Vec<(SequenceHash, u8)> {
+    let mut held: Vec<(SequenceHash, u8)> = Vec::new();
     for tier in Tier::ALL {
         if let Some(pool) = manager.pool(tier) {
-            for hash in pool.snapshot().registered.into_keys() {
-                *pools.entry(hash).or_default() |= 1 << tier.index();
-            }
+            held.extend(
+                pool.registered_identities()
+                    .into_iter()
+                    .map(|identity| (identity.sequence_hash, 1 << tier.index())),
+            );
         }
     }
-    pools
+    held.sort_unstable();
+    let mut merged: Vec<(SequenceHash, u8)> = Vec::with_capacity(held.len());
+    for (hash, bit) in held {
+        match merged.last_mut() {
+            Some((last, tiers)) if *last == hash => *tiers |= bit,
+            _ => merged.push((hash, bit)),
+        }
+    }
+    merged
 }
 
 /// Whether replaying each worker's events rebuilt every tier's registry: no block the
@@ -65,24 +81,31 @@ fn registered_tiers<H: Hardware>(manager: &Manager<H>) -> BTreeMap<SequenceHash,
 /// `Manager::publish_snapshot`).
 pub fn rebuild_matches_pools(cluster: &Cluster<'_>) -> bool {
     cluster.workers().all(|worker| {
-        let reachable: BTreeSet<(SequenceHash, Tier)> = worker
+        let mut reachable: Vec<(SequenceHash, Tier)> = worker
             .manager
             .reachable_blocks()
             .into_iter()
             .map(|(identity, tier)| (identity.sequence_hash, tier))
             .collect();
+        reachable.sort_unstable();
         Tier::ALL.iter().all(|tier| {
-            let replica = worker.replica.hashes(*tier);
+            let replica = &worker.replica;
             match worker.manager.pool(*tier) {
                 Some(pool) => {
-                    let pools: BTreeSet<SequenceHash> =
-                        pool.snapshot().registered.into_keys().collect();
-                    replica.is_subset(&pools)
-                        && pools
-                            .difference(&replica)
-                            .all(|hash| !reachable.contains(&(*hash, *tier)))
+                    let mut in_both = 0;
+                    let mut missing_are_unreachable = true;
+                    for identity in pool.registered_identities() {
+                        let hash = identity.sequence_hash;
+                        if replica.contains(*tier, hash) {
+                            in_both += 1;
+                        } else if reachable.binary_search(&(hash, *tier)).is_ok() {
+                            missing_are_unreachable = false;
+                        }
+                    }
+                    // Every hash of the replica is one of the pool's.
+                    in_both == replica.count(*tier) && missing_are_unreachable
                 }
-                None => replica.is_empty(),
+                None => replica.count(*tier) == 0,
             }
         })
     })

@@ -118,6 +118,7 @@ impl<H: Hardware> Manager<H> {
         }
         // What the pumps last saw was with the tier down.
         self.writeback_seen = [None; 4];
+        self.writeback_checked_against = [None; 4];
         self.pump_writeback(now);
         Ok(())
     }

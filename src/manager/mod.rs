@@ -112,6 +112,10 @@ pub struct Manager<H: Hardware> {
     /// Per write-back tier, the pools' change count when its pump last found nothing to
     /// do: until it moves, the answer is the same.
     writeback_seen: [Option<u64>; 4],
+    /// Per write-back tier, the lower tier and its removal count when the tier's checked
+    /// cold prefix (blocks known to have a copy there) was last trusted: once the lower
+    /// tier has lost any block, the prefix is forgotten and checked again.
+    writeback_checked_against: [Option<(Tier, u64)>; 4],
     /// The pools' counters: event order and change count.
     counters: Arc<SharedCounters>,
     /// The event count when the pools' outboxes were last emptied.
@@ -154,6 +158,7 @@ impl<H: Hardware> Manager<H> {
             offloading: FxHashSet::default(),
             writeback_pinned: [0; 4],
             writeback_seen: [None; 4],
+            writeback_checked_against: [None; 4],
             counters,
             events_collected: 0,
             outputs: VecDeque::new(),

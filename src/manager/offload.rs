@@ -187,8 +187,20 @@ impl<H: Hardware> Manager<H> {
             // Only blocks that `offload` will copy are pinned: a pinned block that went
             // back would move to the hot end of its eviction order, and a scan must not
             // reorder the cache it is looking at.
-            let mut coldest = pool.coldest_cached(need);
-            dst.retain_missing(&mut coldest);
+            // The coldest blocks seen with a copy below (or just copied there) are not
+            // looked up again until the lower tier loses one of them.
+            let removals = dst.removals();
+            match self.writeback_checked_against[tier.index()] {
+                Some((below, seen)) if below == to && seen == removals => {}
+                Some((below, seen)) if below == to => match dst.removed_since(seen) {
+                    Some(removed) => pool.forget_checked_if_any(&removed),
+                    None => pool.forget_checked(),
+                },
+                _ => pool.forget_checked(),
+            }
+            self.writeback_checked_against[tier.index()] = Some((to, removals));
+            let mut coldest =
+                pool.coldest_unchecked(need, |identity| dst.contains(identity.sequence_hash));
             coldest.retain(|identity| {
                 !self.offloading.contains(&(to, identity.sequence_hash))
                     && identity

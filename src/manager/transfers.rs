@@ -125,6 +125,10 @@ impl<H: Hardware> Manager<H> {
                                     .is_none_or(|parent| self.holds_anywhere(parent))
                             });
                         self.stats.orphans_not_offloaded += orphans.len() as u64;
+                        let orphaned: Vec<SequenceHash> = orphans
+                            .iter()
+                            .map(|copy| copy.identity().sequence_hash)
+                            .collect();
                         drop(orphans);
                         let copies = self.pool_of(to).register_chain(complete);
                         self.stats.offloaded_blocks[to.index()] += blocks as u64;
@@ -134,11 +138,14 @@ impl<H: Hardware> Manager<H> {
                             self.offload(to, copies.clone().into_vec(), now);
                         }
                         self.pool_of(to).release(copies);
-                        // A written-back block is clean now: it may go first.
+                        // A written-back block is clean now: it may go first, and the
+                        // write-back scan need not look for its copy below.
                         match policy {
-                            OffloadPolicy::WriteBack { .. } => {
-                                self.pool_of(from).release_cold(sources)
-                            }
+                            OffloadPolicy::WriteBack { .. } => self
+                                .pool_of(from)
+                                .release_cold_checked(sources, |identity| {
+                                    !orphaned.contains(&identity.sequence_hash)
+                                }),
                             _ => self.pool_of(from).release(sources),
                         }
                     }

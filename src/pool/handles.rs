@@ -397,6 +397,19 @@ impl BlockChain {
         self.release(super::Placement::Cold);
     }
 
+    /// [`BlockChain::release_cold`], where the blocks `checked` accepts join the pool's
+    /// checked cold prefix (see `checked.rs`).
+    pub(super) fn release_cold_checked(mut self, checked: impl Fn(&BlockIdentity) -> bool) {
+        let Some(pool) = self.pool.take() else { return };
+        let mut inner = lock(&pool.inner);
+        // Parent first, as `release` does for cold placement.
+        for (id, identity) in &self.blocks {
+            inner.release_as(*id, super::Placement::Cold, checked(identity));
+        }
+        drop(inner);
+        self.blocks.clear();
+    }
+
     fn release(&mut self, placement: super::Placement) {
         let Some(pool) = self.pool.take() else { return };
         let mut inner = lock(&pool.inner);

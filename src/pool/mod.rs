@@ -24,8 +24,10 @@
 //! (`allocate`, `match_prefix`, `register_chain`, `release`) take the lock once.
 //! Never: move bytes, read a clock or talk to a transport.
 
+mod checked;
 mod handles;
 mod list;
+mod order;
 pub mod policy;
 
 pub use handles::{BlockChain, ImmutableBlock, MutableBlock};
@@ -194,7 +196,7 @@ pub(crate) struct SharedCounters {
 pub(crate) struct PoolInner {
     slots: Vec<Slot>,
     free: Vec<BlockId>,
-    policy: policy::BuiltinPolicy,
+    policy: order::EvictionOrder,
     registry: FxHashMap<SequenceHash, BlockId>,
     /// Queued events, each with its place in the order of events (see `next_stamp`).
     outbox: Vec<(u64, KvCacheEventData)>,
@@ -204,6 +206,10 @@ pub(crate) struct PoolInner {
     local_order: u64,
     stats: PoolStats,
     tier: Tier,
+    /// Blocks that left the registry, ever (each with a `Removed`).
+    removals: u64,
+    /// The last of them (at most `checked::RECENT_REMOVALS`), oldest first.
+    recent_removals: std::collections::VecDeque<SequenceHash>,
 }
 
 impl PoolInner {
@@ -219,13 +225,18 @@ impl PoolInner {
             slots: vec![slot; capacity],
             // Reversed so that blocks are handed out 0, 1, 2, ...: easier to read in traces.
             free: (0..capacity as u32).rev().map(BlockId::new).collect(),
-            policy: policy::BuiltinPolicy::new(config.eviction, capacity),
+            policy: order::EvictionOrder::new(
+                policy::BuiltinPolicy::new(config.eviction, capacity),
+                capacity,
+            ),
             registry: FxHashMap::with_capacity_and_hasher(capacity, Default::default()),
             outbox: Vec::new(),
             shared: None,
             local_order: 0,
             stats: PoolStats::default(),
             tier: config.tier,
+            removals: 0,
+            recent_removals: Default::default(),
         }
     }
 
@@ -294,6 +305,11 @@ impl PoolInner {
     }
 
     fn push_removed(&mut self, hash: SequenceHash) {
+        self.removals += 1;
+        if self.recent_removals.len() == checked::RECENT_REMOVALS {
+            self.recent_removals.pop_front();
+        }
+        self.recent_removals.push_back(hash);
         let stamp = self.next_stamp();
         // Extend the previous Removed event when no other event came in between.
         if let Some((last, KvCacheEventData::Removed { block_hashes, .. })) = self.outbox.last_mut()
@@ -384,6 +400,13 @@ impl PoolInner {
     /// Drops a reference; the last one makes the block cached.
     #[inline]
     fn release(&mut self, id: BlockId, placement: Placement) {
+        self.release_as(id, placement, false);
+    }
+
+    /// [`PoolInner::release`]; a block that becomes cached with `checked` (placed cold)
+    /// joins the checked cold prefix (see `order.rs`).
+    #[inline]
+    fn release_as(&mut self, id: BlockId, placement: Placement, checked: bool) {
         self.touch();
         let slot = &mut self.slots[id.index()];
         assert!(
@@ -401,7 +424,12 @@ impl PoolInner {
                 return;
             }
             let phase = slot.phase;
-            self.policy.insert(id, phase, placement);
+            if checked {
+                debug_assert_eq!(placement, Placement::Cold);
+                self.policy.insert_cold_checked(id, phase);
+            } else {
+                self.policy.insert(id, phase, placement);
+            }
         }
     }
 
@@ -672,13 +700,6 @@ impl BlockPool {
     /// no change of its place in the eviction order): for indexing where blocks lie.
     pub fn block_id_of(&self, hash: SequenceHash) -> Option<BlockId> {
         lock(&self.shared.inner).registry.get(&hash).copied()
-    }
-
-    /// Keeps the identities whose blocks this pool does not have: `contains` for a whole
-    /// batch under one lock.
-    pub fn retain_missing(&self, identities: &mut Vec<BlockIdentity>) {
-        let inner = lock(&self.shared.inner);
-        identities.retain(|identity| !inner.registry.contains_key(&identity.sequence_hash));
     }
 
     /// How many leading `hashes` are registered here (touches nothing).

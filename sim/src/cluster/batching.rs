@@ -63,15 +63,16 @@ impl PassInFlight {
         compute: &ComputeModel,
         device_capacity_tokens: u64,
     ) -> (Timestamp, usize) {
-        let mut step = Pass {
-            prefills: Vec::new(),
-            decodes: self.decodes,
-            decode_context: self.decode_context,
-        };
+        let mut context = self.decode_context;
         let (mut end, mut steps) = (self.first_step_ends_at, 1);
         while steps < self.steps && end < at {
-            step.decode_context += step.decodes;
-            end = end.saturating_add(compute.pass(&step, device_capacity_tokens).total);
+            context += self.decodes;
+            // A pass of decodes only takes one decode step (`ComputeModel::pass`).
+            end = end.saturating_add(compute.decode_step(
+                self.decodes,
+                context,
+                device_capacity_tokens,
+            ));
             steps += 1;
         }
         (end, steps)
@@ -237,33 +238,27 @@ impl Cluster<'_> {
                 .unwrap_or(0)
                 .min((MAX_PLANNED_STEPS - 1) as u64);
             let deadline = worker.poll_at.first().copied();
-            let mut step = Pass {
-                prefills: Vec::new(),
-                decodes: pass.decodes,
-                decode_context: pass.decode_context,
-            };
+            // No step starts at or after the first of these.
+            let horizon = [
+                self.requests.next_arrival,
+                handoff_horizon,
+                self.faults.disruptions.range(self.now..).next().copied(),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let mut context = pass.decode_context;
             for _ in 0..silent {
-                if self
-                    .requests
-                    .next_arrival
-                    .is_some_and(|arrival| end >= arrival)
-                    || handoff_horizon.is_some_and(|horizon| end >= horizon)
-                    || self
-                        .faults
-                        .disruptions
-                        .range(self.now..)
-                        .next()
-                        .is_some_and(|at| end >= *at)
-                {
+                if horizon.is_some_and(|horizon| end >= horizon) {
                     break;
                 }
-                step.decode_context += step.decodes;
-                let next = end.saturating_add(
-                    self.shape
-                        .compute
-                        .pass(&step, self.shape.device_capacity_tokens)
-                        .total,
-                );
+                context += pass.decodes;
+                // A pass of decodes only takes one decode step (`ComputeModel::pass`).
+                let next = end.saturating_add(self.shape.compute.decode_step(
+                    pass.decodes,
+                    context,
+                    self.shape.device_capacity_tokens,
+                ));
                 if deadline.is_some_and(|deadline| next >= deadline) {
                     break;
                 }

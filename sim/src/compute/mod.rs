@@ -497,7 +497,29 @@ impl ComputeModel {
 }
 
 fn millis(ms: f64) -> Duration {
-    Duration::from_nanos((ms * 1e6).round().max(0.0) as u64)
+    Duration::from_nanos(round_to_u64(ms * 1e6))
+}
+
+/// `x.round().max(0.0) as u64` (half away from zero, negatives and NaN to 0, saturating)
+/// without `round`'s call into the maths library: a simulation times every decode step
+/// with it (issue 33). Exact: below 2^52 the fraction `x - trunc(x)` is computed without
+/// error, and above it every `f64` is a whole number.
+#[inline]
+pub(crate) fn round_to_u64(x: f64) -> u64 {
+    // `!(x > 0.0)` also catches NaN.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    if !(x > 0.0) {
+        return 0;
+    }
+    if x >= u64::MAX as f64 {
+        return u64::MAX;
+    }
+    let whole = x as u64;
+    if x - whole as f64 >= 0.5 {
+        whole + 1
+    } else {
+        whole
+    }
 }
 
 #[cfg(test)]
@@ -653,5 +675,66 @@ mod tests {
             Duration::from_millis(18),
             "a pass without a prefill is a decode step"
         );
+    }
+
+    #[test]
+    fn rounding_without_the_maths_library_is_rounding() {
+        let mut values = vec![
+            0.0,
+            -0.0,
+            -1.5,
+            0.49999999999999994,
+            0.5,
+            1.5,
+            2.5,
+            1e15 + 0.5,
+            4503599627370495.5,
+            4503599627370496.0,
+            9007199254740993.0,
+            1.8446744073709552e19,
+            1e30,
+            f64::MAX,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            f64::MIN_POSITIVE,
+        ];
+        let mut x = 0.37f64;
+        for _ in 0..100_000 {
+            x = (x * 3.7 + 0.123).fract();
+            values.push(x * 1e9);
+            values.push(x * 10.0);
+            values.push((x * 1000.0).floor() + 0.5);
+        }
+        for v in values {
+            assert_eq!(round_to_u64(v), v.round().max(0.0) as u64, "{v:e}");
+        }
+    }
+
+    #[test]
+    fn a_pass_of_decodes_only_takes_one_decode_step() {
+        // The simulator times planned decode steps with `decode_step` alone.
+        let mut models: Vec<ComputeModel> = ComputeModel::BUILTIN
+            .iter()
+            .map(|name| ComputeModel::builtin(name).unwrap())
+            .collect();
+        models.push(ComputeModel::Linear {
+            prefill_ns_per_token: 100,
+            decode_ns_per_token: 7_000,
+        });
+        for model in &models {
+            for (decodes, context) in [(0, 0), (1, 10), (8, 4_000), (64, 300_000)] {
+                let pass = Pass {
+                    prefills: Vec::new(),
+                    decodes,
+                    decode_context: context,
+                };
+                assert_eq!(
+                    model.pass(&pass, 500_000).total,
+                    model.decode_step(decodes, context, 500_000),
+                    "{model:?} {decodes} {context}"
+                );
+            }
+        }
     }
 }

@@ -75,7 +75,7 @@ pub(crate) fn roofline_work(
         calibration.pass_overhead_us
     };
     let seconds = overhead_us * 1e-6 + gemm + attention + allreduce;
-    Duration::from_nanos((seconds * 1e9).round() as u64)
+    Duration::from_nanos(super::round_to_u64(seconds * 1e9))
 }
 
 /// The GEMM part of a pass of `tokens` tokens, seconds: their FLOPs against the weights

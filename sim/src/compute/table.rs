@@ -563,7 +563,7 @@ fn times(values: &[f64]) -> Result<(), String> {
 }
 
 fn millis(ms: f64) -> Duration {
-    Duration::from_nanos((ms.max(0.0) * 1e6).round() as u64)
+    Duration::from_nanos(super::round_to_u64(ms.max(0.0) * 1e6))
 }
 
 #[cfg(test)]
