@@ -10,7 +10,6 @@ use crate::cluster::{Cluster, WorkerView};
 use kvtwin::hardware::Hardware;
 use kvtwin::ids::SequenceHash;
 use kvtwin::manager::Manager;
-use kvtwin::router::Router;
 use kvtwin::tier::Tier;
 
 /// Whether the router's view of each worker is that worker's pools: it lists no block
@@ -20,19 +19,20 @@ use kvtwin::tier::Tier;
 /// could use it. Without faults the view is the pools exactly. A worker that is down (or
 /// gone) must have no view at all.
 pub fn router_view_matches_pools(cluster: &Cluster<'_>) -> bool {
-    cluster
-        .workers()
-        .all(|worker| worker_view_matches_pools(cluster.router(), &worker))
+    // Every view in one walk of the index; sorted vectors and binary searches: these
+    // checks end every report, and they were a tenth of a simulation (issue 33).
+    let mut views = cluster.router().indexer().blocks_by_worker();
+    cluster.workers().all(|worker| {
+        let view = views.remove(&worker.key).unwrap_or_default();
+        worker_view_matches_pools(&view, &worker)
+    })
 }
 
-fn worker_view_matches_pools(router: &Router, worker: &WorkerView<'_>) -> bool {
-    let view = router.indexer().blocks_of(worker.key);
+/// `view`: the router's blocks of `worker`, sorted by hash.
+fn worker_view_matches_pools(view: &[(SequenceHash, u8)], worker: &WorkerView<'_>) -> bool {
     if !worker.serving {
         return view.is_empty();
     }
-    // Sorted vectors and binary searches: these checks end every report, and ordered
-    // maps of every block made them a tenth of a simulation (issue 33).
-    let view: Vec<(SequenceHash, u8)> = view.into_iter().collect();
     let pools = registered_tiers(worker.manager);
     let tiers_in = |of: &[(SequenceHash, u8)], hash: SequenceHash| {
         of.binary_search_by_key(&hash, |(h, _)| *h)
@@ -47,7 +47,7 @@ fn worker_view_matches_pools(router: &Router, worker: &WorkerView<'_>) -> bool {
             .iter()
             .all(|(identity, _)| {
                 let hash = identity.sequence_hash;
-                tiers_in(&view, hash) == tiers_in(&pools, hash)
+                tiers_in(view, hash) == tiers_in(&pools, hash)
             })
 }
 

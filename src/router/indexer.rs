@@ -536,6 +536,27 @@ impl KvIndexer {
         out
     }
 
+    /// [`KvIndexer::blocks_of`] for every worker at once, in one walk of the tree (a check
+    /// of every worker's view would otherwise walk the whole tree once per worker): each
+    /// worker's blocks sorted by hash, with their tiers.
+    pub fn blocks_by_worker(&self) -> BTreeMap<WorkerWithDpRank, Vec<(SequenceHash, u8)>> {
+        let mut by_slot: BTreeMap<Slot, Vec<(SequenceHash, u8)>> = BTreeMap::new();
+        for node in self.tree.live() {
+            for holder in node.holders.iter() {
+                let blocks = by_slot.entry(holder.slot()).or_default();
+                blocks.extend(node.blocks.iter().map(|b| (b.block_hash, holder.tiers())));
+            }
+        }
+        self.by_key
+            .iter()
+            .map(|(key, slot)| {
+                let mut blocks = by_slot.remove(slot).unwrap_or_default();
+                blocks.sort_unstable();
+                (*key, blocks)
+            })
+            .collect()
+    }
+
     /// Forgets `worker` (every dp rank): its blocks and its event-id history.
     pub fn remove_worker(&mut self, worker: WorkerId) {
         let range = WorkerWithDpRank { worker, dp_rank: 0 }..=WorkerWithDpRank {

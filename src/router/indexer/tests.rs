@@ -391,6 +391,16 @@ fn blocks_of_lists_what_a_worker_holds_with_its_tiers() {
     });
     assert_eq!(index.blocks_of(key(2)).len(), 2);
     assert!(index.blocks_of(key(3)).is_empty());
+    // Every worker's at once: the same lists, for exactly the workers known.
+    let all = index.blocks_by_worker();
+    assert_eq!(
+        all.keys().copied().collect::<Vec<_>>(),
+        vec![key(1), key(2)]
+    );
+    for (worker, blocks) in all {
+        let one: Vec<_> = index.blocks_of(worker).into_iter().collect();
+        assert_eq!(blocks, one, "{worker:?}");
+    }
 }
 
 #[test]
