@@ -68,13 +68,19 @@ fn a_calibration_at_a_chain_shape_measures_chains_and_takes_one_transfers_rate_t
         // transfer's time, as for fast device copies, a nanosecond moves the rate by more
         // than 1e-5: CI saw 1.2e-5.)
         let latency = fit.latency.as_secs_f64();
-        let low = transfer_rate_at(&points, latency - 1e-9).unwrap();
-        let high = transfer_rate_at(&points, latency + 1e-9).unwrap();
         let rate = fit.transfer_bytes_per_s;
-        assert!(
-            low * (1.0 - 1e-12) <= rate && rate <= high * (1.0 + 1e-12),
-            "{src:?}->{dst:?}: {fit:?} vs {low}..{high}"
-        );
+        let low = transfer_rate_at(&points, latency - 1e-9);
+        match (low, transfer_rate_at(&points, latency + 1e-9)) {
+            (Some(low), Some(high)) => assert!(
+                low * (1.0 - 1e-12) <= rate && rate <= high * (1.0 + 1e-12),
+                "{src:?}->{dst:?}: {fit:?} vs {low}..{high}"
+            ),
+            // The chains took no longer than their latencies (emulated device copies
+            // faster than the small transfers that fixed the latency; CI saw it): at the
+            // measured latency there may be no time on the link to divide by, and the fit
+            // falls back to the line through every size. Only a usable rate is required.
+            _ => assert!(rate.is_finite() && rate > 0.0, "{src:?}->{dst:?}: {fit:?}"),
+        }
         assert!(fit.aggregate_bytes_per_s >= fit.transfer_bytes_per_s);
     }
     let write = calibration.fits[&(Tier::Host, Tier::Disk)];
