@@ -394,23 +394,18 @@ impl BlockChain {
     /// Lets go of the chain so that the blocks whose last reference this is become the
     /// next to evict, leaves before parents (after they were copied to a lower tier).
     pub fn release_cold(mut self) {
-        self.release(super::Placement::Cold);
+        self.release(super::Placement::Cold, |_| false);
     }
 
     /// [`BlockChain::release_cold`], where the blocks `checked` accepts join the pool's
     /// checked cold prefix (see `checked.rs`).
     pub(super) fn release_cold_checked(mut self, checked: impl Fn(&BlockIdentity) -> bool) {
-        let Some(pool) = self.pool.take() else { return };
-        let mut inner = lock(&pool.inner);
-        // Parent first, as `release` does for cold placement.
-        for (id, identity) in &self.blocks {
-            inner.release_as(*id, super::Placement::Cold, checked(identity));
-        }
-        drop(inner);
-        self.blocks.clear();
+        self.release(super::Placement::Cold, checked);
     }
 
-    fn release(&mut self, placement: super::Placement) {
+    /// Drops the chain's references; with cold placement, the blocks `checked` accepts
+    /// join the checked cold prefix as they become cached.
+    fn release(&mut self, placement: super::Placement, checked: impl Fn(&BlockIdentity) -> bool) {
         let Some(pool) = self.pool.take() else { return };
         let mut inner = lock(&pool.inner);
         // Hot placement appends to the eviction order, so release leaf first; cold
@@ -424,7 +419,7 @@ impl BlockChain {
             super::Placement::Cold => self
                 .blocks
                 .iter()
-                .for_each(|(id, _)| inner.release(*id, placement)),
+                .for_each(|(id, identity)| inner.release_as(*id, placement, checked(identity))),
         }
         drop(inner);
         self.blocks.clear();
@@ -433,7 +428,7 @@ impl BlockChain {
 
 impl Drop for BlockChain {
     fn drop(&mut self) {
-        self.release(super::Placement::Hot);
+        self.release(super::Placement::Hot, |_| false);
     }
 }
 
