@@ -151,6 +151,37 @@ struct Candidate {
 pub struct MatchScratch {
     active: Vec<Candidate>,
     done: Vec<WorkerOverlap>,
+    /// With at most [`RANKED_SLOTS`] slots: the (blocks, by_tier) values candidates
+    /// dropped with (all the slots a run drops share one), and each worker's, by its
+    /// rank in key order.
+    groups: Vec<(u32, [u32; 4])>,
+    group_of_rank: Vec<u8>,
+}
+
+/// Where a query's dropped candidates go: by rank (a bit set and a group each) when the
+/// slots are few enough, else into `done`, sorted at the end.
+struct Dropped<'s> {
+    ranked: Option<Ranked<'s>>,
+    done: &'s mut Vec<WorkerOverlap>,
+}
+
+/// A query's dropped candidates by the rank of their key.
+struct Ranked<'s> {
+    groups: &'s mut Vec<(u32, [u32; 4])>,
+    group_of_rank: &'s mut [u8],
+    /// Bit `r`: the worker of rank `r` dropped, with `groups[group_of_rank[r]]`.
+    present: u64,
+}
+
+/// Up to this many worker slots, a query's overlaps come out in key order from a bit
+/// set (no sort: sorting a dozen overlaps cost as much as the walk itself).
+const RANKED_SLOTS: usize = 64;
+
+/// The live slots numbered in key order, kept while there are at most [`RANKED_SLOTS`].
+#[derive(Debug, Default)]
+struct Ranks {
+    rank_of_slot: Vec<u8>,
+    key_of_rank: Vec<WorkerWithDpRank>,
 }
 
 /// The block index of a cluster, fed by every worker's events.
@@ -159,6 +190,8 @@ pub struct KvIndexer {
     tree: BlockTree,
     slots: Vec<WorkerState>,
     by_key: BTreeMap<WorkerWithDpRank, Slot>,
+    /// Valid while `slots.len() <= RANKED_SLOTS`.
+    ranks: Ranks,
     free_slots: Vec<Slot>,
     stats: IndexerStats,
     budget: IndexBudget,
@@ -238,6 +271,8 @@ impl KvIndexer {
             + self.recency_heap_bytes()
             + self.slots.capacity() * std::mem::size_of::<WorkerState>()
             + self.by_key.len() * (std::mem::size_of::<(WorkerWithDpRank, Slot)>() + 8)
+            + self.ranks.rank_of_slot.capacity()
+            + self.ranks.key_of_rank.capacity() * std::mem::size_of::<WorkerWithDpRank>()
     }
 
     fn slot_of(&mut self, key: WorkerWithDpRank) -> Result<Slot, ApplyEventError> {
@@ -256,7 +291,25 @@ impl KvIndexer {
         };
         self.slots[slot as usize].key = Some(key);
         self.by_key.insert(key, slot);
+        self.rank_slots();
         Ok(slot)
+    }
+
+    /// Numbers the live slots in key order (after a key came or went; O(workers)).
+    fn rank_slots(&mut self) {
+        if self.slots.len() > RANKED_SLOTS {
+            return;
+        }
+        let Ranks {
+            rank_of_slot,
+            key_of_rank,
+        } = &mut self.ranks;
+        rank_of_slot.resize(self.slots.len(), 0);
+        key_of_rank.clear();
+        for (rank, (key, slot)) in self.by_key.iter().enumerate() {
+            rank_of_slot[*slot as usize] = rank as u8;
+            key_of_rank.push(*key);
+        }
     }
 
     /// Applies one event of `worker`.
@@ -579,6 +632,7 @@ impl KvIndexer {
             }
             self.slots[slot as usize] = WorkerState::default();
             self.free_slots.push(slot);
+            self.rank_slots();
         }
     }
 
@@ -605,9 +659,26 @@ impl KvIndexer {
         early_exit: bool,
         scratch: &'s mut MatchScratch,
     ) -> &'s [WorkerOverlap] {
-        let MatchScratch { active, done } = scratch;
+        let MatchScratch {
+            active,
+            done,
+            groups,
+            group_of_rank,
+        } = scratch;
         active.clear();
         done.clear();
+        let mut out = Dropped {
+            ranked: (self.slots.len() <= RANKED_SLOTS).then(|| {
+                groups.clear();
+                group_of_rank.resize(RANKED_SLOTS, 0);
+                Ranked {
+                    groups,
+                    group_of_rank,
+                    present: 0,
+                }
+            }),
+            done,
+        };
         // Candidates live in a bit mask while every run's holders fit one (`HolderMask`):
         // all of them then share `depth` and `by_tier`, and a dropped one keeps the
         // values of the moment it dropped. The first run that does not fit moves them to
@@ -623,7 +694,7 @@ impl KvIndexer {
                 if step.start == 0 {
                     mask = node.mask.slots;
                 }
-                self.emit_mask(mask & !node.mask.slots, depth, by_tier, done);
+                self.emit_mask(mask & !node.mask.slots, depth, by_tier, &mut out);
                 mask &= node.mask.slots;
                 depth += matched;
                 by_tier[fastest(node.mask.tiers)] += matched;
@@ -663,8 +734,8 @@ impl KvIndexer {
                         candidate.by_tier[fastest(holders[h].tiers())] += matched;
                         index += 1;
                     } else {
-                        let out = active.remove(index);
-                        done.push(self.overlap(out));
+                        let dropped = active.remove(index);
+                        self.emit(dropped, &mut out);
                     }
                 }
             }
@@ -678,29 +749,75 @@ impl KvIndexer {
             }
         }
         if in_mask {
-            self.emit_mask(mask, depth, by_tier, done);
+            self.emit_mask(mask, depth, by_tier, &mut out);
         }
-        done.extend(active.drain(..).map(|candidate| self.overlap(candidate)));
-        done.sort_unstable_by_key(|w| w.worker);
+        for candidate in active.drain(..) {
+            self.emit(candidate, &mut out);
+        }
+        let Dropped { ranked, done } = out;
+        match ranked {
+            Some(Ranked {
+                groups,
+                group_of_rank,
+                present,
+            }) => {
+                let mut left = present;
+                while left != 0 {
+                    let rank = left.trailing_zeros() as usize;
+                    left &= left - 1;
+                    let (blocks, by_tier) = groups[group_of_rank[rank] as usize];
+                    done.push(WorkerOverlap {
+                        worker: self.ranks.key_of_rank[rank],
+                        blocks,
+                        by_tier,
+                    });
+                }
+            }
+            None => done.sort_unstable_by_key(|w| w.worker),
+        }
         done
     }
 
     /// Records every slot of `mask` as matching `depth` blocks, `by_tier` of them.
-    fn emit_mask(
-        &self,
-        mut mask: u64,
-        depth: u32,
-        by_tier: [u32; 4],
-        done: &mut Vec<WorkerOverlap>,
-    ) {
+    fn emit_mask(&self, mut mask: u64, depth: u32, by_tier: [u32; 4], out: &mut Dropped<'_>) {
+        if mask == 0 {
+            return;
+        }
+        let Some(ranked) = &mut out.ranked else {
+            while mask != 0 {
+                let slot = mask.trailing_zeros();
+                mask &= mask - 1;
+                out.done.push(self.overlap(Candidate {
+                    slot,
+                    blocks: depth,
+                    by_tier,
+                }));
+            }
+            return;
+        };
+        // Every slot of one run's drop shares one group (at most one per slot in all).
+        let group = ranked.groups.len() as u8;
+        ranked.groups.push((depth, by_tier));
         while mask != 0 {
             let slot = mask.trailing_zeros();
             mask &= mask - 1;
-            done.push(self.overlap(Candidate {
-                slot,
-                blocks: depth,
-                by_tier,
-            }));
+            let rank = self.ranks.rank_of_slot[slot as usize];
+            ranked.group_of_rank[rank as usize] = group;
+            ranked.present |= 1 << rank;
+        }
+    }
+
+    /// Records a candidate's final overlap: by rank when the slots are few enough, else
+    /// as an overlap to sort at the end.
+    fn emit(&self, candidate: Candidate, out: &mut Dropped<'_>) {
+        match &mut out.ranked {
+            Some(ranked) => {
+                let rank = self.ranks.rank_of_slot[candidate.slot as usize];
+                ranked.group_of_rank[rank as usize] = ranked.groups.len() as u8;
+                ranked.groups.push((candidate.blocks, candidate.by_tier));
+                ranked.present |= 1 << rank;
+            }
+            None => out.done.push(self.overlap(candidate)),
         }
     }
 

@@ -151,6 +151,48 @@ fn clearing_and_removing_a_worker_forget_only_its_blocks() {
     assert_eq!((index.pairs(), index.distinct_blocks()), (0, 0));
 }
 
+/// Overlaps come out sorted by worker whether the index ranks its slots (at most
+/// `RANKED_SLOTS`) or sorts at the end (more), with workers joining in scrambled order,
+/// dp ranks, and a worker leaving and coming back (its slot reused, the ranks redone).
+#[test]
+fn overlaps_are_sorted_by_worker_with_few_slots_and_with_many() {
+    let chain = chain_of(&[1, 2, 3, 4, 5, 6, 7]);
+    for workers in [5u64, RANKED_SLOTS as u64 + 6] {
+        let mut index = KvIndexer::new();
+        let mut expected = BTreeMap::new();
+        for i in 0..workers {
+            // Ids not in the order the slots are taken; two dp ranks for some.
+            let worker = (i * 37) % 101;
+            let ranks: &[u32] = if i % 3 == 0 { &[1, 0] } else { &[0] };
+            for &dp_rank in ranks {
+                let held = 1 + ((i + u64::from(dp_rank)) % 7) as usize;
+                let mut event = stored(1, None, &chain[..held], Tier::Device);
+                event.dp_rank = dp_rank;
+                index.apply(WorkerId::new(worker), &event).unwrap();
+                expected.insert((worker, dp_rank), held as u32);
+            }
+        }
+        let gone = (3 * 37) % 101;
+        index.remove_worker(WorkerId::new(gone));
+        expected.retain(|(worker, _), _| *worker != gone);
+        index
+            .apply(
+                WorkerId::new(1000),
+                &stored(1, None, &chain[..2], Tier::Host),
+            )
+            .unwrap();
+        expected.insert((1000, 0), 2);
+        let got: Vec<((u64, u32), u32)> = index
+            .find_matches(&query(&[1, 2, 3, 4, 5, 6, 7]), false)
+            .workers
+            .iter()
+            .map(|w| ((w.worker.worker.get(), w.worker.dp_rank), w.blocks))
+            .collect();
+        let want: Vec<((u64, u32), u32)> = expected.into_iter().collect();
+        assert_eq!(got, want, "{workers} workers");
+    }
+}
+
 /// The naive reference: per worker, `block_hash → (parent, tokens_hash, tiers)` and a
 /// walk from the root by `(parent, tokens_hash)`, like peer-bench's `check`.
 #[derive(Default)]

@@ -632,21 +632,27 @@ impl BlockTree {
         let old = std::mem::take(&mut node.holders);
         node.set_holders(holders);
         self.pairs = self.pairs + after - before;
-        let (lost, gained): (HolderSet, HolderSet) = {
-            let new = &self.node(middle).holders;
-            (
-                old.iter()
-                    .filter(|h| !new.iter().any(|n| n.slot() == h.slot()))
-                    .copied()
-                    .collect(),
-                new.iter()
-                    .filter(|n| !old.iter().any(|h| h.slot() == n.slot()))
-                    .copied()
-                    .collect(),
-            )
-        };
-        self.count_held(&lost, len, false);
-        self.count_held(&gained, len, true);
+        // Count the slots that left or joined (both lists sorted by slot: one merge).
+        let new = std::mem::take(&mut self.nodes[middle as usize].holders);
+        let (mut i, mut j) = (0, 0);
+        while i < old.len() || j < new.len() {
+            let (o, n) = (old.get(i).map(|h| h.slot()), new.get(j).map(|h| h.slot()));
+            match (o, n) {
+                (Some(o), Some(n)) if o == n => {
+                    i += 1;
+                    j += 1;
+                }
+                (Some(o), n) if n.is_none_or(|n| o < n) => {
+                    self.count_held(&old[i..=i], len, false);
+                    i += 1;
+                }
+                _ => {
+                    self.count_held(&new[j..=j], len, true);
+                    j += 1;
+                }
+            }
+        }
+        self.nodes[middle as usize].holders = new;
         self.normalize(middle);
     }
 
