@@ -123,6 +123,12 @@ impl Timestamp {
         Self(self.0.saturating_add(nanos))
     }
 
+    /// `self + nanos`, saturating at [`Timestamp::MAX`].
+    #[inline]
+    pub fn saturating_add_nanos(self, nanos: u64) -> Self {
+        Self(self.0.saturating_add(nanos))
+    }
+
     /// The span from `earlier` to `self`, or zero if `earlier` is later.
     #[inline]
     pub fn saturating_duration_since(self, earlier: Timestamp) -> Duration {

@@ -13,7 +13,7 @@
 
 use super::worker::{cacheable_blocks, Live, State};
 use super::{Cluster, Pool, Wakeup};
-use crate::compute::{ComputeModel, Pass};
+use crate::compute::{dynosim_decode_step_nanos, ComputeModel, Pass};
 use crate::scenario::Batching;
 use kvtwin::block::{BlockIdentity, Reset};
 use kvtwin::ids::{LocalBlockHash, RequestId, Timestamp};
@@ -74,6 +74,44 @@ impl PassInFlight {
                 device_capacity_tokens,
             ));
             steps += 1;
+        }
+        (end, steps)
+    }
+}
+
+/// The silent decode steps a pass of decodes only may plan after its first step.
+struct SilentSteps {
+    /// The end of the first step.
+    first_end: Timestamp,
+    /// Steps every member can take silently (the plan takes at most these).
+    silent: u64,
+    /// No step starts at or after it.
+    horizon: Option<Timestamp>,
+    /// Every step ends before it.
+    deadline: Option<Timestamp>,
+    /// KV tokens the members attend to in the first step, together.
+    context: u64,
+    /// The members (each decodes a token a step).
+    decodes: u64,
+}
+
+impl SilentSteps {
+    /// The end of the last planned step and the steps planned, the first included;
+    /// `step_nanos(context)` times one step.
+    #[inline]
+    fn run(&self, step_nanos: impl Fn(u64) -> u64) -> (Timestamp, usize) {
+        let (mut end, mut steps, mut context) = (self.first_end, 1, self.context);
+        for _ in 0..self.silent {
+            if self.horizon.is_some_and(|horizon| end >= horizon) {
+                break;
+            }
+            context += self.decodes;
+            // A pass of decodes only takes one decode step (`ComputeModel::pass`).
+            let next = end.saturating_add_nanos(step_nanos(context));
+            if self.deadline.is_some_and(|deadline| next >= deadline) {
+                break;
+            }
+            (end, steps) = (next, steps + 1);
         }
         (end, steps)
     }
@@ -247,23 +285,23 @@ impl Cluster<'_> {
             .into_iter()
             .flatten()
             .min();
-            let mut context = pass.decode_context;
-            for _ in 0..silent {
-                if horizon.is_some_and(|horizon| end >= horizon) {
-                    break;
-                }
-                context += pass.decodes;
-                // A pass of decodes only takes one decode step (`ComputeModel::pass`).
-                let next = end.saturating_add(self.shape.compute.decode_step(
-                    pass.decodes,
-                    context,
-                    self.shape.device_capacity_tokens,
-                ));
-                if deadline.is_some_and(|deadline| next >= deadline) {
-                    break;
-                }
-                (end, steps) = (next, steps + 1);
-            }
+            let capacity = self.shape.device_capacity_tokens;
+            let plan = SilentSteps {
+                first_end: end,
+                silent,
+                horizon,
+                deadline,
+                context: pass.decode_context,
+                decodes: pass.decodes,
+            };
+            // One loop per model: millions of steps a run, each one model's few flops.
+            (end, steps) =
+                match &self.shape.compute {
+                    ComputeModel::Dynosim => plan
+                        .run(|context| dynosim_decode_step_nanos(plan.decodes, context, capacity)),
+                    compute => plan
+                        .run(|context| compute.decode_step_nanos(plan.decodes, context, capacity)),
+                };
         }
         worker.pass = Some(PassInFlight {
             members,

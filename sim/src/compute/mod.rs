@@ -311,26 +311,59 @@ impl ComputeModel {
     /// between them, on a device that caches `capacity_tokens` tokens (DynoSim's
     /// utilisation term).
     pub fn decode_step(&self, batch: u64, context_tokens: u64, capacity_tokens: u64) -> Duration {
+        Duration::from_nanos(self.decode_step_nanos(batch, context_tokens, capacity_tokens))
+    }
+
+    /// [`Self::decode_step`] in nanoseconds, exactly: the planned decode steps of a
+    /// simulation (millions a run) add these to the clock without a `Duration` each.
+    #[inline]
+    pub fn decode_step_nanos(&self, batch: u64, context_tokens: u64, capacity_tokens: u64) -> u64 {
         if batch == 0 {
-            return Duration::ZERO;
+            return 0;
         }
         match self {
-            ComputeModel::Roofline {
-                model,
-                gpu,
-                calibration,
-            } => roofline_work(model, gpu, calibration, &[], batch, context_tokens),
-            ComputeModel::Table(table) => table.decode_step(batch, context_tokens),
             ComputeModel::Dynosim => {
-                let u = context_tokens as f64 / capacity_tokens.max(1) as f64;
-                millis((-25.74 * u * u + 54.01 * u + 5.74).max(1.0))
+                dynosim_decode_step_nanos(batch, context_tokens, capacity_tokens)
             }
             ComputeModel::Linear {
                 decode_ns_per_token,
                 ..
-            } => Duration::from_nanos(*decode_ns_per_token),
+            } => *decode_ns_per_token,
+            ComputeModel::Roofline {
+                model,
+                gpu,
+                calibration,
+            } => nanos_of(roofline_work(
+                model,
+                gpu,
+                calibration,
+                &[],
+                batch,
+                context_tokens,
+            )),
+            ComputeModel::Table(table) => nanos_of(table.decode_step(batch, context_tokens)),
         }
     }
+}
+
+/// [`ComputeModel::Dynosim`]'s decode step in nanoseconds: DynoSim's utilisation curve,
+/// `u` the share of the device's cache the batch holds.
+#[inline]
+pub(crate) fn dynosim_decode_step_nanos(
+    batch: u64,
+    context_tokens: u64,
+    capacity_tokens: u64,
+) -> u64 {
+    if batch == 0 {
+        return 0;
+    }
+    let u = context_tokens as f64 / capacity_tokens.max(1) as f64;
+    round_to_u64((-25.74 * u * u + 54.01 * u + 5.74).max(1.0) * 1e6)
+}
+
+/// A span in whole nanoseconds, saturating (what `Timestamp::saturating_add` adds).
+fn nanos_of(span: Duration) -> u64 {
+    u64::try_from(span.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// What one forward pass of a continuously batched worker does.
