@@ -42,14 +42,16 @@ impl<H: Hardware> Manager<H> {
             return;
         }
         self.events_collected = events;
-        let mut ordered: Vec<(u64, KvCacheEventData)> = Vec::new();
+        // One buffer kept between collections.
+        let mut ordered = std::mem::take(&mut self.ordered_events);
         for pool in self.pools.iter().flatten() {
-            ordered.extend(pool.take_ordered_events());
+            pool.move_ordered_events_into(&mut ordered);
         }
         ordered.sort_by_key(|(stamp, _)| *stamp);
-        for (_, data) in ordered {
+        for (_, data) in ordered.drain(..) {
             self.push_event(data);
         }
+        self.ordered_events = ordered;
     }
 
     pub(super) fn push_event(&mut self, data: KvCacheEventData) {

@@ -37,7 +37,7 @@ pub use faults::{ClearError, TierFailure, TierFaultError};
 pub use onboard::OnboardError;
 pub use plan::{LookupPlan, ManagerOutput};
 
-use crate::events::KvCacheEvent;
+use crate::events::{KvCacheEvent, KvCacheEventData};
 use crate::hardware::Hardware;
 use crate::ids::{RequestId, SequenceHash, Timestamp, TransferId};
 use crate::pool::{BlockPool, PoolConfig, SharedCounters};
@@ -120,6 +120,8 @@ pub struct Manager<H: Hardware> {
     counters: Arc<SharedCounters>,
     /// The event count when the pools' outboxes were last emptied.
     events_collected: u64,
+    /// The pools' events being put in order (empty between collections).
+    ordered_events: Vec<(u64, KvCacheEventData)>,
     outputs: VecDeque<ManagerOutput>,
     events: Vec<KvCacheEvent>,
     next_event_id: u64,
@@ -161,6 +163,7 @@ impl<H: Hardware> Manager<H> {
             writeback_checked_against: [None; 4],
             counters,
             events_collected: 0,
+            ordered_events: Vec::new(),
             outputs: VecDeque::new(),
             events: Vec::new(),
             next_event_id: 0,

@@ -212,6 +212,9 @@ pub(crate) struct PoolInner {
     recent_removals: std::collections::VecDeque<SequenceHash>,
 }
 
+/// Blocks a new Stored or Removed event has room for before it grows.
+const EVENT_START_CAPACITY: usize = 8;
+
 impl PoolInner {
     fn new(config: &PoolConfig) -> Self {
         let capacity = config.capacity_blocks;
@@ -320,10 +323,14 @@ impl PoolInner {
                 return;
             }
         }
+        // Room for a few more: events grow a block at a time, and growing from one
+        // reallocated three times on the way to a chain's usual length.
+        let mut block_hashes = Vec::with_capacity(EVENT_START_CAPACITY);
+        block_hashes.push(hash);
         self.outbox.push((
             stamp,
             KvCacheEventData::Removed {
-                block_hashes: vec![hash],
+                block_hashes,
                 tier: self.tier,
             },
         ));
@@ -348,11 +355,13 @@ impl PoolInner {
                 return;
             }
         }
+        let mut blocks = Vec::with_capacity(EVENT_START_CAPACITY);
+        blocks.push(block);
         self.outbox.push((
             stamp,
             KvCacheEventData::Stored {
                 parent_hash: identity.parent,
-                blocks: vec![block],
+                blocks,
                 tier: self.tier,
             },
         ));
@@ -841,6 +850,13 @@ impl BlockPool {
     /// Takes the queued events with their places in the shared event order.
     pub(crate) fn take_ordered_events(&self) -> Vec<(u64, KvCacheEventData)> {
         std::mem::take(&mut lock(&self.shared.inner).outbox)
+    }
+
+    /// Moves the queued events, with their places in the shared event order, onto the
+    /// end of `out`; the queue keeps its allocation (a simulation collects events at
+    /// most settles, and a fresh queue each time regrew from nothing).
+    pub(crate) fn move_ordered_events_into(&self, out: &mut Vec<(u64, KvCacheEventData)>) {
+        out.append(&mut lock(&self.shared.inner).outbox);
     }
 
     /// Counts this pool's events and state changes together with every pool given the
