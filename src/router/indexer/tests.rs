@@ -445,6 +445,77 @@ fn blocks_of_lists_what_a_worker_holds_with_its_tiers() {
     }
 }
 
+/// A chain held in two tiers losing one tier leaf first, a block at a time, then getting
+/// it back root first (a cache evicting and onboarding): every step leaves two runs at
+/// most (the shortcuts of `tree/retag.rs` move the blocks between them), the answer per
+/// tier follows, and another worker sharing the chain keeps its own view.
+#[test]
+fn a_tier_leaving_leaf_first_and_coming_back_root_first_keeps_two_runs() {
+    let mut index = KvIndexer::new();
+    let chain = chain_of(&[1, 2, 3, 4, 5, 6]);
+    let hashes: Vec<SequenceHash> = chain.iter().map(|b| b.sequence_hash).collect();
+    for (id, tier) in [(1, Tier::Device), (2, Tier::Host)] {
+        index
+            .apply(WorkerId::new(1), &stored(id, None, &chain, tier))
+            .unwrap();
+    }
+    index
+        .apply(
+            WorkerId::new(2),
+            &stored(1, None, &chain[..4], Tier::Device),
+        )
+        .unwrap();
+    let q = query(&[1, 2, 3, 4, 5, 6]);
+    let tiers_of_1 = |index: &KvIndexer| {
+        let scores = index.find_matches(&q, false);
+        let w = scores.workers.iter().find(|w| w.worker == key(1)).unwrap();
+        (
+            w.blocks,
+            w.by_tier[Tier::Device.index()],
+            w.by_tier[Tier::Host.index()],
+        )
+    };
+    let mut event_id = 3;
+    for on_device in (0..6).rev() {
+        index
+            .apply(
+                WorkerId::new(1),
+                &removed(event_id, &hashes[on_device..on_device + 1], Tier::Device),
+            )
+            .unwrap();
+        event_id += 1;
+        index.check_invariants();
+        assert_eq!(
+            tiers_of_1(&index),
+            (6, on_device as u32, 6 - on_device as u32)
+        );
+        assert!(index.runs() <= 4, "{} runs", index.runs());
+    }
+    for on_device in 1..=6 {
+        let parent = (on_device > 1).then(|| hashes[on_device - 2]);
+        index
+            .apply(
+                WorkerId::new(1),
+                &stored(
+                    event_id,
+                    parent,
+                    &chain[on_device - 1..on_device],
+                    Tier::Device,
+                ),
+            )
+            .unwrap();
+        event_id += 1;
+        index.check_invariants();
+        assert_eq!(
+            tiers_of_1(&index),
+            (6, on_device as u32, 6 - on_device as u32)
+        );
+        assert!(index.runs() <= 4, "{} runs", index.runs());
+    }
+    assert_eq!(index.find_matches(&q, false).score(key(2)), 4);
+    assert_eq!(index.pairs(), 6 + 4);
+}
+
 #[test]
 fn position_table_stays_near_twice_its_entries_under_churn() {
     // A cache at steady state: one worker holds 1,024 chains of 8 blocks; every step

@@ -32,6 +32,8 @@ type FxHashMap<K, V> = hashbrown::HashMap<K, V, rustc_hash::FxBuildHasher>;
 use smallvec::SmallVec;
 use std::hash::BuildHasher;
 
+mod retag;
+
 /// Index of a node in the slab.
 pub(super) type NodeId = u32;
 
@@ -590,70 +592,6 @@ impl BlockTree {
             self.relabel(parent, child, 0..from_parent);
             child
         }
-    }
-
-    /// Gives blocks `lo..hi` of `id` the holder set `holders`, splitting the run as
-    /// needed and tidying up afterwards (empty leaves go, equal neighbours merge).
-    pub(super) fn retag(&mut self, id: NodeId, lo: usize, hi: usize, holders: HolderSet) {
-        let node = self.node(id);
-        if node.holders == holders {
-            return;
-        }
-        let len = node.len();
-        debug_assert!(lo < hi && hi <= len);
-        // A leaf losing its last holders at the end just gets shorter.
-        if holders.is_empty() && hi == len && lo > 0 && node.children.is_empty() {
-            let lost = node.holders.clone();
-            self.pairs -= (hi - lo) * lost.len();
-            self.count_held(&lost, hi - lo, false);
-            let node = &mut self.nodes[id as usize];
-            for (offset, block) in node.blocks[lo..].iter().enumerate() {
-                let at = Location {
-                    node: id,
-                    depth: node.depth + (lo + offset) as u32,
-                };
-                forget(&mut self.locations, at, block.block_hash);
-            }
-            node.blocks.truncate(lo);
-            trim(&mut node.blocks);
-            return;
-        }
-        let mut middle = id;
-        if hi < len {
-            middle = self.split(middle, hi).0;
-        }
-        if lo > 0 {
-            middle = self.split(middle, lo).1;
-        }
-        let node = self.node_mut(middle);
-        let before = node.len() * node.holders.len();
-        let after = node.len() * holders.len();
-        let len = node.len();
-        let old = std::mem::take(&mut node.holders);
-        node.set_holders(holders);
-        self.pairs = self.pairs + after - before;
-        // Count the slots that left or joined (both lists sorted by slot: one merge).
-        let new = std::mem::take(&mut self.nodes[middle as usize].holders);
-        let (mut i, mut j) = (0, 0);
-        while i < old.len() || j < new.len() {
-            let (o, n) = (old.get(i).map(|h| h.slot()), new.get(j).map(|h| h.slot()));
-            match (o, n) {
-                (Some(o), Some(n)) if o == n => {
-                    i += 1;
-                    j += 1;
-                }
-                (Some(o), n) if n.is_none_or(|n| o < n) => {
-                    self.count_held(&old[i..=i], len, false);
-                    i += 1;
-                }
-                _ => {
-                    self.count_held(&new[j..=j], len, true);
-                    j += 1;
-                }
-            }
-        }
-        self.nodes[middle as usize].holders = new;
-        self.normalize(middle);
     }
 
     /// Deletes `id` if it is an empty leaf (and so on up), then merges what is left with

@@ -1,0 +1,157 @@
+//! Re-tagging a stretch of a run: giving blocks `lo..hi` of one run a new holder set (a
+//! worker's tier bit came or went), and the tidying that keeps the tree compact.
+//!
+//! Owns: [`BlockTree::retag`] and its two shortcuts.
+//! Never: decides which holders a stretch should have (the indexer does), or leaves
+//! two runs that a merge would join.
+//!
+//! Why the shortcuts: a cache evicts a chain's blocks leaf first, one or a few at a time,
+//! and onboards them root first. Each such change takes the end of a run to the holders
+//! of its only child (or the start of a run to the holders of its parent), and the
+//! general path splits a new run off, re-tags it and merges it into that neighbour: a
+//! run made and freed, and the child lists edited, per eviction. The shortcuts move the
+//! blocks to the neighbour directly and leave the same tree (the simulator's router
+//! spent a fifth of a run in re-tags, mostly these).
+
+use super::{forget, trim, BlockTree, Children, Holder, HolderSet, Location, NodeId, ROOT};
+
+impl BlockTree {
+    /// Gives blocks `lo..hi` of `id` the holder set `holders`, splitting the run as
+    /// needed and tidying up afterwards (empty leaves go, equal neighbours merge).
+    pub(in crate::router::indexer) fn retag(
+        &mut self,
+        id: NodeId,
+        lo: usize,
+        hi: usize,
+        holders: HolderSet,
+    ) {
+        let node = self.node(id);
+        if node.holders == holders {
+            return;
+        }
+        let len = node.len();
+        debug_assert!(lo < hi && hi <= len);
+        // A leaf losing its last holders at the end just gets shorter.
+        if holders.is_empty() && hi == len && lo > 0 && node.children.is_empty() {
+            let lost = node.holders.clone();
+            self.pairs -= (hi - lo) * lost.len();
+            self.count_held(&lost, hi - lo, false);
+            let node = &mut self.nodes[id as usize];
+            for (offset, block) in node.blocks[lo..].iter().enumerate() {
+                let at = Location {
+                    node: id,
+                    depth: node.depth + (lo + offset) as u32,
+                };
+                forget(&mut self.locations, at, block.block_hash);
+            }
+            node.blocks.truncate(lo);
+            trim(&mut node.blocks);
+            return;
+        }
+        // The end of a run taking its only child's holders joins the child.
+        if hi == len && lo > 0 {
+            if let Some(child) = node.children.only() {
+                if self.node(child).holders == holders {
+                    self.move_tail_into_child(id, lo, child);
+                    return;
+                }
+            }
+        }
+        // The start of a run taking its parent's holders, when it is the parent's only
+        // child, joins the parent.
+        if lo == 0 && hi < len && node.parent != ROOT {
+            let parent = node.parent;
+            let p = self.node(parent);
+            if p.children.only() == Some(id) && p.holders == holders {
+                self.move_head_into_parent(id, hi, parent);
+                return;
+            }
+        }
+        let mut middle = id;
+        if hi < len {
+            middle = self.split(middle, hi).0;
+        }
+        if lo > 0 {
+            middle = self.split(middle, lo).1;
+        }
+        let node = self.node_mut(middle);
+        let len = node.len();
+        let old = std::mem::take(&mut node.holders);
+        node.set_holders(holders);
+        let new = std::mem::take(&mut self.nodes[middle as usize].holders);
+        self.count_change(&old, &new, len);
+        self.nodes[middle as usize].holders = new;
+        self.normalize(middle);
+    }
+
+    /// Moves blocks `lo..` of `id` to the front of `child`, its only child, whose holders
+    /// they take: what splitting them off and merging them into the child would leave.
+    fn move_tail_into_child(&mut self, id: NodeId, lo: usize, child: NodeId) {
+        // A merge keeps the later stamp of the two runs.
+        let stamp = self.stamp(id).max(self.stamp(child));
+        if let Some(entry) = self.stamps.get_mut(child as usize) {
+            *entry = stamp;
+        }
+        let [node, child_node] = self
+            .nodes
+            .get_disjoint_mut([id as usize, child as usize])
+            .expect("a run and its child are two runs");
+        let old = node.holders.clone();
+        let count = node.len() - lo;
+        node.children = Children::One(node.blocks[lo].tokens_hash, child);
+        // Shifted in place: the child keeps its allocation (it grows as its parent shrinks).
+        child_node.blocks.insert_many(0, node.blocks.drain(lo..));
+        trim(&mut node.blocks);
+        child_node.depth -= count as u32;
+        let new = child_node.holders.clone();
+        self.relabel(id, child, 0..count);
+        self.count_change(&old, &new, count);
+    }
+
+    /// Moves blocks `..hi` of `id` to the end of `parent`, of which `id` is the only
+    /// child and whose holders they take: what splitting them off and merging them into
+    /// the parent would leave.
+    fn move_head_into_parent(&mut self, id: NodeId, hi: usize, parent: NodeId) {
+        let stamp = self.stamp(id).max(self.stamp(parent));
+        if let Some(entry) = self.stamps.get_mut(parent as usize) {
+            *entry = stamp;
+        }
+        let [node, parent_node] = self
+            .nodes
+            .get_disjoint_mut([id as usize, parent as usize])
+            .expect("a run and its parent are two runs");
+        let old = node.holders.clone();
+        let from = parent_node.len();
+        parent_node.blocks.extend(node.blocks.drain(..hi));
+        trim(&mut node.blocks);
+        node.depth += hi as u32;
+        parent_node.children = Children::One(node.blocks[0].tokens_hash, id);
+        let new = parent_node.holders.clone();
+        self.relabel(id, parent, from..usize::MAX);
+        self.count_change(&old, &new, hi);
+    }
+
+    /// Counts `len` blocks going from holders `old` to `new`: the pairs, and the blocks
+    /// held by each slot that left or joined (both lists sorted by slot: one merge).
+    fn count_change(&mut self, old: &[Holder], new: &[Holder], len: usize) {
+        self.pairs = self.pairs + len * new.len() - len * old.len();
+        let (mut i, mut j) = (0, 0);
+        while i < old.len() || j < new.len() {
+            let (o, n) = (old.get(i).map(|h| h.slot()), new.get(j).map(|h| h.slot()));
+            match (o, n) {
+                (Some(o), Some(n)) if o == n => {
+                    i += 1;
+                    j += 1;
+                }
+                (Some(o), n) if n.is_none_or(|n| o < n) => {
+                    self.count_held(&old[i..=i], len, false);
+                    i += 1;
+                }
+                _ => {
+                    self.count_held(&new[j..=j], len, true);
+                    j += 1;
+                }
+            }
+        }
+    }
+}
