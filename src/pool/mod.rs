@@ -841,15 +841,10 @@ impl BlockPool {
     /// Takes the queued events, oldest first.
     #[must_use]
     pub fn take_events(&self) -> Vec<KvCacheEventData> {
-        self.take_ordered_events()
+        std::mem::take(&mut lock(&self.shared.inner).outbox)
             .into_iter()
             .map(|(_, data)| data)
             .collect()
-    }
-
-    /// Takes the queued events with their places in the shared event order.
-    pub(crate) fn take_ordered_events(&self) -> Vec<(u64, KvCacheEventData)> {
-        std::mem::take(&mut lock(&self.shared.inner).outbox)
     }
 
     /// Moves the queued events, with their places in the shared event order, onto the
@@ -860,7 +855,7 @@ impl BlockPool {
     }
 
     /// Counts this pool's events and state changes together with every pool given the
-    /// same counters (one manager's tiers), for [`BlockPool::take_ordered_events`] and
+    /// same counters (one manager's tiers), for [`BlockPool::move_ordered_events_into`] and
     /// the manager's change checks.
     pub(crate) fn share_counters(&self, counters: Arc<SharedCounters>) {
         lock(&self.shared.inner).shared = Some(counters);

@@ -68,7 +68,8 @@ impl PassInFlight {
         while steps < self.steps && end < at {
             context += self.decodes;
             // A pass of decodes only takes one decode step (`ComputeModel::pass`).
-            end = end.saturating_add(compute.decode_step(
+            // Timed as the plan timed it (`SilentSteps::run`).
+            end = end.saturating_add_nanos(compute.decode_step_nanos(
                 self.decodes,
                 context,
                 device_capacity_tokens,

@@ -74,24 +74,17 @@ impl BlockTree {
         if lo > 0 {
             middle = self.split(middle, lo).1;
         }
-        let node = self.node_mut(middle);
-        let len = node.len();
-        let old = std::mem::take(&mut node.holders);
-        node.set_holders(holders);
-        let new = std::mem::take(&mut self.nodes[middle as usize].holders);
-        self.count_change(&old, &new, len);
-        self.nodes[middle as usize].holders = new;
+        let len = self.node(middle).len();
+        let old = std::mem::take(&mut self.node_mut(middle).holders);
+        self.count_change(&old, &holders, len);
+        self.node_mut(middle).set_holders(holders);
         self.normalize(middle);
     }
 
     /// Moves blocks `lo..` of `id` to the front of `child`, its only child, whose holders
     /// they take: what splitting them off and merging them into the child would leave.
     fn move_tail_into_child(&mut self, id: NodeId, lo: usize, child: NodeId) {
-        // A merge keeps the later stamp of the two runs.
-        let stamp = self.stamp(id).max(self.stamp(child));
-        if let Some(entry) = self.stamps.get_mut(child as usize) {
-            *entry = stamp;
-        }
+        self.keep_later_stamp(child, id);
         let [node, child_node] = self
             .nodes
             .get_disjoint_mut([id as usize, child as usize])
@@ -112,10 +105,7 @@ impl BlockTree {
     /// child and whose holders they take: what splitting them off and merging them into
     /// the parent would leave.
     fn move_head_into_parent(&mut self, id: NodeId, hi: usize, parent: NodeId) {
-        let stamp = self.stamp(id).max(self.stamp(parent));
-        if let Some(entry) = self.stamps.get_mut(parent as usize) {
-            *entry = stamp;
-        }
+        self.keep_later_stamp(parent, id);
         let [node, parent_node] = self
             .nodes
             .get_disjoint_mut([id as usize, parent as usize])
@@ -129,6 +119,15 @@ impl BlockTree {
         let new = parent_node.holders.clone();
         self.relabel(id, parent, from..usize::MAX);
         self.count_change(&old, &new, hi);
+    }
+
+    /// Gives `into`, which takes blocks of `from`, the later of their two stamps, as a
+    /// merge of the two would (with recency on).
+    fn keep_later_stamp(&mut self, into: NodeId, from: NodeId) {
+        let stamp = self.stamp(into).max(self.stamp(from));
+        if let Some(entry) = self.stamps.get_mut(into as usize) {
+            *entry = stamp;
+        }
     }
 
     /// Counts `len` blocks going from holders `old` to `new`: the pairs, and the blocks
