@@ -903,6 +903,16 @@ impl BlockPool {
         identities
     }
 
+    /// Calls `visit` with the identity of every registered block, in no particular
+    /// order: for checks that build sets (sort before anything observable depends on
+    /// the order). `visit` runs under the pool's lock and must not call the pool.
+    pub fn visit_registered(&self, mut visit: impl FnMut(&BlockIdentity)) {
+        let inner = lock(&self.shared.inner);
+        for id in inner.registry.values() {
+            visit(&inner.slots[id.index()].identity);
+        }
+    }
+
     /// Checks every internal invariant and panics with a description on the first broken
     /// one (a broken invariant is a bug, not an input error). Returns the counts.
     pub fn check_invariants(&self) -> PoolCounts {

@@ -606,8 +606,7 @@ impl Cluster<'_> {
         let simulated_ns = self.now.as_nanos().max(1);
         // A snapshot leaves out the blocks no prefix lookup can reach (see
         // `Manager::publish_snapshot`): after one, only those may be missing.
-        let rebuild_matches_pools = checkers::rebuild_matches_pools(&self);
-        let view_matches_pools = checkers::router_view_matches_pools(&self);
+        let (rebuild_matches_pools, view_matches_pools) = checkers::end_of_run_checks(&self);
         let mut stats = self.workers[0].manager.stats();
         for worker in &self.workers[1..] {
             let more = worker.manager.stats();
