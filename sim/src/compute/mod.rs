@@ -357,8 +357,21 @@ pub(crate) fn dynosim_decode_step_nanos(
     if batch == 0 {
         return 0;
     }
-    let u = context_tokens as f64 / capacity_tokens.max(1) as f64;
-    round_to_u64((-25.74 * u * u + 54.01 * u + 5.74).max(1.0) * 1e6)
+    /// Counts below it convert through `i64`: one instruction each way on x86-64, where
+    /// `u64`'s take a branch or a fix-up (millions of steps a run, issue 33).
+    const EXACT: u64 = 1 << 53;
+    let capacity = capacity_tokens.max(1);
+    if context_tokens >= EXACT || capacity >= EXACT {
+        let u = context_tokens as f64 / capacity as f64;
+        return round_to_u64((-25.74 * u * u + 54.01 * u + 5.74).max(1.0) * 1e6);
+    }
+    // The same values as the `u64` conversions: both counts are exact in an `f64`.
+    let u = context_tokens as i64 as f64 / capacity as i64 as f64;
+    let nanos = (-25.74 * u * u + 54.01 * u + 5.74).max(1.0) * 1e6;
+    // `nanos` is at least 1e6 and below 2^62 (the curve's top is 34.1e6 at u = 1.05, and
+    // under 1 it is clamped): `round_to_u64` without its range checks, `i64` again.
+    let whole = nanos as i64;
+    (whole + i64::from(nanos - whole as f64 >= 0.5)) as u64
 }
 
 /// A span in whole nanoseconds, saturating (what `Timestamp::saturating_add` adds).
@@ -741,6 +754,25 @@ mod tests {
         }
         for v in values {
             assert_eq!(round_to_u64(v), v.round().max(0.0) as u64, "{v:e}");
+        }
+    }
+
+    proptest::proptest! {
+        /// The decode step's `i64` fast path gives the formula's value through the
+        /// general conversions, the largest counts (the slow path) included.
+        #[test]
+        fn dynosim_decode_step_is_its_formula(
+            batch in 0u64..4,
+            context in proptest::prop_oneof![0u64..10_000_000, (1u64 << 53) - 4..u64::MAX],
+            capacity in proptest::prop_oneof![0u64..2_000_000, (1u64 << 53) - 4..u64::MAX],
+        ) {
+            let u = context as f64 / capacity.max(1) as f64;
+            let expected = if batch == 0 {
+                0
+            } else {
+                ((-25.74 * u * u + 54.01 * u + 5.74).max(1.0) * 1e6).round() as u64
+            };
+            proptest::prop_assert_eq!(dynosim_decode_step_nanos(batch, context, capacity), expected);
         }
     }
 
