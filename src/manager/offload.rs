@@ -19,7 +19,6 @@ use crate::ids::{SequenceHash, Timestamp};
 use crate::phase::Phase;
 use crate::pool::{AllocError, BlockChain, ImmutableBlock, MutableBlock};
 use crate::tier::Tier;
-use std::sync::atomic::Ordering;
 
 impl<H: Hardware> Manager<H> {
     /// Takes `count` device blocks in state Reset for blocks to compute (evicting cached
@@ -167,7 +166,7 @@ impl<H: Hardware> Manager<H> {
             // The coldest blocks and which of them the lower tier has change only when
             // the pools do; unchanged since a look that found nothing to do, skip it (a
             // full device with everything already copied would rescan every call).
-            let changes = self.counters.changes.load(Ordering::Relaxed);
+            let changes = self.counters.version();
             if self.writeback_seen[tier.index()] == Some(changes) {
                 continue;
             }

@@ -4,7 +4,8 @@
 //!
 //! Owns: [`BlockPool::coldest_unchecked`], [`BlockPool::forget_checked`],
 //! [`BlockPool::forget_checked_if_any`], [`BlockPool::release_cold_checked`],
-//! [`BlockPool::removals`] and [`BlockPool::removed_since`]. The manager's write-back
+//! [`BlockPool::removals`] and [`BlockPool::removed_since`], and for checkers outside
+//! the pool [`BlockPool::visit_registered`]. The manager's write-back
 //! scan is the caller: a block it saw already copied to the tier below is not looked up
 //! there again until that tier loses a block the scan had seen (issue 33).
 //! Never: know what a check means: the caller checks, and says when a check went stale.
@@ -34,6 +35,16 @@ impl BlockPool {
             .iter()
             .map(|id| inner.slots[id.index()].identity)
             .collect()
+    }
+
+    /// Calls `visit` with the identity of every registered block, in no particular
+    /// order: for checks that build sets (sort before anything observable depends on
+    /// the order). `visit` runs under the pool's lock and must not call the pool.
+    pub fn visit_registered(&self, mut visit: impl FnMut(&BlockIdentity)) {
+        let inner = lock(&self.shared.inner);
+        for id in inner.registry.values() {
+            visit(&inner.slots[id.index()].identity);
+        }
     }
 
     /// Forgets every block [`BlockPool::coldest_unchecked`] was told was fine: what they

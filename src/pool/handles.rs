@@ -243,10 +243,11 @@ impl ImmutableBlock {
             .expect("a live handle always has its pool")
     }
 
-    /// Stops the handle from releasing on drop (the caller releases under its own lock).
-    pub(super) fn disarm(&mut self) -> BlockId {
-        self.pool = None;
-        self.id
+    /// Stops the handle from releasing on drop and hands over its reference to the
+    /// block and to its pool (the caller releases them).
+    fn take_reference(&mut self) -> (BlockId, Arc<PoolShared>) {
+        let pool = self.pool.take().expect("a live handle always has its pool");
+        (self.id, pool)
     }
 }
 
@@ -361,11 +362,15 @@ impl BlockChain {
 
     /// Appends a block (a child of the current last block) of the same pool.
     pub fn push(&mut self, mut block: ImmutableBlock) {
-        let pool = Arc::clone(block.shared());
-        self.adopt_pool(&pool);
         let identity = block.identity;
-        // The handle's reference moves into the chain.
-        let id = block.disarm();
+        // The handle's reference moves into the chain, and its pool with it when the
+        // chain has none yet: no reference count changes, which are locked operations
+        // (a simulation pushes hundreds of thousands of blocks).
+        let (id, pool) = block.take_reference();
+        match &self.pool {
+            Some(own) => assert!(Arc::ptr_eq(own, &pool), "a chain cannot span two pools"),
+            None => self.pool = Some(pool),
+        }
         self.blocks.push((id, identity));
     }
 
