@@ -21,14 +21,7 @@ use rustc_hash::FxHashMap;
 /// could use it. Without faults the view is the pools exactly. A worker that is down (or
 /// gone) must have no view at all.
 pub fn router_view_matches_pools(cluster: &Cluster<'_>) -> bool {
-    // Every view in one walk of the index: these checks end every report, and they
-    // were a tenth of a simulation (issue 33).
-    let mut views = cluster.router().indexer().blocks_by_worker();
-    cluster.workers().all(|worker| {
-        let view = views.remove(&worker.key).unwrap_or_default();
-        !worker.serving && view.is_empty()
-            || worker.serving && view_matches(&view, &HeldBlocks::of(worker.manager))
-    })
+    end_of_run_checks(cluster).1
 }
 
 /// Whether replaying each worker's events rebuilt every tier's registry: no block the
@@ -36,13 +29,13 @@ pub fn router_view_matches_pools(cluster: &Cluster<'_>) -> bool {
 /// unless a snapshot left out some that none can reach; see
 /// `Manager::publish_snapshot`).
 pub fn rebuild_matches_pools(cluster: &Cluster<'_>) -> bool {
-    cluster
-        .workers()
-        .all(|worker| rebuild_matches(worker.replica, &HeldBlocks::of(worker.manager)))
+    end_of_run_checks(cluster).0
 }
 
 /// Both end-of-run checks, [`rebuild_matches_pools`] and [`router_view_matches_pools`]
-/// in that order, reading each worker's pools once.
+/// in that order, reading each worker's pools once and every view in one walk of the
+/// index: these checks end every report, and they were a tenth of a simulation
+/// (issue 33).
 pub fn end_of_run_checks(cluster: &Cluster<'_>) -> (bool, bool) {
     let mut views = cluster.router().indexer().blocks_by_worker();
     let (mut rebuilt, mut viewed) = (true, true);
@@ -126,9 +119,11 @@ impl HeldBlocks {
         }
         Self { blocks, reachable }
     }
+}
 
-    fn reachable(&self, block: &Held) -> bool {
-        block.reachable == Some(true)
+impl Held {
+    fn is_reachable(&self) -> bool {
+        self.reachable == Some(true)
     }
 }
 
@@ -142,7 +137,7 @@ fn view_matches(view: &[(SequenceHash, u8)], held: &HeldBlocks) -> bool {
         }
         match held.blocks.get(hash) {
             Some(block) if block.tiers == *tiers => {
-                reachable_listed += usize::from(held.reachable(block));
+                reachable_listed += usize::from(block.is_reachable());
             }
             _ => return false,
         }
@@ -161,7 +156,7 @@ fn rebuild_matches(replica: &RegistryReplica, held: &HeldBlocks) -> bool {
             }
             if replica.contains(tier, *hash) {
                 in_both[tier.index()] += 1;
-            } else if held.reachable(block) {
+            } else if block.is_reachable() {
                 return false;
             }
         }

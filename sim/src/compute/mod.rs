@@ -357,19 +357,19 @@ pub(crate) fn dynosim_decode_step_nanos(
     if batch == 0 {
         return 0;
     }
-    /// Counts below it convert through `i64`: one instruction each way on x86-64, where
-    /// `u64`'s take a branch or a fix-up (millions of steps a run, issue 33).
+    /// Counts below it convert through `i64`: one instruction on x86-64, where `u64`'s
+    /// take a branch or a fix-up (millions of steps a run, issue 33). Same values: such
+    /// counts are exact in an `f64` either way.
     const EXACT: u64 = 1 << 53;
     let capacity = capacity_tokens.max(1);
-    if context_tokens >= EXACT || capacity >= EXACT {
-        let u = context_tokens as f64 / capacity as f64;
-        return round_to_u64((-25.74 * u * u + 54.01 * u + 5.74).max(1.0) * 1e6);
-    }
-    // The same values as the `u64` conversions: both counts are exact in an `f64`.
-    let u = context_tokens as i64 as f64 / capacity as i64 as f64;
+    let u = if context_tokens < EXACT && capacity < EXACT {
+        context_tokens as i64 as f64 / capacity as i64 as f64
+    } else {
+        context_tokens as f64 / capacity as f64
+    };
     let nanos = (-25.74 * u * u + 54.01 * u + 5.74).max(1.0) * 1e6;
-    // `nanos` is at least 1e6 and below 2^62 (the curve's top is 34.1e6 at u = 1.05, and
-    // under 1 it is clamped): `round_to_u64` without its range checks, `i64` again.
+    // `nanos` is at least 1e6 and below 2^62 whatever `u` is (the curve's top is 34.1e6
+    // at u = 1.05, and under 1 it is clamped): `round_to_u64` without its range checks.
     let whole = nanos as i64;
     (whole + i64::from(nanos - whole as f64 >= 0.5)) as u64
 }
