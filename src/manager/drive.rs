@@ -47,8 +47,10 @@ pub fn settle<D: Driver>(driver: &mut D, now: Timestamp) -> Option<Timestamp> {
             break;
         }
     }
-    for event in driver.manager().take_events() {
+    let mut events = driver.manager().take_events();
+    for event in events.drain(..) {
         driver.on_event(event);
     }
+    driver.manager().recycle_events(events);
     driver.manager().poll_timeout()
 }

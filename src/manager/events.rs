@@ -33,6 +33,16 @@ impl<H: Hardware> Manager<H> {
         std::mem::take(&mut self.events)
     }
 
+    /// Gives back the buffer [`Manager::take_events`] returned, emptied, so that the next
+    /// events fill it instead of growing a new one (a simulation settles a worker tens of
+    /// thousands of times). Kept only while no newer event is waiting.
+    pub fn recycle_events(&mut self, mut buffer: Vec<KvCacheEvent>) {
+        if self.events.is_empty() && buffer.capacity() > self.events.capacity() {
+            buffer.clear();
+            self.events = buffer;
+        }
+    }
+
     /// Moves the pools' events into the manager's stream in the order they happened
     /// across tiers (a block offloaded to host before its parent left the device must be
     /// stored before the parent is removed, or a router would refuse it).

@@ -12,13 +12,26 @@
 //! bound reached is skipped and counted, never queued.
 
 use super::transfers::InFlight;
-use super::{Manager, OffloadPolicy};
+use super::{Manager, OffloadPolicy, TierConfig};
 use crate::block::{Complete, Reset};
 use crate::hardware::{Hardware, TransferRequest};
 use crate::ids::{SequenceHash, Timestamp};
 use crate::phase::Phase;
 use crate::pool::{AllocError, BlockChain, ImmutableBlock, MutableBlock};
 use crate::tier::Tier;
+use std::sync::atomic::Ordering;
+
+/// What [`Manager::copy_down`] may assume of its sources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sources {
+    /// Nothing: each is looked up below, among the copies on their way, and its parent
+    /// in every tier.
+    Unchecked,
+    /// The write-back scan found each missing below, not on its way, and its parent held
+    /// somewhere, and nothing changed the pools since but pins: only the parent check
+    /// can go stale, and only once a target's allocation evicts a block below.
+    CheckedBeforeAllocating,
+}
 
 impl<H: Hardware> Manager<H> {
     /// Takes `count` device blocks in state Reset for blocks to compute (evicting cached
@@ -62,6 +75,17 @@ impl<H: Hardware> Manager<H> {
     /// Copies `sources` (blocks of `from`) to the next lower tier, skipping blocks already
     /// there or already on their way. Blocks that find no room are skipped and counted.
     pub(super) fn offload(&mut self, from: Tier, sources: Vec<ImmutableBlock>, now: Timestamp) {
+        self.copy_down(from, sources, Sources::Unchecked, now);
+    }
+
+    /// [`Manager::offload`], told whether the sources were checked already.
+    fn copy_down(
+        &mut self,
+        from: Tier,
+        sources: Vec<ImmutableBlock>,
+        checked: Sources,
+        now: Timestamp,
+    ) {
         let Some(to) = self.lower_tier(from) else {
             return;
         };
@@ -74,18 +98,25 @@ impl<H: Hardware> Manager<H> {
         let mut kept_sources = Vec::with_capacity(sources.len());
         let mut targets = Vec::with_capacity(sources.len());
         let mut skipped = 0u64;
+        // Only an eviction (a Removed event) can take a parent out of every tier while
+        // the targets are allocated below; until one, checked sources stay as checked.
+        let events_at_start = self.counters.events.load(Ordering::Relaxed);
         for source in sources {
             let hash = source.sequence_hash();
-            if dst.contains(hash) || self.offloading.contains(&(to, hash)) {
+            let unchecked = checked == Sources::Unchecked;
+            if unchecked && (dst.contains(hash) || self.offloading.contains(&(to, hash))) {
                 continue;
             }
+            let parents_may_have_left =
+                unchecked || self.counters.events.load(Ordering::Relaxed) != events_at_start;
             // A block whose parent left every tier (the parent was copied down, evicted
             // from the device first as the colder copy, then evicted below) is
             // unreachable: copying it would waste the lower tier.
-            if source
-                .identity()
-                .parent
-                .is_some_and(|parent| !self.holds_anywhere(parent))
+            if parents_may_have_left
+                && source
+                    .identity()
+                    .parent
+                    .is_some_and(|parent| !self.holds_anywhere(parent))
             {
                 self.stats.orphans_not_offloaded += 1;
                 continue;
@@ -144,18 +175,20 @@ impl<H: Hardware> Manager<H> {
     /// cached ones, so with `free` free blocks and a watermark `w`, the coldest
     /// `w - free` cached blocks (less those already being copied) must be copied.
     pub(super) fn pump_writeback(&mut self, now: Timestamp) {
-        let tiers: Vec<(Tier, usize)> = self
-            .config
-            .tiers
-            .iter()
-            .filter_map(|t| match t.offload {
-                OffloadPolicy::WriteBack {
-                    low_watermark_blocks,
-                } => Some((t.tier, low_watermark_blocks)),
-                _ => None,
-            })
-            .collect();
-        for (tier, watermark) in tiers {
+        // By index: the loop changes the manager, and a list of the tiers made first
+        // was an allocation at every call.
+        for index in 0..self.config.tiers.len() {
+            let (tier, watermark) = match self.config.tiers[index] {
+                TierConfig {
+                    tier,
+                    offload:
+                        OffloadPolicy::WriteBack {
+                            low_watermark_blocks,
+                        },
+                    ..
+                } => (tier, low_watermark_blocks),
+                _ => continue,
+            };
             let Some(to) = self.lower_tier(tier) else {
                 continue;
             };
@@ -214,7 +247,7 @@ impl<H: Hardware> Manager<H> {
                 self.writeback_seen[tier.index()] = Some(changes);
             } else {
                 self.writeback_seen[tier.index()] = None;
-                self.offload(tier, candidates, now);
+                self.copy_down(tier, candidates, Sources::CheckedBeforeAllocating, now);
             }
         }
     }

@@ -118,12 +118,16 @@ impl<H: Hardware> Manager<H> {
                         // The parent of a block may have left every tier while the copy
                         // was in flight: such a copy is an orphan (see `offload`) and
                         // its target goes back unregistered.
-                        let (complete, orphans): (Vec<_>, Vec<_>) =
-                            copies_of(&sources, targets).into_iter().partition(|copy| {
-                                copy.identity()
-                                    .parent
-                                    .is_none_or(|parent| self.holds_anywhere(parent))
-                            });
+                        let mut complete = Vec::with_capacity(sources.len());
+                        let mut orphans = Vec::new();
+                        for copy in copies_of(&sources, targets) {
+                            let parent = copy.identity().parent;
+                            if parent.is_none_or(|parent| self.holds_anywhere(parent)) {
+                                complete.push(copy);
+                            } else {
+                                orphans.push(copy);
+                            }
+                        }
                         self.stats.orphans_not_offloaded += orphans.len() as u64;
                         let orphaned: Vec<SequenceHash> = orphans
                             .iter()

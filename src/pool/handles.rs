@@ -481,6 +481,10 @@ impl FromIterator<ImmutableBlock> for BlockChain {
 
 impl Extend<ImmutableBlock> for BlockChain {
     fn extend<I: IntoIterator<Item = ImmutableBlock>>(&mut self, iter: I) {
+        let iter = iter.into_iter();
+        // Room for them all at once: a chain grown a block at a time reallocated on the
+        // way to a request's length (issue 33).
+        self.blocks.reserve(iter.size_hint().0);
         for block in iter {
             self.push(block);
         }

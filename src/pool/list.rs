@@ -1,9 +1,10 @@
 //! Index-linked lists threaded through per-block `prev` / `next` arrays.
 //!
-//! Owns: O(1) push at either end, O(1) removal from the middle and O(1) pop, for a fixed
-//! set of node ids `0..capacity`, in any of `lists` disjoint lists. Each list has a
-//! sentinel node (ids `capacity..capacity + lists`), so no operation branches on an empty
-//! list (vLLM's `FreeKVCacheBlockQueue`, as arrays of `u32` instead of objects).
+//! Owns: O(1) push at either end, O(1) removal from the middle, O(1) pop and O(1) steps
+//! to a node's neighbours, for a fixed set of node ids `0..capacity`, in any of `lists`
+//! disjoint lists. Each list has a sentinel node (ids `capacity..capacity + lists`), so
+//! no operation branches on an empty list (vLLM's `FreeKVCacheBlockQueue`, as arrays of
+//! `u32` instead of objects).
 //! Invariant: a node is in at most one list; `prev[n] == NIL` exactly when it is in none.
 //! Never: allocate after construction.
 
@@ -49,6 +50,12 @@ impl IndexLists {
     #[inline]
     pub fn contains(&self, node: u32) -> bool {
         self.prev[node as usize] != NIL
+    }
+
+    /// How many lists there are.
+    #[inline]
+    pub fn list_count(&self) -> usize {
+        self.lens.len()
     }
 
     /// Nodes in `list`.
@@ -113,6 +120,43 @@ impl IndexLists {
         Some(first)
     }
 
+    /// The list holding `node`, if any.
+    #[inline]
+    pub fn list_of(&self, node: u32) -> Option<usize> {
+        self.contains(node)
+            .then(|| self.list_of[node as usize] as usize)
+    }
+
+    /// The node after `node` (toward the back) in the list holding it; `None` at the
+    /// back, or when `node` is in no list.
+    #[inline]
+    pub fn next_of(&self, node: u32) -> Option<u32> {
+        let next = self.next[node as usize];
+        (next < self.capacity).then_some(next)
+    }
+
+    /// The node before `node` (toward the front) in the list holding it; `None` at the
+    /// front, or when `node` is in no list.
+    #[inline]
+    pub fn prev_of(&self, node: u32) -> Option<u32> {
+        let prev = self.prev[node as usize];
+        (prev < self.capacity).then_some(prev)
+    }
+
+    /// The front (cold end) of `list`, if it has one.
+    #[inline]
+    pub fn front(&self, list: usize) -> Option<u32> {
+        let first = self.next[self.sentinel(list) as usize];
+        (first < self.capacity).then_some(first)
+    }
+
+    /// The back (hot end) of `list`, if it has one.
+    #[inline]
+    pub fn back(&self, list: usize) -> Option<u32> {
+        let last = self.prev[self.sentinel(list) as usize];
+        (last < self.capacity).then_some(last)
+    }
+
     /// The nodes of `list`, front to back.
     pub fn iter(&self, list: usize) -> impl Iterator<Item = u32> + '_ {
         let sentinel = self.sentinel(list);
@@ -149,5 +193,12 @@ mod tests {
         assert_eq!(lists.pop_front(1), Some(4));
         assert_eq!(lists.pop_front(1), None);
         assert!(!lists.contains(4) && lists.contains(1));
+        // 1 and 2 are left in list 0: neighbours stop at the ends, never at a sentinel.
+        assert_eq!((lists.front(0), lists.back(0)), (Some(1), Some(2)));
+        assert_eq!((lists.next_of(1), lists.next_of(2)), (Some(2), None));
+        assert_eq!((lists.prev_of(2), lists.prev_of(1)), (Some(1), None));
+        assert_eq!((lists.front(1), lists.back(1)), (None, None));
+        assert_eq!((lists.list_of(1), lists.list_of(4)), (Some(0), None));
+        assert_eq!((lists.next_of(4), lists.prev_of(4)), (None, None));
     }
 }

@@ -24,6 +24,9 @@ pub(crate) struct EvictionOrder {
     checked: Vec<bool>,
     /// How many blocks the checked prefix holds.
     prefix: usize,
+    /// The hottest block of the checked prefix (`None` exactly when it is empty): a scan
+    /// starts right after it instead of walking the prefix again.
+    prefix_end: Option<BlockId>,
 }
 
 impl EvictionOrder {
@@ -32,6 +35,7 @@ impl EvictionOrder {
             policy,
             checked: vec![false; capacity],
             prefix: 0,
+            prefix_end: None,
         }
     }
 
@@ -49,6 +53,10 @@ impl EvictionOrder {
     /// `block` stopped being cached; false if the order did not hold it.
     #[inline]
     pub(crate) fn remove(&mut self, block: BlockId) -> bool {
+        if self.prefix_end == Some(block) {
+            // The prefix's next colder block (checked too, or none) ends it now.
+            self.prefix_end = self.policy.colder(block);
+        }
         let held = self.policy.remove(block);
         if held {
             self.uncheck(block);
@@ -66,6 +74,7 @@ impl EvictionOrder {
         self.policy.insert(block, phase, Placement::Cold);
         self.checked[block.index()] = true;
         self.prefix += 1;
+        self.prefix_end.get_or_insert(block);
     }
 
     /// Whether `block` is in the checked prefix.
@@ -113,26 +122,30 @@ impl EvictionOrder {
         if limit <= self.prefix {
             return out;
         }
-        let (mut seen, mut extending) = (0, true);
-        let (checked, prefix) = (&mut self.checked, &mut self.prefix);
-        self.policy.visit_coldest(&mut |block| {
+        // Every block after the prefix is unchecked: the scan starts there.
+        let mut next = match self.prefix_end {
+            Some(end) => self.policy.hotter(end),
+            None => self.policy.coldest_block(),
+        };
+        let (mut seen, mut extending) = (self.prefix, true);
+        while let Some(block) = next {
             if seen == limit {
-                return ControlFlow::Break(());
+                break;
             }
             seen += 1;
-            if !checked[block.index()] {
-                if check(block) {
-                    if extending {
-                        checked[block.index()] = true;
-                        *prefix += 1;
-                    }
-                } else {
-                    extending = false;
-                    out.push(block);
+            debug_assert!(!self.checked[block.index()], "checked after the prefix");
+            if check(block) {
+                if extending {
+                    self.checked[block.index()] = true;
+                    self.prefix += 1;
+                    self.prefix_end = Some(block);
                 }
+            } else {
+                extending = false;
+                out.push(block);
             }
-            ControlFlow::Continue(())
-        });
+            next = self.policy.hotter(block);
+        }
         out
     }
 
@@ -153,12 +166,16 @@ impl EvictionOrder {
             }
         });
         self.prefix = 0;
+        self.prefix_end = None;
     }
 
     #[inline]
     fn uncheck(&mut self, block: BlockId) {
         if std::mem::take(&mut self.checked[block.index()]) {
             self.prefix -= 1;
+            if self.prefix == 0 {
+                self.prefix_end = None;
+            }
         }
     }
 }
@@ -270,6 +287,102 @@ mod tests {
                 expected,
                 "step {step}"
             );
+        }
+    }
+
+    /// The checked blocks are the first `prefix` of the eviction order and the last of
+    /// them is `prefix_end`.
+    fn assert_prefix_invariant(order: &EvictionOrder) {
+        let mut all = Vec::new();
+        order.coldest(usize::MAX, &mut all);
+        let checked: Vec<bool> = all.iter().map(|b| order.is_checked(*b)).collect();
+        let prefix = checked.iter().take_while(|c| **c).count();
+        assert_eq!(prefix, order.prefix);
+        assert!(
+            checked[prefix..].iter().all(|c| !c),
+            "checked after the prefix"
+        );
+        assert_eq!(order.prefix_end, prefix.checked_sub(1).map(|i| all[i]));
+        let held = order.checked.iter().filter(|c| **c).count();
+        assert_eq!(held, prefix, "a block checked outside the order");
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert(u32, u8, bool),
+        InsertColdChecked(u32),
+        Remove(u32),
+        Pop,
+        Reclassify(u32, u8),
+        Scan(usize, u32),
+        Forget,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0..16u32, 0..3u8, any::<bool>()).prop_map(|(b, p, hot)| Op::Insert(b, p, hot)),
+            1 => (0..16u32).prop_map(Op::InsertColdChecked),
+            2 => (0..16u32).prop_map(Op::Remove),
+            1 => Just(Op::Pop),
+            1 => (0..16u32, 0..3u8).prop_map(|(b, p)| Op::Reclassify(b, p)),
+            3 => (0..20usize, 1..4u32).prop_map(|(limit, modulus)| Op::Scan(limit, modulus)),
+            1 => Just(Op::Forget),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever happens to the order, a scan from after the prefix returns what a
+        /// full scan of the coldest blocks refuses, and the prefix stays a prefix.
+        #[test]
+        fn a_scan_after_the_prefix_agrees_with_a_full_scan(
+            priority in proptest::bool::ANY,
+            ops in proptest::collection::vec(op(), 1..120),
+        ) {
+            let kind = if priority { EvictionPolicyKind::Priority } else { EvictionPolicyKind::Lru };
+            let mut order = order(kind, &[]);
+            let phase = |p: u8| [Phase::OutputCritical, Phase::ThinkActive, Phase::ThinkComplete][p as usize];
+            let mut cached = [false; 16];
+            for op in ops {
+                match op {
+                    Op::Insert(b, p, hot) if !cached[b as usize] => {
+                        let placement = if hot { Placement::Hot } else { Placement::Cold };
+                        order.insert(BlockId::new(b), phase(p), placement);
+                        cached[b as usize] = true;
+                    }
+                    Op::InsertColdChecked(b) if !cached[b as usize] => {
+                        order.insert_cold_checked(BlockId::new(b), Phase::OutputCritical);
+                        cached[b as usize] = true;
+                    }
+                    Op::Remove(b) => {
+                        assert_eq!(order.remove(BlockId::new(b)), cached[b as usize]);
+                        cached[b as usize] = false;
+                    }
+                    Op::Pop => {
+                        if let Some(victim) = order.pop_victim() {
+                            cached[victim.index()] = false;
+                        }
+                    }
+                    Op::Reclassify(b, p) if cached[b as usize] => {
+                        order.reclassify(BlockId::new(b), phase(p));
+                    }
+                    Op::Scan(limit, modulus) => {
+                        let accepted = |b: BlockId| !b.get().is_multiple_of(modulus + 1);
+                        let mut all = Vec::new();
+                        order.coldest(limit, &mut all);
+                        // Blocks checked before were accepted then: a scan refuses
+                        // only among the blocks after the prefix.
+                        let expected: Vec<BlockId> = all
+                            .into_iter()
+                            .filter(|b| !order.is_checked(*b) && !accepted(*b))
+                            .collect();
+                        assert_eq!(order.coldest_unchecked(limit, accepted), expected);
+                    }
+                    Op::Forget => order.forget_checked(),
+                    _ => {}
+                }
+                assert_prefix_invariant(&order);
+            }
         }
     }
 }

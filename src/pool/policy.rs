@@ -99,6 +99,53 @@ impl BuiltinPolicy {
     }
 }
 
+impl BuiltinPolicy {
+    /// The coldest cached block, if any.
+    #[inline]
+    pub(crate) fn coldest_block(&self) -> Option<BlockId> {
+        let lists = self.lists();
+        (0..lists.list_count())
+            .find_map(|list| lists.front(list))
+            .map(BlockId::new)
+    }
+
+    /// The cached block evicted right after `block` (which must be cached), if any: the
+    /// next one in its class, or the coldest of the next class that has any.
+    #[inline]
+    pub(crate) fn hotter(&self, block: BlockId) -> Option<BlockId> {
+        let lists = self.lists();
+        if let Some(next) = lists.next_of(block.get()) {
+            return Some(BlockId::new(next));
+        }
+        let list = lists.list_of(block.get())?;
+        (list + 1..lists.list_count())
+            .find_map(|list| lists.front(list))
+            .map(BlockId::new)
+    }
+
+    /// The cached block evicted right before `block` (which must be cached), if any.
+    #[inline]
+    pub(crate) fn colder(&self, block: BlockId) -> Option<BlockId> {
+        let lists = self.lists();
+        if let Some(prev) = lists.prev_of(block.get()) {
+            return Some(BlockId::new(prev));
+        }
+        let list = lists.list_of(block.get())?;
+        (0..list)
+            .rev()
+            .find_map(|list| lists.back(list))
+            .map(BlockId::new)
+    }
+
+    #[inline]
+    fn lists(&self) -> &IndexLists {
+        match self {
+            BuiltinPolicy::Lru(policy) => &policy.lists,
+            BuiltinPolicy::Priority(policy) => &policy.lists,
+        }
+    }
+}
+
 macro_rules! dispatch {
     ($self:ident, $policy:ident => $call:expr) => {
         match $self {
@@ -293,5 +340,44 @@ mod tests {
         policy.insert(BlockId::new(4), Phase::OutputCritical, Placement::Cold);
         assert_eq!(policy.len(), 5);
         assert_eq!(victims(&mut policy), vec![2, 3, 1, 4, 0]);
+    }
+
+    /// The eviction order walked with `hotter` from the coldest block, and back with
+    /// `colder` from the hottest.
+    fn walked(policy: &BuiltinPolicy) -> (Vec<u32>, Vec<u32>) {
+        let up: Vec<u32> = std::iter::successors(policy.coldest_block(), |b| policy.hotter(*b))
+            .map(BlockId::get)
+            .collect();
+        let hottest = up.last().map(|b| BlockId::new(*b));
+        let mut down: Vec<u32> = std::iter::successors(hottest, |b| policy.colder(*b))
+            .map(BlockId::get)
+            .collect();
+        down.reverse();
+        (up, down)
+    }
+
+    #[test]
+    fn neighbour_steps_follow_the_eviction_order_across_classes() {
+        for kind in [EvictionPolicyKind::Lru, EvictionPolicyKind::Priority] {
+            let mut policy = BuiltinPolicy::new(kind, 12);
+            assert_eq!(walked(&policy), (vec![], vec![]));
+            // Classes left empty between filled ones, and a block placed cold.
+            let phases = [
+                (0, Phase::OutputCritical, Placement::Hot),
+                (5, Phase::ThinkComplete, Placement::Hot),
+                (9, Phase::OutputCritical, Placement::Hot),
+                (2, Phase::ThinkComplete, Placement::Cold),
+                (7, Phase::OutputCritical, Placement::Hot),
+            ];
+            for (block, phase, placement) in phases {
+                policy.insert(BlockId::new(block), phase, placement);
+            }
+            assert!(policy.remove(BlockId::new(9)));
+            let mut order = Vec::new();
+            policy.coldest(12, &mut order);
+            let order: Vec<u32> = order.into_iter().map(BlockId::get).collect();
+            assert_eq!(walked(&policy), (order.clone(), order), "{kind:?}");
+            assert_eq!(policy.hotter(BlockId::new(9)), None, "not cached");
+        }
     }
 }
