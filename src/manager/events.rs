@@ -16,7 +16,6 @@ use crate::hardware::Hardware;
 use crate::ids::{SequenceHash, Timestamp};
 use crate::tier::Tier;
 use rustc_hash::FxHashSet;
-use std::sync::atomic::Ordering;
 
 impl<H: Hardware> Manager<H> {
     /// The next finished piece of work, oldest first.
@@ -47,7 +46,7 @@ impl<H: Hardware> Manager<H> {
     /// across tiers (a block offloaded to host before its parent left the device must be
     /// stored before the parent is removed, or a router would refuse it).
     pub(super) fn collect_pool_events(&mut self) {
-        let events = self.counters.events.load(Ordering::Relaxed);
+        let events = self.counters.latest_stamp();
         if events == self.events_collected {
             return;
         }

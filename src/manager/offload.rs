@@ -19,7 +19,6 @@ use crate::ids::{SequenceHash, Timestamp};
 use crate::phase::Phase;
 use crate::pool::{AllocError, BlockChain, ImmutableBlock, MutableBlock};
 use crate::tier::Tier;
-use std::sync::atomic::Ordering;
 
 /// What [`Manager::copy_down`] may assume of its sources.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,7 +99,7 @@ impl<H: Hardware> Manager<H> {
         let mut skipped = 0u64;
         // Only an eviction (a Removed event) can take a parent out of every tier while
         // the targets are allocated below; until one, checked sources stay as checked.
-        let events_at_start = self.counters.events.load(Ordering::Relaxed);
+        let events_at_start = self.counters.latest_stamp();
         for source in sources {
             let hash = source.sequence_hash();
             let unchecked = checked == Sources::Unchecked;
@@ -108,7 +107,7 @@ impl<H: Hardware> Manager<H> {
                 continue;
             }
             let parents_may_have_left =
-                unchecked || self.counters.events.load(Ordering::Relaxed) != events_at_start;
+                unchecked || self.counters.latest_stamp() != events_at_start;
             // A block whose parent left every tier (the parent was copied down, evicted
             // from the device first as the colder copy, then evicted below) is
             // unreachable: copying it would waste the lower tier.

@@ -21,15 +21,19 @@
 //!
 //! Thread safety: handles may be dropped on any thread, so all state sits behind one
 //! [`crate::sync::Mutex`] (loom-checked in `tests/loom_pool.rs`). Batch operations
-//! (`allocate`, `match_prefix`, `register_chain`, `release`) take the lock once.
+//! (`allocate`, `match_prefix`, `register_chain`, `release`) take the lock once. The
+//! pools of one manager also share [`SharedCounters`] (`counters.rs`): their events'
+//! order across tiers and a count of changes, each pool writing its own slots.
 //! Never: move bytes, read a clock or talk to a transport.
 
 mod checked;
+mod counters;
 mod handles;
 mod list;
 mod order;
 pub mod policy;
 
+pub(crate) use counters::SharedCounters;
 pub use handles::{BlockChain, ImmutableBlock, MutableBlock};
 /// Index-linked lists over block ids (also the vLLM twin's free queue, in `kvtwin-sim`).
 pub use list::IndexLists;
@@ -39,7 +43,7 @@ use crate::block::{BlockIdentity, Complete, Reset};
 use crate::events::{KvCacheEventData, StoredBlock};
 use crate::ids::{BlockId, SequenceHash};
 use crate::phase::Phase;
-use crate::sync::{lock, Arc, AtomicU64, Mutex};
+use crate::sync::{lock, Arc, Mutex};
 use crate::tier::Tier;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -180,30 +184,6 @@ const EMPTY_IDENTITY: BlockIdentity = BlockIdentity {
     position: 0,
 };
 
-/// Counters shared by the pools of one manager (all relaxed atomics, read without a
-/// pool's lock): the order of their events, and a count of their state changes, which
-/// lets the manager skip work when nothing changed since it last looked.
-#[derive(Debug, Default)]
-pub(crate) struct SharedCounters {
-    /// Events pushed by any of the pools: each event's place in their common order.
-    pub(crate) events: AtomicU64,
-    /// State changes that push no event (allocation, release, re-tagging...) in any of
-    /// the pools. A change that pushes one (registration, eviction) is counted by its
-    /// event alone: one atomic operation where two cost a simulation several percent of
-    /// its time (a locked operation waits for every store before it, issue 33).
-    pub(crate) changes: AtomicU64,
-}
-
-impl SharedCounters {
-    /// Grows with every state change of the pools, events included: equal readings mean
-    /// nothing changed in between.
-    pub(crate) fn version(&self) -> u64 {
-        let changes = self.changes.load(std::sync::atomic::Ordering::Relaxed);
-        let events = self.events.load(std::sync::atomic::Ordering::Relaxed);
-        changes.wrapping_add(events)
-    }
-}
-
 #[derive(Debug)]
 pub(crate) struct PoolInner {
     slots: Vec<Slot>,
@@ -299,9 +279,7 @@ impl PoolInner {
     /// in one tier before its parent leaves another.
     fn next_stamp(&mut self) -> u64 {
         match &self.shared {
-            Some(shared) => shared
-                .events
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            Some(shared) => shared.next_stamp(self.tier),
             None => {
                 self.local_order += 1;
                 self.local_order
@@ -313,9 +291,7 @@ impl PoolInner {
     #[inline]
     fn touch(&self) {
         if let Some(shared) = &self.shared {
-            shared
-                .changes
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shared.touch(self.tier);
         }
     }
 
