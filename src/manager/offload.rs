@@ -238,10 +238,7 @@ impl<H: Hardware> Manager<H> {
                         .parent
                         .is_none_or(|parent| self.holds_anywhere(parent))
             });
-            let candidates: Vec<ImmutableBlock> = coldest
-                .into_iter()
-                .filter_map(|identity| pool.pin(identity.sequence_hash))
-                .collect();
+            let candidates = pool.pin_all(coldest.iter().map(|identity| identity.sequence_hash));
             if candidates.is_empty() {
                 self.writeback_seen[tier.index()] = Some(changes);
             } else {

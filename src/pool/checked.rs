@@ -2,15 +2,17 @@
 //! checked cold prefix of its eviction order (see `order.rs`), and the blocks that
 //! recently left its registry.
 //!
-//! Owns: [`BlockPool::coldest_unchecked`], [`BlockPool::forget_checked`],
-//! [`BlockPool::forget_checked_if_any`], [`BlockPool::release_cold_checked`],
-//! [`BlockPool::removals`] and [`BlockPool::removed_since`], and for checkers outside
-//! the pool [`BlockPool::visit_registered`]. The manager's write-back
+//! Owns: [`BlockPool::coldest_unchecked`], [`BlockPool::pin_all`],
+//! [`BlockPool::forget_checked`], [`BlockPool::forget_checked_if_any`],
+//! [`BlockPool::release_cold_checked`], [`BlockPool::removals`] and
+//! [`BlockPool::removed_since`], and for checkers outside the pool
+//! [`BlockPool::visit_registered`]. The manager's write-back
 //! scan is the caller: a block it saw already copied to the tier below is not looked up
 //! there again until that tier loses a block the scan had seen (issue 33).
 //! Never: know what a check means: the caller checks, and says when a check went stale.
 
-use super::{lock, BlockChain, BlockIdentity, BlockPool, SequenceHash};
+use super::{lock, BlockChain, BlockIdentity, BlockPool, ImmutableBlock, SequenceHash};
+use crate::sync::Arc;
 
 /// How many removed hashes a pool remembers for [`BlockPool::removed_since`].
 pub(super) const RECENT_REMOVALS: usize = 1024;
@@ -34,6 +36,21 @@ impl BlockPool {
         refused
             .iter()
             .map(|id| inner.slots[id.index()].identity)
+            .collect()
+    }
+
+    /// References to the blocks registered under `hashes` (those it finds, in order),
+    /// under one lock: the scan pins what it will copy, without counting lookup hits.
+    pub fn pin_all(&self, hashes: impl IntoIterator<Item = SequenceHash>) -> Vec<ImmutableBlock> {
+        let mut inner = lock(&self.shared.inner);
+        hashes
+            .into_iter()
+            .filter_map(|hash| {
+                let id = *inner.registry.get(&hash)?;
+                inner.acquire(id);
+                let identity = inner.slots[id.index()].identity;
+                Some(ImmutableBlock::new(Arc::clone(&self.shared), id, identity))
+            })
             .collect()
     }
 
@@ -157,6 +174,23 @@ mod tests {
             pool.removed_since(removals - RECENT_REMOVALS as u64 - 1),
             None
         );
+    }
+
+    #[test]
+    fn pin_all_references_what_it_finds_in_order_without_counting_hits() {
+        let pool = pool(8);
+        let (identities, chain) = held(&pool, 0, 3);
+        pool.release(chain);
+        let hashes = [2, 0].map(|i| identities[i].sequence_hash);
+        let missing = crate::ids::SequenceHash::new(7);
+        let pinned = pool.pin_all([hashes[0], missing, hashes[1]]);
+        let found: Vec<_> = pinned.iter().map(|b| b.sequence_hash()).collect();
+        assert_eq!(found, hashes);
+        let counts = pool.counts();
+        assert_eq!((counts.active, counts.cached), (2, 1));
+        assert_eq!(pool.stats().hits_cached_blocks, 0, "a pin is no lookup hit");
+        drop(pinned);
+        assert_eq!(pool.counts().cached, 3);
     }
 
     #[test]
