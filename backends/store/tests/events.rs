@@ -138,8 +138,17 @@ async fn msets_of_block_frames_are_published_as_vllm_events_on_zmq() {
     assert_eq!(resp(&address, &[b"DEL", b"m:2"]).await, ":1\r\n");
     let more = collect_zmq(&mut subscriber, |e| !removed_hashes(e).is_empty());
     assert_eq!(removed_hashes(&more), [2]);
-    // INFO counts what was announced and what was not.
-    let info = resp(&address, &[b"INFO"]).await;
+    // INFO counts what was announced and what was not. The publisher counts a batch once
+    // its send returned, which can be after the subscriber has it (CI saw published=5
+    // here): INFO is read again until the count catches up, or the wait runs out.
+    let deadline = Instant::now() + WAIT;
+    let info = loop {
+        let info = resp(&address, &[b"INFO"]).await;
+        if info.contains("kv_events_zmq:published=6,") || Instant::now() >= deadline {
+            break info;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     for line in [
         "kv_events_stored:4",
         "kv_events_removed:2",
