@@ -100,9 +100,9 @@ impl<H: Hardware> Manager<H> {
         // Only an eviction (a Removed event) can take a parent out of every tier while
         // the targets are allocated below; until one, checked sources stay as checked.
         let events_at_start = self.counters.latest_stamp();
+        let unchecked = checked == Sources::Unchecked;
         for source in sources {
             let hash = source.sequence_hash();
-            let unchecked = checked == Sources::Unchecked;
             if unchecked && (dst.contains(hash) || self.offloading.contains(&(to, hash))) {
                 continue;
             }
