@@ -45,12 +45,8 @@ impl BlockPool {
         let mut inner = lock(&self.shared.inner);
         hashes
             .into_iter()
-            .filter_map(|hash| {
-                let id = *inner.registry.get(&hash)?;
-                inner.acquire(id);
-                let identity = inner.slots[id.index()].identity;
-                Some(ImmutableBlock::new(Arc::clone(&self.shared), id, identity))
-            })
+            .filter_map(|hash| inner.pin(hash))
+            .map(|(id, identity)| ImmutableBlock::new(Arc::clone(&self.shared), id, identity))
             .collect()
     }
 

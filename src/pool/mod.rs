@@ -380,6 +380,14 @@ impl PoolInner {
         slot.refcount = slot.refcount.checked_add(1).expect("refcount overflow");
     }
 
+    /// References the block registered under `hash`, counting no lookup hit (a pin).
+    #[inline]
+    fn pin(&mut self, hash: SequenceHash) -> Option<(BlockId, BlockIdentity)> {
+        let id = *self.registry.get(&hash)?;
+        self.acquire(id);
+        Some((id, self.slots[id.index()].identity))
+    }
+
     /// A lookup found `id`: reference it and count the hit by where it was.
     #[inline]
     fn acquire_hit(&mut self, id: BlockId) -> BlockIdentity {
@@ -682,10 +690,7 @@ impl BlockPool {
     /// A reference to the block registered under `hash`, without counting a lookup hit:
     /// for the manager pinning a block while it copies it to another tier.
     pub fn pin(&self, hash: SequenceHash) -> Option<ImmutableBlock> {
-        let mut inner = lock(&self.shared.inner);
-        let id = *inner.registry.get(&hash)?;
-        inner.acquire(id);
-        let identity = inner.slots[id.index()].identity;
+        let (id, identity) = lock(&self.shared.inner).pin(hash)?;
         Some(ImmutableBlock::new(Arc::clone(&self.shared), id, identity))
     }
 
