@@ -17,7 +17,9 @@
 use crate::workload::Request;
 use kvtwin::block::BlockIdentity;
 use kvtwin::ids::{LocalBlockHash, RequestId, Timestamp};
+use row::Row;
 use serde::{Deserialize, Serialize};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 /// Tokens per hash id in Mooncake's own traces (FAST '25): a run at a smaller block size
@@ -159,14 +161,6 @@ pub enum TraceError {
     },
 }
 
-#[derive(Deserialize)]
-struct MooncakeRecord {
-    timestamp: u64,
-    input_length: u64,
-    output_length: u64,
-    hash_ids: Vec<u64>,
-}
-
 /// A whole trace and what its check found.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceRead {
@@ -192,8 +186,13 @@ pub fn read_mooncake_trace(path: &Path, check: TraceCheck) -> Result<TraceRead, 
 /// in flight however long the trace is.
 pub struct MooncakeTraceReader {
     path: PathBuf,
-    lines: std::io::Lines<Box<dyn std::io::BufRead + Send>>,
+    reader: Box<dyn std::io::BufRead + Send>,
     line: usize,
+    /// The line being read, its row's hash ids and their token hashes: buffers kept
+    /// from row to row.
+    text: String,
+    hash_ids: Vec<u64>,
+    locals: Vec<LocalBlockHash>,
     next_id: u64,
     check: TraceCheck,
     input: TraceInput,
@@ -220,12 +219,13 @@ impl MooncakeTraceReader {
         reader: impl std::io::BufRead + Send + 'static,
         check: TraceCheck,
     ) -> Self {
-        use std::io::BufRead;
-        let reader: Box<dyn BufRead + Send> = Box::new(reader);
         Self {
             path: path.to_owned(),
-            lines: reader.lines(),
+            reader: Box::new(reader),
             line: 0,
+            text: String::new(),
+            hash_ids: Vec::new(),
+            locals: Vec::new(),
             next_id: 0,
             check,
             input: TraceInput {
@@ -241,9 +241,9 @@ impl MooncakeTraceReader {
         self.input
     }
 
-    /// `record` made consistent under the check's policy, counted; an error under
-    /// `Error`.
-    fn checked(&mut self, mut record: MooncakeRecord) -> Result<MooncakeRecord, TraceError> {
+    /// `record` and its hash ids `ids` made consistent under the check's policy,
+    /// counted; an error under `Error`.
+    fn check(&mut self, record: &mut Row, ids: &mut Vec<u64>) -> Result<(), TraceError> {
         for (field, value) in [
             ("input_length", record.input_length),
             ("output_length", record.output_length),
@@ -259,8 +259,8 @@ impl MooncakeTraceReader {
             }
         }
         let block = self.check.block_tokens.max(1);
-        let ids = record.hash_ids.len() as u64;
-        let covered = block.saturating_mul(ids);
+        let id_count = ids.len() as u64;
+        let covered = block.saturating_mul(id_count);
         let needed = record.input_length.div_ceil(block);
         let (field, detail) = if record.input_length > covered {
             self.input.tokens_past_hash_ids += 1;
@@ -269,7 +269,7 @@ impl MooncakeTraceReader {
                 record.input_length - covered
             );
             if block < MOONCAKE_BLOCK_TOKENS
-                && record.input_length <= MOONCAKE_BLOCK_TOKENS.saturating_mul(ids)
+                && record.input_length <= MOONCAKE_BLOCK_TOKENS.saturating_mul(id_count)
             {
                 detail.push_str(&format!(
                     "; the row fits at Mooncake's {MOONCAKE_BLOCK_TOKENS} tokens a block: \
@@ -277,17 +277,17 @@ impl MooncakeTraceReader {
                 ));
             }
             ("input_length", detail)
-        } else if ids > needed {
+        } else if id_count > needed {
             self.input.hash_ids_past_tokens += 1;
             (
                 "hash_ids",
                 format!(
                     "{} hash_ids past the {needed} the tokens need",
-                    ids - needed
+                    id_count - needed
                 ),
             )
         } else {
-            return Ok(record);
+            return Ok(());
         };
         match self.check.mismatch {
             TraceMismatch::Error => Err(TraceError::Mismatch {
@@ -295,7 +295,7 @@ impl MooncakeTraceReader {
                 line: self.line,
                 field,
                 input_length: record.input_length,
-                hash_ids: record.hash_ids.len(),
+                hash_ids: ids.len(),
                 block_tokens: block,
                 detail,
             }),
@@ -303,19 +303,19 @@ impl MooncakeTraceReader {
                 if field == "input_length" {
                     record.input_length = covered;
                 } else {
-                    record.hash_ids.truncate(needed as usize);
+                    ids.truncate(needed as usize);
                 }
-                Ok(record)
+                Ok(())
             }
             TraceMismatch::Extend => {
                 if field == "input_length" {
                     let line = self.line as u64;
-                    let extra = (ids..needed).map(|k| fresh_hash_id(line, k));
-                    record.hash_ids.extend(extra);
+                    let extra = (id_count..needed).map(|k| fresh_hash_id(line, k));
+                    ids.extend(extra);
                 } else {
                     record.input_length = covered;
                 }
-                Ok(record)
+                Ok(())
             }
         }
     }
@@ -335,55 +335,61 @@ impl Iterator for MooncakeTraceReader {
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            let line = match self.lines.next()? {
-                Ok(line) => line,
+            self.text.clear();
+            match self.reader.read_line(&mut self.text) {
+                Ok(0) => return None,
+                Ok(_) => {}
                 Err(source) => {
                     return Some(Err(TraceError::Io {
                         path: self.path.clone(),
                         source,
                     }))
                 }
-            };
+            }
             self.line += 1;
-            if line.trim().is_empty() {
+            if self.text.trim().is_empty() {
                 continue;
             }
-            let record: MooncakeRecord = match serde_json::from_str(&line) {
-                Ok(record) => record,
-                Err(source) => {
-                    return Some(Err(TraceError::Parse {
-                        path: self.path.clone(),
-                        line: self.line,
-                        source,
-                    }))
+            let mut ids = std::mem::take(&mut self.hash_ids);
+            let parsed = Row::parse(&self.text, &mut ids);
+            let checked = parsed
+                .map_err(|source| TraceError::Parse {
+                    path: self.path.clone(),
+                    line: self.line,
+                    source,
+                })
+                .and_then(|mut row| {
+                    self.input.rows += 1;
+                    self.check(&mut row, &mut ids).map(|()| row)
+                });
+            let row = match checked {
+                Ok(row) => row,
+                Err(error) => {
+                    self.hash_ids = ids;
+                    return Some(Err(error));
                 }
-            };
-            self.input.rows += 1;
-            let record = match self.checked(record) {
-                Ok(record) => record,
-                Err(error) => return Some(Err(error)),
             };
             // A hash id names a block's tokens; the sequence hash chains it to its
             // prefix as an engine's would, so that the router's chain check accepts the
             // events and a block is shared only under the same prefix.
-            let locals: Vec<LocalBlockHash> = record
-                .hash_ids
-                .iter()
-                .map(|id| LocalBlockHash::new(*id))
-                .collect();
+            self.locals.clear();
+            self.locals
+                .extend(ids.iter().map(|&id| LocalBlockHash::new(id)));
+            self.hash_ids = ids;
             let id = RequestId::new(self.next_id);
             self.next_id += 1;
             return Some(Ok(Request {
                 id,
-                arrival: Timestamp::from_nanos(record.timestamp.saturating_mul(1_000_000)),
-                blocks: BlockIdentity::chain(&locals),
-                input_tokens: record.input_length,
-                output_tokens: record.output_length,
+                arrival: Timestamp::from_nanos(row.timestamp.saturating_mul(1_000_000)),
+                blocks: BlockIdentity::chain(&self.locals),
+                input_tokens: row.input_length,
+                output_tokens: row.output_length,
                 think_tokens: 0,
             }));
         }
     }
 }
 
+mod row;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 //! The trace reader: parse errors by line, chaining, and the row check under each policy.
 
 use super::*;
+use proptest::strategy::{Just, Strategy};
 
 /// A trace file of `lines` in a fresh folder, removed on drop.
 struct TraceFile {
@@ -232,4 +233,150 @@ fn a_row_past_any_models_context_is_an_error_under_every_policy() {
         error.to_string().contains("field `output_length`"),
         "{error}"
     );
+}
+
+/// The scan's reading of `text`: the row and its hash ids, `None` where it gives up.
+fn scanned(text: &str) -> Option<(row::Row, Vec<u64>)> {
+    let mut ids = Vec::new();
+    row::scan_row(text, &mut ids).map(|row| (row, ids))
+}
+
+#[test]
+fn the_row_scan_reads_the_usual_form_and_leaves_the_rest_to_serde() {
+    let usual = [
+        "{\"timestamp\": 0, \"input_length\": 6758, \"output_length\": 500, \"hash_ids\": [0, 1, 2]}",
+        "{\"timestamp\":3,\"input_length\":10,\"output_length\":5,\"hash_ids\":[]}\n",
+        " { \"hash_ids\" : [ 7 ,\t8 ] ,\r\n \"output_length\":5, \"input_length\":600, \"timestamp\":2 } \r\n",
+        "{\"timestamp\":1,\"input_length\":1,\"output_length\":1,\"hash_ids\":[9999999999999999999]}",
+    ];
+    for text in usual {
+        let read = scanned(text);
+        assert!(read.is_some(), "{text:?}");
+        assert_eq!(read, row::serde_row(text), "{text:?}");
+    }
+    // Left to serde, which reads some (20 digits, an unknown field, an escaped key) and
+    // refuses the rest (past u64, signs, fractions, exponents, leading zeros, a field
+    // twice or missing, other types, malformed text).
+    let fields = "\"input_length\":1,\"output_length\":1";
+    let read_by_serde = [
+        format!("{{\"timestamp\":1,{fields},\"hash_ids\":[18446744073709551615]}}"),
+        format!("{{\"timestamp\":1,{fields},\"hash_ids\":[1],\"extra\":2}}"),
+        format!("{{\"time\\u0073tamp\":1,{fields},\"hash_ids\":[1]}}"),
+    ];
+    let refused = [
+        format!("{{\"timestamp\":-0,{fields},\"hash_ids\":[1]}}"),
+        format!("{{\"timestamp\":1,{fields},\"hash_ids\":[18446744073709551616]}}"),
+        format!("{{\"timestamp\":1,{fields},\"hash_ids\":[-1]}}"),
+        format!("{{\"timestamp\":1.0,{fields},\"hash_ids\":[1]}}"),
+        format!("{{\"timestamp\":1,{fields},\"hash_ids\":[1e3]}}"),
+        format!("{{\"timestamp\":01,{fields},\"hash_ids\":[1]}}"),
+        format!("{{\"timestamp\":1,\"timestamp\":1,{fields},\"hash_ids\":[1]}}"),
+        format!("{{{fields},\"hash_ids\":[1]}}"),
+        format!("{{\"timestamp\":1,{fields},\"hash_ids\":[\"1\"]}}"),
+        format!("{{\"timestamp\":1,{fields},\"hash_ids\":[1,]}}"),
+        format!("{{\"timestamp\":1,{fields},\"hash_ids\":[1]}} x"),
+        format!("{{\"timestamp\":1,{fields},\"hash_ids\":[1]"),
+    ];
+    let mut ids = Vec::new();
+    for text in &read_by_serde {
+        assert_eq!(scanned(text), None, "{text}");
+        let read = row::Row::parse(text, &mut ids).map(|row| (row, ids.clone()));
+        assert_eq!(read.ok(), row::serde_row(text), "{text}");
+        assert!(row::serde_row(text).is_some(), "{text}");
+    }
+    assert_eq!(ids, [1]);
+    for text in &refused {
+        assert_eq!(scanned(text), None, "{text}");
+        assert!(row::Row::parse(text, &mut ids).is_err(), "{text}");
+    }
+}
+
+#[test]
+fn a_row_the_scan_leaves_is_read_as_serde_reads_it() {
+    // An exponent is no hash id: serde refuses the row with its own error, on its line.
+    let lines = format!(
+        "{}{}",
+        row(0, 10, &[1]),
+        "{\"timestamp\":1,\"input_length\":10,\"output_length\":5,\"hash_ids\":[1e0]}\n"
+    );
+    let file = TraceFile::new("exponent", &lines);
+    let error = read_mooncake_trace(&file.path, TraceCheck::strict(512)).unwrap_err();
+    assert!(
+        matches!(error, TraceError::Parse { line: 2, .. }),
+        "{error}"
+    );
+    // With a field the trace format does not have, the row is serde's and reads the same.
+    let extra =
+        "{\"hash_ids\":[3,4],\"output_length\":5,\"input_length\":600,\"timestamp\":2,\"x\":1}\n";
+    let file = TraceFile::new("extra", extra);
+    let read = read_mooncake_trace(&file.path, TraceCheck::strict(512)).unwrap();
+    let plain = TraceFile::new("plain", &row(2, 600, &[3, 4]));
+    let expected = read_mooncake_trace(&plain.path, TraceCheck::strict(512)).unwrap();
+    assert_eq!(read, expected);
+}
+
+proptest::proptest! {
+    /// Wherever the scan reads a line, serde reads the same row from it: lines made of
+    /// the format's own pieces, spaced, ordered, repeated and broken at random.
+    #[test]
+    fn the_row_scan_agrees_with_serde(
+        pieces in proptest::collection::vec(
+            proptest::prop_oneof![
+                Just("{".to_string()),
+                Just("}".to_string()),
+                Just(",".to_string()),
+                Just(":".to_string()),
+                Just("[".to_string()),
+                Just("]".to_string()),
+                Just("\"timestamp\"".to_string()),
+                Just("\"input_length\"".to_string()),
+                Just("\"output_length\"".to_string()),
+                Just("\"hash_ids\"".to_string()),
+                Just("\"x\"".to_string()),
+                "[ \t\r\n]{1,2}",
+                "-?[0-9]{1,21}(\\.[0-9])?(e[0-9])?",
+            ],
+            0..24,
+        )
+    ) {
+        let text = pieces.concat();
+        if let Some(read) = scanned(&text) {
+            proptest::prop_assert_eq!(row::serde_row(&text), Some(read), "{:?}", text);
+        }
+    }
+
+    /// Rows as a writer would write them, in any field order and spacing, some with a
+    /// number no writer of the format writes: the plain ones are the scan's, and
+    /// wherever it reads one it reads what serde reads.
+    #[test]
+    fn the_scan_reads_rows_however_written(
+        numbers in proptest::collection::vec(
+            proptest::prop_oneof![
+                12 => (0u64..=9_999_999_999_999_999_999).prop_map(|n| n.to_string()),
+                1 => "-?0[0-9]{1,3}|[0-9]{20,21}|-?[0-9]{1,3}(\\.[0-9]|e[0-9]|E-1)",
+            ],
+            3..23,
+        ),
+        order in proptest::sample::subsequence(vec![0usize, 1, 2, 3], 4).prop_shuffle(),
+        space in "[ \t\r\n]{0,2}",
+    ) {
+        let names = ["timestamp", "input_length", "output_length"];
+        let list = numbers[3..].join(&format!(",{space}"));
+        let fields: Vec<String> = order
+            .iter()
+            .map(|&k| match k {
+                3 => format!("\"hash_ids\"{space}:{space}[{space}{list}{space}]"),
+                k => format!("\"{}\":{space}{}", names[k], numbers[k]),
+            })
+            .collect();
+        let text = format!("{space}{{{space}{}{space}}}{space}\n", fields.join(&format!("{space},{space}")));
+        let plain = numbers.iter().all(|n| {
+            n.bytes().all(|b| b.is_ascii_digit()) && n.len() <= 19 && (n.len() == 1 || !n.starts_with('0'))
+        });
+        let read = scanned(&text);
+        proptest::prop_assert_eq!(read.is_some(), plain, "{:?}", text);
+        if read.is_some() {
+            proptest::prop_assert_eq!(read, row::serde_row(&text));
+        }
+    }
 }
