@@ -42,6 +42,13 @@ impl<H: Hardware> Manager<H> {
         }
     }
 
+    /// Gives back an event the driver is done with (delivered, not kept), so that its
+    /// block list serves a later event instead of a new allocation. Optional: an event
+    /// dropped instead costs only that allocation.
+    pub fn recycle_event(&mut self, event: KvCacheEvent) {
+        self.event_buffers.recycle(event.data);
+    }
+
     /// Moves the pools' events into the manager's stream in the order they happened
     /// across tiers (a block offloaded to host before its parent left the device must be
     /// stored before the parent is removed, or a router would refuse it).
@@ -54,7 +61,7 @@ impl<H: Hardware> Manager<H> {
         // One buffer kept between collections.
         let mut ordered = std::mem::take(&mut self.ordered_events);
         for pool in self.pools.iter().flatten() {
-            pool.move_ordered_events_into(&mut ordered);
+            pool.move_ordered_events_into(&mut ordered, &mut self.event_buffers);
         }
         ordered.sort_by_key(|(stamp, _)| *stamp);
         for (_, data) in ordered.drain(..) {

@@ -40,7 +40,7 @@ pub use plan::{LookupPlan, ManagerOutput};
 use crate::events::{KvCacheEvent, KvCacheEventData};
 use crate::hardware::Hardware;
 use crate::ids::{RequestId, SequenceHash, Timestamp, TransferId};
-use crate::pool::{BlockPool, PoolConfig, SharedCounters};
+use crate::pool::{BlockPool, EventBuffers, PoolConfig, SharedCounters};
 use crate::sync::Arc;
 use crate::tier::Tier;
 use onboard::OnboardJob;
@@ -122,6 +122,8 @@ pub struct Manager<H: Hardware> {
     events_collected: u64,
     /// The pools' events being put in order (empty between collections).
     ordered_events: Vec<(u64, KvCacheEventData)>,
+    /// Block lists of events the driver gave back, for the pools' next events.
+    event_buffers: EventBuffers,
     outputs: VecDeque<ManagerOutput>,
     events: Vec<KvCacheEvent>,
     next_event_id: u64,
@@ -164,6 +166,7 @@ impl<H: Hardware> Manager<H> {
             counters,
             events_collected: 0,
             ordered_events: Vec::new(),
+            event_buffers: EventBuffers::default(),
             outputs: VecDeque::new(),
             events: Vec::new(),
             next_event_id: 0,

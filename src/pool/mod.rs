@@ -23,7 +23,9 @@
 //! [`crate::sync::Mutex`] (loom-checked in `tests/loom_pool.rs`). Batch operations
 //! (`allocate`, `match_prefix`, `register_chain`, `release`) take the lock once. The
 //! pools of one manager also share [`SharedCounters`] (`counters.rs`): their events'
-//! order across tiers and a count of changes, each pool writing its own slots.
+//! order across tiers and a count of changes, each pool writing its own slots. Events
+//! wait in the pool's outbox (`outbox.rs`), whose block lists the manager hands back
+//! for reuse ([`EventBuffers`]).
 //! Never: move bytes, read a clock or talk to a transport.
 
 mod checked;
@@ -31,16 +33,18 @@ mod counters;
 mod handles;
 mod list;
 mod order;
+mod outbox;
 pub mod policy;
 
 pub(crate) use counters::SharedCounters;
 pub use handles::{BlockChain, ImmutableBlock, MutableBlock};
 /// Index-linked lists over block ids (also the vLLM twin's free queue, in `kvtwin-sim`).
 pub use list::IndexLists;
+pub use outbox::EventBuffers;
 pub use policy::{EvictionPolicy, EvictionPolicyKind, LruPolicy, Placement, PriorityPolicy};
 
 use crate::block::{BlockIdentity, Complete, Reset};
-use crate::events::{KvCacheEventData, StoredBlock};
+use crate::events::KvCacheEventData;
 use crate::ids::{BlockId, SequenceHash};
 use crate::phase::Phase;
 use crate::sync::{lock, Arc, Mutex};
@@ -191,7 +195,7 @@ pub(crate) struct PoolInner {
     policy: order::EvictionOrder,
     registry: FxHashMap<SequenceHash, BlockId>,
     /// Queued events, each with its place in the order of events (see `next_stamp`).
-    outbox: Vec<(u64, KvCacheEventData)>,
+    outbox: outbox::Outbox,
     /// The counters shared with the other pools of one manager, if any.
     shared: Option<Arc<SharedCounters>>,
     /// The order of a pool on its own.
@@ -203,9 +207,6 @@ pub(crate) struct PoolInner {
     /// The last of them (at most `checked::RECENT_REMOVALS`), oldest first.
     recent_removals: std::collections::VecDeque<SequenceHash>,
 }
-
-/// Blocks a new Stored or Removed event has room for before it grows.
-const EVENT_START_CAPACITY: usize = 8;
 
 impl PoolInner {
     fn new(config: &PoolConfig) -> Self {
@@ -225,7 +226,7 @@ impl PoolInner {
                 capacity,
             ),
             registry: FxHashMap::with_capacity_and_hasher(capacity, Default::default()),
-            outbox: Vec::new(),
+            outbox: outbox::Outbox::default(),
             shared: None,
             local_order: 0,
             stats: PoolStats::default(),
@@ -302,57 +303,12 @@ impl PoolInner {
         }
         self.recent_removals.push_back(hash);
         let stamp = self.next_stamp();
-        // Extend the previous Removed event when no other event came in between.
-        if let Some((last, KvCacheEventData::Removed { block_hashes, .. })) = self.outbox.last_mut()
-        {
-            if *last + 1 == stamp {
-                block_hashes.push(hash);
-                *last = stamp;
-                return;
-            }
-        }
-        // Room for a few more: events grow a block at a time, and growing from one
-        // reallocated three times on the way to a chain's usual length.
-        let mut block_hashes = Vec::with_capacity(EVENT_START_CAPACITY);
-        block_hashes.push(hash);
-        self.outbox.push((
-            stamp,
-            KvCacheEventData::Removed {
-                block_hashes,
-                tier: self.tier,
-            },
-        ));
+        self.outbox.push_removed(stamp, hash, self.tier);
     }
 
     fn push_stored(&mut self, identity: &BlockIdentity) {
         let stamp = self.next_stamp();
-        let block = StoredBlock {
-            block_hash: identity.sequence_hash,
-            tokens_hash: identity.local_hash,
-        };
-        // Extend the previous Stored event when this block continues its chain and no
-        // other event came in between: the router sees one event per chain, as from
-        // Dynamo's engines.
-        if let Some((last, KvCacheEventData::Stored { blocks, .. })) = self.outbox.last_mut() {
-            if *last + 1 == stamp
-                && identity.parent.is_some()
-                && blocks.last().map(|b| b.block_hash) == identity.parent
-            {
-                blocks.push(block);
-                *last = stamp;
-                return;
-            }
-        }
-        let mut blocks = Vec::with_capacity(EVENT_START_CAPACITY);
-        blocks.push(block);
-        self.outbox.push((
-            stamp,
-            KvCacheEventData::Stored {
-                parent_hash: identity.parent,
-                blocks,
-                tier: self.tier,
-            },
-        ));
+        self.outbox.push_stored(stamp, identity, self.tier);
     }
 
     /// Active mutable → free.
@@ -835,7 +791,9 @@ impl BlockPool {
     /// Takes the queued events, oldest first.
     #[must_use]
     pub fn take_events(&self) -> Vec<KvCacheEventData> {
-        std::mem::take(&mut lock(&self.shared.inner).outbox)
+        lock(&self.shared.inner)
+            .outbox
+            .take()
             .into_iter()
             .map(|(_, data)| data)
             .collect()
@@ -843,9 +801,14 @@ impl BlockPool {
 
     /// Moves the queued events, with their places in the shared event order, onto the
     /// end of `out`; the queue keeps its allocation (a simulation collects events at
-    /// most settles, and a fresh queue each time regrew from nothing).
-    pub(crate) fn move_ordered_events_into(&self, out: &mut Vec<(u64, KvCacheEventData)>) {
-        out.append(&mut lock(&self.shared.inner).outbox);
+    /// most settles, and a fresh queue each time regrew from nothing). The pool's spare
+    /// event lists are topped up from `buffers` under the same lock.
+    pub(crate) fn move_ordered_events_into(
+        &self,
+        out: &mut Vec<(u64, KvCacheEventData)>,
+        buffers: &mut EventBuffers,
+    ) {
+        lock(&self.shared.inner).outbox.move_into(out, buffers);
     }
 
     /// Counts this pool's events and state changes together with every pool given the

@@ -64,11 +64,13 @@ impl Cluster<'_> {
     pub(super) fn publish(&mut self, w: usize, event: KvCacheEvent) {
         if self.lost() {
             self.plane.dropped += 1;
+            self.workers[w].manager.recycle_event(event);
             return;
         }
         let delay = self.plane_delay();
         if delay.is_zero() {
             self.deliver(w, &event);
+            self.workers[w].manager.recycle_event(event);
         } else {
             let at = self.now.saturating_add(delay);
             let epoch = self.workers[w].epoch;
