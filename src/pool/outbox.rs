@@ -47,13 +47,9 @@ impl EventBuffers {
     }
 
     /// Lists held, of both kinds.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.stored.len() + self.removed.len()
-    }
-
-    /// Whether none is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -191,7 +187,7 @@ mod tests {
         assert_eq!(buffers.len(), 2);
         // The next collection hands them to the pool; its next event uses one, empty.
         outbox.move_into(&mut events, &mut buffers);
-        assert!(buffers.is_empty());
+        assert_eq!(buffers.len(), 0);
         outbox.push_stored(4, &identities[0], Tier::Host);
         outbox.move_into(&mut events, &mut buffers);
         let KvCacheEventData::Stored { blocks, tier, .. } = &events[0].1 else {

@@ -35,14 +35,21 @@ impl Row {
         if let Some(row) = scan_row(text, ids) {
             return Ok(row);
         }
-        let record: MooncakeRecord = serde_json::from_str(text)?;
-        *ids = record.hash_ids;
-        Ok(Row {
-            timestamp: record.timestamp,
-            input_length: record.input_length,
-            output_length: record.output_length,
-        })
+        let (row, read) = serde_row(text)?;
+        *ids = read;
+        Ok(row)
     }
+}
+
+/// serde's reading of the whole of `text`: the row and its hash ids.
+pub(super) fn serde_row(text: &str) -> Result<(Row, Vec<u64>), serde_json::Error> {
+    let record: MooncakeRecord = serde_json::from_str(text)?;
+    let row = Row {
+        timestamp: record.timestamp,
+        input_length: record.input_length,
+        output_length: record.output_length,
+    };
+    Ok((row, record.hash_ids))
 }
 
 /// The row in `text` if it is in the usual form, its hash ids appended to `ids`; `None`
@@ -161,18 +168,4 @@ impl<'a> Scan<'a> {
             }
         }
     }
-}
-
-/// serde's reading of `text`: the row and its hash ids, or `None` where it refuses it.
-#[cfg(test)]
-pub(super) fn serde_row(text: &str) -> Option<(Row, Vec<u64>)> {
-    let record: MooncakeRecord = serde_json::from_str(text).ok()?;
-    Some((
-        Row {
-            timestamp: record.timestamp,
-            input_length: record.input_length,
-            output_length: record.output_length,
-        },
-        record.hash_ids,
-    ))
 }
