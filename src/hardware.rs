@@ -240,6 +240,15 @@ pub trait Hardware {
     fn estimate_transfer(&self, src: Tier, dst: Tier, bytes: u64) -> Duration;
     /// Expected duration of recomputing (prefilling) `blocks` blocks of KV.
     fn estimate_recompute(&self, blocks: usize) -> Duration;
+
+    /// Whether a manager of this hardware and every handle of its blocks stay on the
+    /// thread that builds the manager (a simulator's world). Its pools then lock without
+    /// atomic operations, and touching them from another thread panics
+    /// ([`crate::sync::PoolLock`]). Real hardware, whose transfers finish on other
+    /// threads, keeps the default.
+    fn single_threaded(&self) -> bool {
+        false
+    }
 }
 
 /// In-memory [`Storage`] keeping the live image and the durable image apart, so a crash

@@ -447,6 +447,12 @@ impl Hardware for SimHardware {
         let tokens = (blocks as u64).saturating_mul(self.block_size_tokens);
         Duration::from_nanos(tokens.saturating_mul(self.profile.prefill_ns_per_token))
     }
+
+    /// The simulator builds, runs and drops its managers on one thread, and no transfer
+    /// finishes anywhere else: its pools lock without atomic operations.
+    fn single_threaded(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

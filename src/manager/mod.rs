@@ -140,12 +140,17 @@ impl<H: Hardware> Manager<H> {
         let mut pools: [Option<BlockPool>; 4] = Default::default();
         let counters = Arc::new(SharedCounters::default());
         for tier in &config.tiers {
-            let pool = BlockPool::new(PoolConfig {
+            let pool_config = PoolConfig {
                 tier: tier.tier,
                 capacity_blocks: tier.capacity_blocks,
                 block_size_tokens: config.block_size_tokens,
                 eviction: tier.eviction,
-            })
+            };
+            let pool = if hardware.single_threaded() {
+                BlockPool::new_single_threaded(pool_config)
+            } else {
+                BlockPool::new(pool_config)
+            }
             .map_err(|source| ManagerConfigError::Pool {
                 tier: tier.tier,
                 source,

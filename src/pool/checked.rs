@@ -11,7 +11,7 @@
 //! there again until that tier loses a block the scan had seen (issue 33).
 //! Never: know what a check means: the caller checks, and says when a check went stale.
 
-use super::{lock, BlockChain, BlockIdentity, BlockPool, ImmutableBlock, SequenceHash};
+use super::{BlockChain, BlockIdentity, BlockPool, ImmutableBlock, SequenceHash};
 use crate::sync::Arc;
 
 /// How many removed hashes a pool remembers for [`BlockPool::removed_since`].
@@ -27,7 +27,7 @@ impl BlockPool {
         limit: usize,
         mut check: impl FnMut(&BlockIdentity) -> bool,
     ) -> Vec<BlockIdentity> {
-        let mut inner = lock(&self.shared.inner);
+        let mut inner = self.shared.inner.lock();
         let inner = &mut *inner;
         let slots = &inner.slots;
         let refused = inner
@@ -42,7 +42,7 @@ impl BlockPool {
     /// References to the blocks registered under `hashes` (those it finds, in order),
     /// under one lock: the scan pins what it will copy, without counting lookup hits.
     pub fn pin_all(&self, hashes: impl IntoIterator<Item = SequenceHash>) -> Vec<ImmutableBlock> {
-        let mut inner = lock(&self.shared.inner);
+        let mut inner = self.shared.inner.lock();
         hashes
             .into_iter()
             .filter_map(|hash| inner.pin(hash))
@@ -54,7 +54,7 @@ impl BlockPool {
     /// order: for checks that build sets (sort before anything observable depends on
     /// the order). `visit` runs under the pool's lock and must not call the pool.
     pub fn visit_registered(&self, mut visit: impl FnMut(&BlockIdentity)) {
-        let inner = lock(&self.shared.inner);
+        let inner = self.shared.inner.lock();
         for id in inner.registry.values() {
             visit(&inner.slots[id.index()].identity);
         }
@@ -63,12 +63,12 @@ impl BlockPool {
     /// Forgets every block [`BlockPool::coldest_unchecked`] was told was fine: what they
     /// were checked against changed.
     pub fn forget_checked(&self) {
-        lock(&self.shared.inner).policy.forget_checked();
+        self.shared.inner.lock().policy.forget_checked();
     }
 
     /// Forgets the checked blocks, if any of `hashes` is one of them.
     pub fn forget_checked_if_any(&self, hashes: &[SequenceHash]) {
-        let mut inner = lock(&self.shared.inner);
+        let mut inner = self.shared.inner.lock();
         let stale = hashes.iter().any(|hash| {
             inner
                 .registry
@@ -93,13 +93,13 @@ impl BlockPool {
 
     /// How many blocks ever left the registry (each with a `Removed` event).
     pub fn removals(&self) -> u64 {
-        lock(&self.shared.inner).removals
+        self.shared.inner.lock().removals
     }
 
     /// The hashes of the blocks that left the registry after the first `count` removals,
     /// oldest first; `None` if they are more than this pool remembers.
     pub fn removed_since(&self, count: u64) -> Option<Vec<SequenceHash>> {
-        let inner = lock(&self.shared.inner);
+        let inner = self.shared.inner.lock();
         let since = usize::try_from(inner.removals.checked_sub(count)?).ok()?;
         let recent = &inner.recent_removals;
         (since <= recent.len()).then(|| recent.range(recent.len() - since..).copied().collect())

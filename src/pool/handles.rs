@@ -11,7 +11,7 @@ use super::{PoolInner, PoolShared};
 use crate::block::{BlockError, BlockIdentity, BlockState, Complete, MutableState, Partial, Reset};
 use crate::ids::{BlockId, SequenceHash};
 use crate::phase::Phase;
-use crate::sync::{lock, Arc};
+use crate::sync::Arc;
 use crate::tier::Tier;
 use crate::tokens::{HashSeed, Token, TokenBlock};
 use std::fmt;
@@ -180,7 +180,7 @@ impl MutableBlock<Complete> {
 impl<S: MutableState> Drop for MutableBlock<S> {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.take() {
-            let mut inner: crate::sync::MutexGuard<'_, PoolInner> = lock(&pool.inner);
+            let mut inner: crate::sync::PoolGuard<'_, PoolInner> = pool.inner.lock();
             inner.return_mutable(self.id);
         }
     }
@@ -234,7 +234,7 @@ impl ImmutableBlock {
 
     /// Tags the block with `phase` for the priority eviction policy.
     pub fn set_phase(&self, phase: Phase) {
-        lock(&self.shared().inner).set_phase(self.id, phase);
+        self.shared().inner.lock().set_phase(self.id, phase);
     }
 
     fn shared(&self) -> &Arc<PoolShared> {
@@ -254,7 +254,7 @@ impl ImmutableBlock {
 impl Clone for ImmutableBlock {
     fn clone(&self) -> Self {
         let shared = self.shared();
-        lock(&shared.inner).acquire(self.id);
+        shared.inner.lock().acquire(self.id);
         Self {
             pool: Some(Arc::clone(shared)),
             id: self.id,
@@ -266,7 +266,7 @@ impl Clone for ImmutableBlock {
 impl Drop for ImmutableBlock {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.take() {
-            lock(&pool.inner).release(self.id, super::Placement::Hot);
+            pool.inner.lock().release(self.id, super::Placement::Hot);
         }
     }
 }
@@ -412,7 +412,7 @@ impl BlockChain {
     /// join the checked cold prefix as they become cached.
     fn release(&mut self, placement: super::Placement, checked: impl Fn(&BlockIdentity) -> bool) {
         let Some(pool) = self.pool.take() else { return };
-        let mut inner = lock(&pool.inner);
+        let mut inner = pool.inner.lock();
         // Hot placement appends to the eviction order, so release leaf first; cold
         // placement prepends, so release parent first. Either way the leaf ends colder.
         match placement {
@@ -443,7 +443,7 @@ impl Clone for BlockChain {
         let Some(pool) = &self.pool else {
             return Self::new();
         };
-        let mut inner = lock(&pool.inner);
+        let mut inner = pool.inner.lock();
         for (id, _) in &self.blocks {
             inner.acquire(*id);
         }

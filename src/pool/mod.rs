@@ -20,7 +20,9 @@
 //! free; only then is `Removed` emitted. `Stored` is emitted on registration.
 //!
 //! Thread safety: handles may be dropped on any thread, so all state sits behind one
-//! [`crate::sync::Mutex`] (loom-checked in `tests/loom_pool.rs`). Batch operations
+//! [`crate::sync::PoolLock`]: a mutex (loom-checked in `tests/loom_pool.rs`), or, for a
+//! pool a simulator builds and runs on one thread (`new_single_threaded`), a lock without
+//! atomic operations that panics on any other thread. Batch operations
 //! (`allocate`, `match_prefix`, `register_chain`, `release`) take the lock once. The
 //! pools of one manager also share [`SharedCounters`] (`counters.rs`): their events'
 //! order across tiers and a count of changes, each pool writing its own slots. Events
@@ -47,7 +49,7 @@ use crate::block::{BlockIdentity, Complete, Reset};
 use crate::events::KvCacheEventData;
 use crate::ids::{BlockId, SequenceHash};
 use crate::phase::Phase;
-use crate::sync::{lock, Arc, Mutex};
+use crate::sync::{Arc, PoolLock};
 use crate::tier::Tier;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -493,7 +495,7 @@ impl PoolInner {
 #[derive(Debug)]
 pub(crate) struct PoolShared {
     config: PoolConfig,
-    inner: Mutex<PoolInner>,
+    inner: PoolLock<PoolInner>,
 }
 
 /// One tier's pool of blocks. Cheap to clone: clones share the same blocks.
@@ -503,8 +505,22 @@ pub struct BlockPool {
 }
 
 impl BlockPool {
-    /// A pool with every block free.
+    /// A pool with every block free; its handles may be used and dropped on any thread.
     pub fn new(config: PoolConfig) -> Result<Self, PoolConfigError> {
+        Self::build(config, PoolLock::shared)
+    }
+
+    /// A pool with every block free for the calling thread alone (a simulator's): it
+    /// locks without atomic operations, and using it or its handles on any other thread
+    /// panics ([`crate::sync::PoolLock`]).
+    pub fn new_single_threaded(config: PoolConfig) -> Result<Self, PoolConfigError> {
+        Self::build(config, PoolLock::owned_by_this_thread)
+    }
+
+    fn build(
+        config: PoolConfig,
+        lock: fn(PoolInner) -> PoolLock<PoolInner>,
+    ) -> Result<Self, PoolConfigError> {
         if config.capacity_blocks == 0 {
             return Err(PoolConfigError::ZeroCapacity);
         }
@@ -514,7 +530,7 @@ impl BlockPool {
         if config.block_size_tokens == 0 {
             return Err(PoolConfigError::ZeroBlockSize);
         }
-        let inner = Mutex::new(PoolInner::new(&config));
+        let inner = lock(PoolInner::new(&config));
         Ok(Self {
             shared: Arc::new(PoolShared { config, inner }),
         })
@@ -543,7 +559,7 @@ impl BlockPool {
     /// Takes `count` blocks in state Reset: free blocks first, then cached blocks in
     /// eviction order (each eviction emits `Removed`). All or nothing.
     pub fn allocate(&self, count: usize) -> Result<Vec<MutableBlock<Reset>>, AllocError> {
-        let mut inner = lock(&self.shared.inner);
+        let mut inner = self.shared.inner.lock();
         let available = inner.available();
         if count > available {
             inner.stats.failed_allocations += 1;
@@ -568,7 +584,7 @@ impl BlockPool {
     /// (a disk tier's file), where each block's place is known. All or nothing; evicts
     /// nothing.
     pub fn allocate_ids(&self, ids: &[BlockId]) -> Result<Vec<MutableBlock<Reset>>, AllocError> {
-        let mut inner = lock(&self.shared.inner);
+        let mut inner = self.shared.inner.lock();
         let mut wanted = vec![false; inner.slots.len()];
         for &id in ids {
             let free = inner
@@ -596,7 +612,7 @@ impl BlockPool {
 
     /// Takes one block in state Reset (see [`BlockPool::allocate`]).
     pub fn allocate_one(&self) -> Result<MutableBlock<Reset>, AllocError> {
-        let mut inner = lock(&self.shared.inner);
+        let mut inner = self.shared.inner.lock();
         match inner.take_block() {
             Some(id) => Ok(MutableBlock::new(Arc::clone(&self.shared), id)),
             None => {
@@ -622,7 +638,7 @@ impl BlockPool {
     /// returns the number of blocks found.
     pub fn match_prefix_into(&self, hashes: &[SequenceHash], out: &mut BlockChain) -> usize {
         out.adopt_pool(&self.shared);
-        let mut inner = lock(&self.shared.inner);
+        let mut inner = self.shared.inner.lock();
         let mut found = 0;
         for hash in hashes {
             let Some(&id) = inner.registry.get(hash) else {
@@ -637,7 +653,7 @@ impl BlockPool {
 
     /// A reference to the block registered under `hash`, if any.
     pub fn get(&self, hash: SequenceHash) -> Option<ImmutableBlock> {
-        let mut inner = lock(&self.shared.inner);
+        let mut inner = self.shared.inner.lock();
         let id = *inner.registry.get(&hash)?;
         let identity = inner.acquire_hit(id);
         Some(ImmutableBlock::new(Arc::clone(&self.shared), id, identity))
@@ -646,24 +662,24 @@ impl BlockPool {
     /// A reference to the block registered under `hash`, without counting a lookup hit:
     /// for the manager pinning a block while it copies it to another tier.
     pub fn pin(&self, hash: SequenceHash) -> Option<ImmutableBlock> {
-        let (id, identity) = lock(&self.shared.inner).pin(hash)?;
+        let (id, identity) = self.shared.inner.lock().pin(hash)?;
         Some(ImmutableBlock::new(Arc::clone(&self.shared), id, identity))
     }
 
     /// Whether `hash` is registered here (touches nothing).
     pub fn contains(&self, hash: SequenceHash) -> bool {
-        lock(&self.shared.inner).registry.contains_key(&hash)
+        self.shared.inner.lock().registry.contains_key(&hash)
     }
 
     /// The block registered under `hash`, if any, touching nothing (no reference, no hit,
     /// no change of its place in the eviction order): for indexing where blocks lie.
     pub fn block_id_of(&self, hash: SequenceHash) -> Option<BlockId> {
-        lock(&self.shared.inner).registry.get(&hash).copied()
+        self.shared.inner.lock().registry.get(&hash).copied()
     }
 
     /// How many leading `hashes` are registered here (touches nothing).
     pub fn prefix_len(&self, hashes: &[SequenceHash]) -> usize {
-        let inner = lock(&self.shared.inner);
+        let inner = self.shared.inner.lock();
         hashes
             .iter()
             .take_while(|h| inner.registry.contains_key(h))
@@ -683,7 +699,7 @@ impl BlockPool {
             "block registered in another pool"
         );
         let (id, identity) = block.into_registration();
-        let mut inner = lock(&self.shared.inner);
+        let mut inner = self.shared.inner.lock();
         let (registered, duplicate) = inner.register(id, identity);
         let identity = inner.slots[registered.index()].identity;
         (
@@ -696,7 +712,7 @@ impl BlockPool {
     /// one `Stored` event.
     pub fn register_chain(&self, blocks: Vec<MutableBlock<Complete>>) -> BlockChain {
         let mut out = BlockChain::for_pool(&self.shared, blocks.len());
-        let mut inner = lock(&self.shared.inner);
+        let mut inner = self.shared.inner.lock();
         for block in blocks {
             assert!(
                 block.belongs_to(&self.shared),
@@ -726,7 +742,7 @@ impl BlockPool {
     /// Tags registered blocks with `phase` (the priority policy orders by it); returns how
     /// many of `hashes` were found. `hashes` is a chain, parent first.
     pub fn set_phase(&self, hashes: &[SequenceHash], phase: Phase) -> usize {
-        let mut inner = lock(&self.shared.inner);
+        let mut inner = self.shared.inner.lock();
         let mut found = 0;
         // Leaf first: re-tagged cached blocks join their class's hot end one by one, so
         // the leaf must go in first to stay colder than its parent.
@@ -741,7 +757,7 @@ impl BlockPool {
 
     /// Up to `limit` cached blocks in the order they would be evicted.
     pub fn coldest_cached(&self, limit: usize) -> Vec<BlockIdentity> {
-        let inner = lock(&self.shared.inner);
+        let inner = self.shared.inner.lock();
         let mut ids = Vec::with_capacity(limit.min(inner.policy.len()));
         inner.policy.coldest(limit, &mut ids);
         ids.iter()
@@ -751,14 +767,14 @@ impl BlockPool {
 
     /// Registered blocks that are referenced (not cached).
     pub fn referenced_registered(&self) -> usize {
-        let inner = lock(&self.shared.inner);
+        let inner = self.shared.inner.lock();
         inner.registry.len() - inner.policy.len()
     }
 
     /// Forgets every cached block (emitting `Removed` for them); refuses while a
     /// registered block is referenced. Returns the number of blocks forgotten.
     pub fn reset_cache(&self) -> Result<usize, ResetError> {
-        let mut inner = lock(&self.shared.inner);
+        let mut inner = self.shared.inner.lock();
         let referenced = inner.registry.len() - inner.policy.len();
         if referenced > 0 {
             return Err(ResetError::InUse { referenced });
@@ -778,20 +794,22 @@ impl BlockPool {
     /// their last handle drops (not cached: their bytes are lost). Returns the number of
     /// blocks forgotten.
     pub fn invalidate_all(&self) -> usize {
-        lock(&self.shared.inner).invalidate_all()
+        self.shared.inner.lock().invalidate_all()
     }
 
     /// Forgets the registered blocks among `hashes` the same way (their bytes in this
     /// tier are bad: a read failed its checksum), leaf first, each with a `Removed`.
     /// Hashes not registered here are skipped. Returns the number of blocks forgotten.
     pub fn invalidate(&self, hashes: &[SequenceHash]) -> usize {
-        lock(&self.shared.inner).invalidate(hashes)
+        self.shared.inner.lock().invalidate(hashes)
     }
 
     /// Takes the queued events, oldest first.
     #[must_use]
     pub fn take_events(&self) -> Vec<KvCacheEventData> {
-        lock(&self.shared.inner)
+        self.shared
+            .inner
+            .lock()
             .outbox
             .take()
             .into_iter()
@@ -808,34 +826,34 @@ impl BlockPool {
         out: &mut Vec<(u64, KvCacheEventData)>,
         buffers: &mut EventBuffers,
     ) {
-        lock(&self.shared.inner).outbox.move_into(out, buffers);
+        self.shared.inner.lock().outbox.move_into(out, buffers);
     }
 
     /// Counts this pool's events and state changes together with every pool given the
     /// same counters (one manager's tiers), for [`BlockPool::move_ordered_events_into`] and
     /// the manager's change checks.
     pub(crate) fn share_counters(&self, counters: Arc<SharedCounters>) {
-        lock(&self.shared.inner).shared = Some(counters);
+        self.shared.inner.lock().shared = Some(counters);
     }
 
     /// Number of queued events.
     pub fn outbox_len(&self) -> usize {
-        lock(&self.shared.inner).outbox.len()
+        self.shared.inner.lock().outbox.len()
     }
 
     /// Where the blocks are now.
     pub fn counts(&self) -> PoolCounts {
-        lock(&self.shared.inner).counts(self.capacity())
+        self.shared.inner.lock().counts(self.capacity())
     }
 
     /// Cumulative counters.
     pub fn stats(&self) -> PoolStats {
-        lock(&self.shared.inner).stats
+        self.shared.inner.lock().stats
     }
 
     /// The registry with refcounts, and the counts, taken under one lock.
     pub fn snapshot(&self) -> PoolSnapshot {
-        let inner = lock(&self.shared.inner);
+        let inner = self.shared.inner.lock();
         let registered = inner
             .registry
             .iter()
@@ -850,7 +868,7 @@ impl BlockPool {
     /// The identities of the registered blocks, parents before children (by position,
     /// then hash).
     pub fn registered_identities(&self) -> Vec<BlockIdentity> {
-        let inner = lock(&self.shared.inner);
+        let inner = self.shared.inner.lock();
         let mut identities: Vec<BlockIdentity> = inner
             .registry
             .values()
@@ -863,7 +881,7 @@ impl BlockPool {
     /// Checks every internal invariant and panics with a description on the first broken
     /// one (a broken invariant is a bug, not an input error). Returns the counts.
     pub fn check_invariants(&self) -> PoolCounts {
-        let inner = lock(&self.shared.inner);
+        let inner = self.shared.inner.lock();
         let capacity = self.capacity();
         let (mut free, mut cached, mut active) = (0, 0, 0);
         let mut in_free = vec![false; capacity];

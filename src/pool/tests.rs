@@ -544,3 +544,61 @@ fn invalidating_a_tier_forgets_cached_and_referenced_blocks_and_frees_them_when_
         .iter()
         .all(|e| !matches!(e, KvCacheEventData::Removed { .. })));
 }
+
+fn single_threaded_pool(capacity: usize) -> BlockPool {
+    BlockPool::new_single_threaded(PoolConfig {
+        tier: Tier::Device,
+        capacity_blocks: capacity,
+        block_size_tokens: 4,
+        eviction: EvictionPolicyKind::Lru,
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_single_threaded_pool_does_what_a_shared_one_does_on_its_thread() {
+    // Registration, hits, lazy eviction, release order and events, on both kinds of lock.
+    let run = |pool: BlockPool| {
+        let ids = chain(6);
+        drop(register_chain(&pool, &ids[..3]));
+        let held = register_chain(&pool, &ids[3..5]);
+        let hit = pool.match_prefix(&hashes(&ids[..2]));
+        let evicting = register_chain(&pool, &ids[5..]);
+        drop(hit);
+        let outcome = (pool.snapshot(), pool.stats(), pool.take_events());
+        drop((held, evicting));
+        (outcome, pool.check_invariants(), pool.snapshot())
+    };
+    let shared = run(pool(5, EvictionPolicyKind::Lru));
+    let single = run(single_threaded_pool(5));
+    assert_eq!(single, shared);
+    assert!(
+        shared.0 .1.evicted_blocks > 0,
+        "the run should evict: {shared:?}"
+    );
+}
+
+#[test]
+fn a_single_threaded_pool_refuses_other_threads_and_keeps_its_blocks() {
+    let pool = single_threaded_pool(8);
+    let ids = chain(4);
+    let registered = register_chain(&pool, &ids);
+    let elsewhere = pool.clone();
+    let hash = ids[0].sequence_hash;
+    let refused = std::thread::spawn(move || elsewhere.contains(hash)).join();
+    assert!(
+        refused.is_err(),
+        "another thread read a single-threaded pool"
+    );
+    assert!(pool.contains(hash));
+    drop(registered);
+    assert_eq!(
+        pool.check_invariants(),
+        PoolCounts {
+            capacity: 8,
+            free: 4,
+            cached: 4,
+            active: 0
+        }
+    );
+}

@@ -381,6 +381,10 @@ impl<H: Hardware> Hardware for Timed<H> {
     fn estimate_recompute(&self, blocks: usize) -> Duration {
         self.inner.estimate_recompute(blocks)
     }
+
+    fn single_threaded(&self) -> bool {
+        self.inner.single_threaded()
+    }
 }
 
 /// One way of letting time pass under a `Manager<Timed<H>>`.
