@@ -175,6 +175,15 @@ impl MutableBlock<Complete> {
         self.pool = None;
         (self.id, *self.state.identity())
     }
+
+    /// [`MutableBlock::into_registration`] in place, for a batch: the handle stays where
+    /// it is (dropping it does nothing) and its identity is read there. Moving each
+    /// handle out first copied its identity through the stack, and the loads of those
+    /// copies waited for the stores that made them (issue 33).
+    pub(super) fn hand_to_registry(&mut self) -> (BlockId, &BlockIdentity) {
+        self.pool = None;
+        (self.id, self.state.identity())
+    }
 }
 
 impl<S: MutableState> Drop for MutableBlock<S> {

@@ -444,7 +444,7 @@ impl PoolInner {
 
     /// Complete (mutable) → Registered, or the existing block of the same hash.
     /// Returns the registered block and whether it was a duplicate.
-    fn register(&mut self, id: BlockId, identity: BlockIdentity) -> (BlockId, bool) {
+    fn register(&mut self, id: BlockId, identity: &BlockIdentity) -> (BlockId, bool) {
         // A new registration's Stored event counts the change (`SharedCounters::version`).
         if let Some(&existing) = self.registry.get(&identity.sequence_hash) {
             self.touch();
@@ -461,10 +461,10 @@ impl PoolInner {
         );
         slot.state = SlotState::Registered;
         slot.refcount = 1;
-        slot.identity = identity;
+        slot.identity = *identity;
         self.registry.insert(identity.sequence_hash, id);
         self.stats.registered_blocks += 1;
-        self.push_stored(&identity);
+        self.push_stored(identity);
         (id, false)
     }
 
@@ -700,7 +700,7 @@ impl BlockPool {
         );
         let (id, identity) = block.into_registration();
         let mut inner = self.shared.inner.lock();
-        let (registered, duplicate) = inner.register(id, identity);
+        let (registered, duplicate) = inner.register(id, &identity);
         let identity = inner.slots[registered.index()].identity;
         (
             ImmutableBlock::new(Arc::clone(&self.shared), registered, identity),
@@ -710,19 +710,29 @@ impl BlockPool {
 
     /// Registers a chain parent first under one lock; consecutive blocks are published as
     /// one `Stored` event.
-    pub fn register_chain(&self, blocks: Vec<MutableBlock<Complete>>) -> BlockChain {
+    pub fn register_chain(&self, mut blocks: Vec<MutableBlock<Complete>>) -> BlockChain {
         let mut out = BlockChain::for_pool(&self.shared, blocks.len());
         let mut inner = self.shared.inner.lock();
-        for block in blocks {
+        for block in &mut blocks {
             assert!(
                 block.belongs_to(&self.shared),
                 "block registered in another pool"
             );
-            let (id, identity) = block.into_registration();
-            let (registered, _) = inner.register(id, identity);
-            let identity = inner.slots[registered.index()].identity;
+            let (id, identity) = block.hand_to_registry();
+            let (registered, duplicate) = inner.register(id, identity);
+            // A duplicate's identity is the registered block's; a new one's is `identity`
+            // (not read back from the slot just written: a load spanning the stores that
+            // wrote it waits for them, issue 33).
+            let identity = if duplicate {
+                inner.slots[registered.index()].identity
+            } else {
+                *identity
+            };
             out.push_counted(registered, identity);
         }
+        drop(inner);
+        // Every handle was handed on: dropping them returns nothing to the pool.
+        drop(blocks);
         out
     }
 

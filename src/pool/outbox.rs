@@ -88,8 +88,7 @@ impl Outbox {
         }
         let mut block_hashes = list(&mut self.spares.removed);
         block_hashes.push(hash);
-        self.queue
-            .push((stamp, KvCacheEventData::Removed { block_hashes, tier }));
+        self.push_in_place(|| (stamp, KvCacheEventData::Removed { block_hashes, tier }));
     }
 
     /// Queues `identity` stored in `tier` at `stamp`, extending the previous Stored
@@ -112,14 +111,31 @@ impl Outbox {
         }
         let mut blocks = list(&mut self.spares.stored);
         blocks.push(block);
-        self.queue.push((
-            stamp,
-            KvCacheEventData::Stored {
-                parent_hash: identity.parent,
-                blocks,
-                tier,
-            },
-        ));
+        let parent_hash = identity.parent;
+        self.push_in_place(|| {
+            (
+                stamp,
+                KvCacheEventData::Stored {
+                    parent_hash,
+                    blocks,
+                    tier,
+                },
+            )
+        });
+    }
+
+    /// `queue.push(event())`, the room made before the event is built so that it is
+    /// written where it goes, not built on the stack and copied.
+    #[inline(always)]
+    fn push_in_place(&mut self, event: impl FnOnce() -> (u64, KvCacheEventData)) {
+        self.queue.reserve(1);
+        let len = self.queue.len();
+        // SAFETY: `reserve(1)` left room for one more element past `len`, which is written
+        // before the length covers it.
+        unsafe {
+            self.queue.as_mut_ptr().add(len).write(event());
+            self.queue.set_len(len + 1);
+        }
     }
 
     /// Moves the queued events onto the end of `out` (the queue keeps its allocation),
