@@ -7,6 +7,7 @@
 //! Never: change the cluster, or be needed for it to run.
 
 use crate::cluster::Cluster;
+use crate::ledger::{EventLedger, TierFingerprint};
 use kvtwin::events::RegistryReplica;
 use kvtwin::hardware::Hardware;
 use kvtwin::ids::SequenceHash;
@@ -42,7 +43,7 @@ pub fn end_of_run_checks(cluster: &Cluster<'_>) -> (bool, bool) {
     for worker in cluster.workers() {
         let view = views.remove(&worker.key).unwrap_or_default();
         let held = HeldBlocks::of(worker.manager);
-        rebuilt = rebuilt && rebuild_matches(worker.replica, &held);
+        rebuilt = rebuilt && rebuild_matches(worker.ledger, &held);
         viewed = viewed
             && if worker.serving {
                 view_matches(&view, &held)
@@ -145,9 +146,29 @@ fn view_matches(view: &[(SequenceHash, u8)], held: &HeldBlocks) -> bool {
     reachable_listed == held.reachable
 }
 
+/// The ledger's blocks are the pools': as fingerprints (no snapshot yet), the multiset
+/// of each tier is the set the pools register there; as a replica, every hash of it is
+/// held in its tier, and every reachable block is in it, in each of its tiers.
+fn rebuild_matches(ledger: &EventLedger, held: &HeldBlocks) -> bool {
+    match ledger {
+        EventLedger::Fingerprint(tiers) => {
+            let mut pools = [TierFingerprint::default(); Tier::ALL.len()];
+            for (hash, block) in &held.blocks {
+                for tier in Tier::ALL {
+                    if block.tiers & (1 << tier.index()) != 0 {
+                        pools[tier.index()].add(*hash);
+                    }
+                }
+            }
+            *tiers == pools
+        }
+        EventLedger::Replica(replica) => replica_matches(replica, held),
+    }
+}
+
 /// Every hash of the replica is held in its tier, and every reachable block is in the
 /// replica, in each of its tiers.
-fn rebuild_matches(replica: &RegistryReplica, held: &HeldBlocks) -> bool {
+fn replica_matches(replica: &RegistryReplica, held: &HeldBlocks) -> bool {
     let mut in_both = [0usize; Tier::ALL.len()];
     for (hash, block) in &held.blocks {
         for tier in Tier::ALL {

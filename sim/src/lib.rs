@@ -29,6 +29,7 @@ pub mod cluster;
 pub mod compute;
 pub mod fabric;
 pub mod hardware;
+pub mod ledger;
 pub mod links;
 pub mod mooncake;
 pub mod plan;

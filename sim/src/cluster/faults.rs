@@ -15,8 +15,8 @@ use super::router_of;
 use super::{Cluster, Wakeup};
 use crate::hardware::Link;
 use crate::hardware::SimHardware;
+use crate::ledger::EventLedger;
 use crate::scenario::{Fault, FaultKind};
-use kvtwin::events::RegistryReplica;
 use kvtwin::hardware::Hardware;
 use kvtwin::ids::Timestamp;
 use kvtwin::manager::Manager;
@@ -268,7 +268,7 @@ impl Cluster<'_> {
         worker.last_applied = None;
         worker.gap_seen = false;
         worker.failed_snapshots = 0;
-        worker.replica = RegistryReplica::new();
+        worker.ledger = EventLedger::new();
         let mut hardware = SimHardware::new(
             self.shape.hardware_profile.clone(),
             self.shape.worker_config.block_size_tokens,

@@ -11,7 +11,7 @@
 use super::worker::Worker;
 use super::{BlockSources, Cluster, Percentiles, Pool};
 use crate::hardware::SimHardware;
-use kvtwin::events::RegistryReplica;
+use crate::ledger::EventLedger;
 use kvtwin::ids::WorkerWithDpRank;
 use kvtwin::ids::{Timestamp, WorkerId};
 use kvtwin::manager::Manager;
@@ -190,8 +190,8 @@ pub struct WorkerView<'c> {
     pub serving: bool,
     /// Its manager.
     pub manager: &'c Manager<SimHardware>,
-    /// The registry rebuilt from its events alone.
-    pub replica: &'c RegistryReplica,
+    /// Its events, as the rebuild check keeps them.
+    pub ledger: &'c EventLedger,
 }
 
 /// Requests of `worker`'s prefill queue (each also in its states) that the pass in
@@ -218,7 +218,7 @@ impl Cluster<'_> {
             key: worker.key,
             serving: worker.up,
             manager: &worker.manager,
-            replica: &worker.replica,
+            ledger: &worker.ledger,
         })
     }
 

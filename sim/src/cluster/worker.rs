@@ -7,7 +7,7 @@
 //! links), admission to prefill or to the worker's queue when no device block is free
 //! (first come first served, retried when another request finishes there), the end of
 //! a request (its latencies), and [`Cluster::settle`], the one manager drain loop: a
-//! worker's finished transfers, its outputs, its KV events (into its registry replica
+//! worker's finished transfers, its outputs, its KV events (into its event ledger
 //! and the event plane), its next deadline.
 //! Never: decide what goes in a forward pass (`batching`), or deliver events (`plane`).
 
@@ -17,10 +17,11 @@ use super::{Cluster, Epoch, Pool, RouteRecord, SimError, Wakeup};
 use crate::compute::ComputeModel;
 use crate::hardware::HardwareProfile;
 use crate::hardware::SimHardware;
+use crate::ledger::EventLedger;
 use crate::scenario::{Batching, Routing, Scenario};
 use crate::workload::Request;
 use kvtwin::block::{BlockIdentity, Reset};
-use kvtwin::events::{KvCacheEvent, KvCacheEventData, RegistryReplica};
+use kvtwin::events::{KvCacheEvent, KvCacheEventData};
 use kvtwin::hardware::Hardware;
 use kvtwin::ids::WorkerWithDpRank;
 use kvtwin::ids::{LocalBlockHash, RequestId, SequenceHash, Timestamp, WorkerId};
@@ -82,7 +83,7 @@ pub(super) struct Worker {
     /// Requests waiting for device blocks, first come first served.
     pub(super) waiting: VecDeque<usize>,
     pub(super) poll_at: BTreeSet<Timestamp>,
-    pub(super) replica: RegistryReplica,
+    pub(super) ledger: EventLedger,
     /// Requests whose prefill is not done, oldest first.
     pub(super) prefill_queue: VecDeque<usize>,
     pub(super) pass: Option<PassInFlight>,
@@ -185,7 +186,7 @@ impl WorkerShape {
             states: BTreeMap::new(),
             waiting: VecDeque::new(),
             poll_at: BTreeSet::new(),
-            replica: RegistryReplica::new(),
+            ledger: EventLedger::new(),
             prefill_queue: VecDeque::new(),
             pass: None,
             spare_members: Vec::new(),
@@ -629,7 +630,7 @@ impl Cluster<'_> {
         }
     }
 
-    /// Worker `w` published `event`: counted, replayed into its registry replica, and
+    /// Worker `w` published `event`: counted, kept in its event ledger, and
     /// sent into the event plane.
     fn handle_event(&mut self, w: usize, event: KvCacheEvent) {
         self.tally.events.events += 1;
@@ -645,7 +646,7 @@ impl Cluster<'_> {
         }
         self.write_to_shared(w, &event);
         // A gap or duplicate would make the rebuild differ, which the report shows.
-        let _ = self.workers[w].replica.apply(&event);
+        self.workers[w].ledger.apply(&event);
         self.publish(w, event);
     }
 
