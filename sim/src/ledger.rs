@@ -91,14 +91,9 @@ impl EventLedger {
                 }
             }
             (Self::Fingerprint(_), KvCacheEventData::Cleared) => {
-                // Event ids are not checked here (the sets' replica counts gaps; the
-                // simulator never read them), so the replica starts at this event's.
-                let mut replica = RegistryReplica::new();
-                let _ = replica.apply(&KvCacheEvent {
-                    event_id: 0,
-                    ..event.clone()
-                });
-                *self = Self::Replica(replica);
+                // What the `Cleared` leaves: an empty replica. Its event-id gaps are
+                // never read (the simulator never read the sets' either).
+                *self = Self::Replica(RegistryReplica::new());
             }
             (Self::Replica(replica), _) => {
                 let _ = replica.apply(event);
