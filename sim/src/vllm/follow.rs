@@ -11,7 +11,9 @@
 //! caches a request's full blocks the step it schedules them), so the batches say when
 //! each request that stored a block joined. [`compare_following`] steps the twin with
 //! the engine: before each step it tries every way the requests sent and not yet joined
-//! could join (on copies of the twin, [`VllmScheduler::try_clone`]) and takes one whose
+//! could join (on copies of the twin, [`VllmScheduler::try_clone`]; two or three joining
+//! together in every order, since requests sent together reach a loaded engine in
+//! either order) and takes one whose
 //! step publishes the engine's next batch (the order inside a step aside), or nothing
 //! (an engine step without events, such as a decode inside a block). Among those, the
 //! fewest join before they are due and the most that are due: a client sends its next
@@ -28,12 +30,20 @@
 //! every request joins when it is due, as in the fixed lag's model. (Left to prefer
 //! quiet steps, a twin out of step held requests back for hundreds of steps, since
 //! their joins matched no batch, and served them into a cache the engine never had:
-//! 3.41 % of the cached tokens apart on CI's run of 2026-12-07.) The twin's cache
+//! 3.41 % of the cached tokens apart on CI's run of 2026-12-07.) Given the engine's
+//! clock ([`EngineClock`]: the batches' stamps, the clients' send and answer times), a
+//! request in step joins only after the batches stamped before it was sent and after
+//! the requests answered before it was sent have finished: that places the joins the
+//! batches cannot (a request whose first step stores nothing) no earlier than the engine
+//! can have taken them, where the due step of the closed loop put them steps early on a
+//! loaded machine (a capture of 303 batches under two busy loops: 51 made without the
+//! clock, all 303 with it). The twin's cache
 //! decides everything else: which blocks each request finds, which it evicts, what the
 //! batch holds; what the comparison measures is the cache model, the timing taken out.
 //!
-//! Owns: [`compare_following`], [`FollowedComparison`] and the split of an engine's
-//! batches after its last `AllBlocksCleared` ([`engine_batches_after_reset`]). Never:
+//! Owns: [`compare_following`], [`FollowedComparison`], [`EngineClock`] and the split of
+//! an engine's batches after its last `AllBlocksCleared` ([`engine_batches_after_reset`]).
+//! Never:
 //! talk to an engine, time anything, or let the engine decide what the twin caches.
 
 use super::compare::{
@@ -85,6 +95,17 @@ impl FollowedComparison {
 /// The batches after the last `AllBlocksCleared` of `batches` (the events of the batch
 /// that holds it after it): what an engine did since its prefix cache was reset.
 pub fn engine_batches_after_reset(batches: &[Vec<EngineEvent>]) -> Vec<Vec<EngineEvent>> {
+    engine_batches_after_reset_indexed(batches)
+        .into_iter()
+        .map(|(_, batch)| batch)
+        .collect()
+}
+
+/// [`engine_batches_after_reset`], each batch with its index in `batches` (to carry
+/// what else is known of it, such as its stamp for an [`EngineClock`]).
+pub fn engine_batches_after_reset_indexed(
+    batches: &[Vec<EngineEvent>],
+) -> Vec<(usize, Vec<EngineEvent>)> {
     let last_reset = batches.iter().enumerate().rev().find_map(|(b, batch)| {
         batch
             .iter()
@@ -92,17 +113,93 @@ pub fn engine_batches_after_reset(batches: &[Vec<EngineEvent>]) -> Vec<Vec<Engin
             .map(|e| (b, e))
     });
     match last_reset {
-        None => batches.to_vec(),
-        Some((b, e)) => std::iter::once(batches[b][e + 1..].to_vec())
-            .chain(batches[b + 1..].iter().cloned())
-            .filter(|batch| !batch.is_empty())
+        None => batches.iter().cloned().enumerate().collect(),
+        Some((b, e)) => std::iter::once((b, batches[b][e + 1..].to_vec()))
+            .chain((b + 1..).zip(batches[b + 1..].iter().cloned()))
+            .filter(|(_, batch)| !batch.is_empty())
             .collect(),
+    }
+}
+
+/// When the engine published each batch, and when each request was sent and answered,
+/// on one clock (seconds; the same machine's wall clock on both sides). vLLM stamps a
+/// batch (`KVEventBatch.ts`, `time.time()`) in `Scheduler.update_from_output`, at the
+/// end of the step that queued its events and freed the requests it finished. So a
+/// request sent after a batch's stamp joined after that batch's step, and one sent
+/// after another's answer came back joined after that one finished. Under load a
+/// client's next request reaches the engine steps after the answer that sent it, and a
+/// step that publishes nothing (decodes inside a block, a prompt all cached) tells no
+/// one when it ran: without the clock the twin joins such requests when the closed loop
+/// says they are due, early, and frees its cached blocks into the free queue in
+/// another order than the engine's (which it evicts from, later, in that order).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineClock {
+    /// Per batch, in the order given to [`compare_following`] (empty ones included).
+    pub batch_ts: Vec<f64>,
+    /// Per request, in the order of sending: when it was sent.
+    pub sent_at: Vec<f64>,
+    /// Per request: when its answer came back whole.
+    pub answered_at: Vec<f64>,
+}
+
+/// What the clock says of each request's join: the twin must have made this many of
+/// the kept batches, and finished these requests, before it joins. Without a clock,
+/// nothing.
+#[derive(Clone, Debug, Default)]
+struct JoinBounds {
+    batches_before: Vec<usize>,
+    answered_before: Vec<Vec<usize>>,
+}
+
+impl JoinBounds {
+    /// `kept`: the indices into `clock.batch_ts` of the batches compared, in order. A
+    /// request, answer or batch without a time bounds nothing.
+    fn new(clock: &EngineClock, kept: &[usize], requests: usize) -> Self {
+        let stamps: Vec<f64> = kept
+            .iter()
+            .map(|&index| clock.batch_ts.get(index).copied().unwrap_or(f64::INFINITY))
+            .collect();
+        let sent = |request: usize| clock.sent_at.get(request).copied();
+        Self {
+            batches_before: (0..requests)
+                .map(|request| match sent(request) {
+                    // Stamps are in step order; one out of order ends the count.
+                    Some(sent) => stamps.iter().take_while(|&&ts| ts < sent).count(),
+                    None => 0,
+                })
+                .collect(),
+            answered_before: (0..requests)
+                .map(|request| match sent(request) {
+                    Some(sent) => (0..requests)
+                        .filter(|&other| clock.answered_at.get(other).is_some_and(|&at| at < sent))
+                        .collect(),
+                    None => Vec::new(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether `request` may join `state`'s twin now.
+    fn allow(&self, state: &State, request: usize) -> bool {
+        let made = state.out_of_step
+            || self
+                .batches_before
+                .get(request)
+                .is_none_or(|&before| state.cursor >= before);
+        made && self.answered_before.get(request).is_none_or(|answered| {
+            answered
+                .iter()
+                .all(|&other| state.cached.get(other).is_some_and(Option::is_some))
+        })
     }
 }
 
 /// One way the next step could go: who joins, and what the step does.
 struct Candidate {
+    /// Who joins, in the order they join.
     joins: Vec<usize>,
+    /// Pairs of `joins` out of the order of sending.
+    inversions: usize,
     fork: VllmScheduler,
     step: StepOutcome,
     /// The step's events, one entry per block, sorted as the engine's batches are.
@@ -200,11 +297,12 @@ impl State {
         requests: &[ServedRequest],
         block_size: usize,
         batches: &[Vec<BlockEvent>],
+        bounds: &JoinBounds,
     ) -> Vec<(Rank, Candidate)> {
         let window = &batches[self.cursor.min(batches.len())..];
         // Out of step, those that leave no due request waiting first. Then in step
         // (`None` sorts first); then the fewest joining before they are due and the most
-        // that are due; then the rank.
+        // that are due; then the rank; then the nearest to the order of sending.
         let key = |rank: Rank, option: &Candidate| {
             let early = self
                 .sent
@@ -219,13 +317,27 @@ impl State {
                 early,
                 std::cmp::Reverse(option.joins.len() - early),
                 rank,
+                option.inversions,
             )
         };
-        let mut ranked: Vec<(Rank, Candidate)> =
-            options(&self.twin, &self.sent, requests, block_size)
-                .into_iter()
-                .map(|option| (rank(&option, window), option))
-                .collect();
+        // A request the engine's clock says was sent after a batch the twin has not made
+        // (in step: out of step the cursor says nothing of the engine's time), or after
+        // an answer the twin has not given, cannot join yet. If then nothing can step,
+        // the twin is behind the engine in a way the clock cannot mend: any sent may.
+        let joinable: Vec<(usize, u64)> = self
+            .sent
+            .iter()
+            .copied()
+            .filter(|&(index, _)| bounds.allow(self, index))
+            .collect();
+        let mut options = options(&self.twin, &joinable, requests, block_size);
+        if options.is_empty() && joinable.len() < self.sent.len() {
+            options = self::options(&self.twin, &self.sent, requests, block_size);
+        }
+        let mut ranked: Vec<(Rank, Candidate)> = options
+            .into_iter()
+            .map(|option| (rank(&option, window), option))
+            .collect();
         ranked.sort_by_key(|(a, x)| key(*a, x));
         ranked
     }
@@ -281,8 +393,10 @@ impl State {
 /// on a twin built from `scheduler` and `cache`, each request joining where the
 /// engine's `batches` (one per step that published events, from the engine's last reset
 /// on: [`engine_batches_after_reset`]) put it, and, where they cannot tell, when it is
-/// due: `join_lag_steps` after the step that answered the request before it; see the
-/// module documentation.
+/// due: `join_lag_steps` after the step that answered the request before it, and no
+/// earlier than `clock` allows when it is given (stamps for the batches as given, before
+/// [`engine_batches_after_reset`]'s cut is made: see
+/// [`engine_batches_after_reset_indexed`]); see the module documentation.
 pub fn compare_following(
     scheduler: VllmSchedulerConfig,
     cache: VllmCacheConfig,
@@ -290,9 +404,13 @@ pub fn compare_following(
     clients: usize,
     join_lag_steps: u64,
     batches: &[Vec<EngineEvent>],
+    clock: Option<&EngineClock>,
 ) -> FollowedComparison {
     let block_size = usize::try_from(cache.block_size).unwrap_or(usize::MAX);
-    let (batches, unknown_hashes) = translate(block_size, batches);
+    let (batches, kept, unknown_hashes) = translate(block_size, batches);
+    let bounds = clock
+        .map(|clock| JoinBounds::new(clock, &kept, requests.len()))
+        .unwrap_or_default();
     let first = clients.min(requests.len());
     let mut state = State {
         twin: VllmScheduler::new(scheduler, cache),
@@ -314,7 +432,7 @@ pub fn compare_following(
     let mut furthest: Option<(State, Vec<(Rank, Candidate)>)> = None;
     let mut retries = 0;
     while !state.done() {
-        let mut ranked = state.ranked(requests, block_size, &batches);
+        let mut ranked = state.ranked(requests, block_size, &batches, &bounds);
         if ranked.is_empty() {
             // Nothing can be scheduled whoever joins: what is left is never served.
             break;
@@ -393,10 +511,14 @@ pub fn compare_following(
 
 /// The engine's batches in kvtwin's hashes, one entry per block, each sorted (the order of
 /// a step's events is not compared); empty ones dropped.
-fn translate(block_size: usize, batches: &[Vec<EngineEvent>]) -> (Vec<Vec<BlockEvent>>, u64) {
+fn translate(
+    block_size: usize,
+    batches: &[Vec<EngineEvent>],
+) -> (Vec<Vec<BlockEvent>>, Vec<usize>, u64) {
     let mut stream = EngineStream::new(block_size);
     let mut out = Vec::with_capacity(batches.len());
-    for batch in batches {
+    let mut kept = Vec::with_capacity(batches.len());
+    for (index, batch) in batches.iter().enumerate() {
         let start = stream.events().len();
         for event in batch {
             stream.push(event);
@@ -405,14 +527,57 @@ fn translate(block_size: usize, batches: &[Vec<EngineEvent>]) -> (Vec<Vec<BlockE
         events.sort_unstable();
         if !events.is_empty() {
             out.push(events);
+            kept.push(index);
         }
     }
-    (out, stream.unknown())
+    (out, kept, stream.unknown())
+}
+
+/// Joins of this many requests or fewer are also tried in every other order: requests
+/// sent together reach a loaded engine in either order (two sent 0.1 ms apart were
+/// scheduled in reverse on one capture), and the first in the waiting queue takes the
+/// step's token budget first. Larger joins keep the order of sending.
+const MAX_REORDERED: usize = 3;
+
+/// `joins` in the order of sending first, then (up to [`MAX_REORDERED`] of them) every
+/// other order, each with how many pairs it takes out of the order of sending.
+fn orders(joins: &[usize]) -> Vec<(Vec<usize>, usize)> {
+    fn permute(rest: &mut Vec<usize>, made: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        if rest.is_empty() {
+            out.push(made.clone());
+            return;
+        }
+        for at in 0..rest.len() {
+            let next = rest.remove(at);
+            made.push(next);
+            permute(rest, made, out);
+            made.pop();
+            rest.insert(at, next);
+        }
+    }
+    if joins.len() < 2 || joins.len() > MAX_REORDERED {
+        return vec![(joins.to_vec(), 0)];
+    }
+    let mut all = Vec::new();
+    permute(&mut joins.to_vec(), &mut Vec::new(), &mut all);
+    // `joins` is in the order of sending, so the position of each there ranks it.
+    let sent_before = |a: usize, b: usize| {
+        joins.iter().position(|&j| j == a) < joins.iter().position(|&j| j == b)
+    };
+    all.into_iter()
+        .map(|order| {
+            let inversions = (0..order.len())
+                .flat_map(|i| (i + 1..order.len()).map(move |k| (i, k)))
+                .filter(|&(i, k)| sent_before(order[k], order[i]))
+                .count();
+            (order, inversions)
+        })
+        .collect()
 }
 
 /// Every way the next step can go: each subset of the first [`MAX_CANDIDATES`] sent
-/// requests joining (in order of sending) on a copy of the twin, where that step
-/// schedules anything.
+/// requests joining (in order of sending, and small ones in every order: [`orders`])
+/// on a copy of the twin, where that step schedules anything.
 fn options(
     twin: &VllmScheduler,
     sent: &[(usize, u64)],
@@ -422,41 +587,60 @@ fn options(
     let candidates = &sent[..sent.len().min(MAX_CANDIDATES)];
     let mut out = Vec::new();
     for mask in 0..1_u32 << candidates.len() {
-        let joins: Vec<usize> = candidates
+        let subset: Vec<usize> = candidates
             .iter()
             .enumerate()
             .filter(|(bit, _)| mask & (1 << bit) != 0)
             .map(|(_, &(index, _))| index)
             .collect();
-        let Some(mut fork) = twin.try_clone() else {
-            return out;
-        };
-        for &index in &joins {
-            fork.add_request(twin_request(index, &requests[index], block_size));
-        }
-        let Some(step) = fork.step() else {
-            continue;
-        };
-        // A request that joins and waits is the same as one that joins when it is first
-        // scheduled (it waits at the back of the queue either way), so only joins that
-        // are scheduled at once are ways of their own.
-        let scheduled = |index: &usize| {
-            step.scheduled
-                .iter()
-                .any(|s| usize::try_from(s.id.get()).is_ok_and(|id| id == *index))
-        };
-        if joins.iter().all(scheduled) {
-            let mut events = flatten(&step.events);
-            events.sort_unstable();
-            out.push(Candidate {
-                joins,
-                fork,
-                step,
-                events,
-            });
+        for (joins, inversions) in orders(&subset) {
+            // A twin that cannot be copied has no options past those made.
+            let Some(option) = option(twin, joins, inversions, requests, block_size) else {
+                return out;
+            };
+            out.extend(option);
         }
     }
     out
+}
+
+/// `joins` joining the twin in that order, and its next step: `None` when the twin
+/// cannot be copied, `Some(None)` when the step schedules nothing or leaves one of them
+/// waiting.
+fn option(
+    twin: &VllmScheduler,
+    joins: Vec<usize>,
+    inversions: usize,
+    requests: &[ServedRequest],
+    block_size: usize,
+) -> Option<Option<Candidate>> {
+    let mut fork = twin.try_clone()?;
+    for &index in &joins {
+        fork.add_request(twin_request(index, &requests[index], block_size));
+    }
+    let Some(step) = fork.step() else {
+        return Some(None);
+    };
+    // A request that joins and waits is the same as one that joins when it is first
+    // scheduled (it waits at the back of the queue either way), so only joins that
+    // are scheduled at once are ways of their own.
+    let scheduled = |index: &usize| {
+        step.scheduled
+            .iter()
+            .any(|s| usize::try_from(s.id.get()).is_ok_and(|id| id == *index))
+    };
+    if !joins.iter().all(scheduled) {
+        return Some(None);
+    }
+    let mut events = flatten(&step.events);
+    events.sort_unstable();
+    Some(Some(Candidate {
+        joins,
+        inversions,
+        fork,
+        step,
+        events,
+    }))
 }
 
 /// How `option` stands against `window` (the engine's batches from the next on, each
