@@ -76,6 +76,53 @@ fn with_repeats(
     workload
 }
 
+/// The identities of `sequence`'s full blocks, each block's tokens recorded in
+/// `tokens_of` (what the engine's `Stored` events carry).
+fn blocks_of(
+    sequence: &[u32],
+    tokens_of: &mut BTreeMap<SequenceHash, Vec<u32>>,
+) -> Vec<BlockIdentity> {
+    let ids = BlockIdentity::chain(&compute_local_hashes(
+        sequence,
+        BLOCK as usize,
+        HashSeed::default(),
+    ));
+    for (id, tokens) in ids.iter().zip(sequence.chunks_exact(BLOCK as usize)) {
+        tokens_of.insert(id.sequence_hash, tokens.to_vec());
+    }
+    ids
+}
+
+/// A step's events as the engine publishes them: its hashes scrambled, as a real
+/// engine's are its own, and each stored block's tokens from `tokens_of`.
+fn as_engine_batch(
+    events: &[KvCacheEventData],
+    tokens_of: &BTreeMap<SequenceHash, Vec<u32>>,
+) -> Vec<EngineEvent> {
+    let engine_hash = |hash: SequenceHash| hash.get().rotate_left(23) ^ 0xA5A5;
+    events
+        .iter()
+        .map(|event| match event {
+            KvCacheEventData::Stored {
+                parent_hash,
+                blocks,
+                ..
+            } => EngineEvent::Stored {
+                parent: parent_hash.map(engine_hash),
+                hashes: blocks.iter().map(|b| engine_hash(b.block_hash)).collect(),
+                token_ids: blocks
+                    .iter()
+                    .flat_map(|b| tokens_of[&b.block_hash].clone())
+                    .collect(),
+            },
+            KvCacheEventData::Removed { block_hashes, .. } => EngineEvent::Removed {
+                hashes: block_hashes.iter().map(|&h| engine_hash(h)).collect(),
+            },
+            KvCacheEventData::Cleared => EngineEvent::Cleared,
+        })
+        .collect()
+}
+
 /// The engine: the twin, `clients` closed-loop clients whose requests join `lags[i]`
 /// steps after the answer that sent them (`i` drawn at random). What each request was
 /// served, and the engine's batches (one per step that queued events), its hashes
@@ -96,15 +143,7 @@ fn engine_run(
     let mut requests = Vec::new();
     for (index, (prompt, outputs)) in workload.iter().enumerate() {
         let sequence: Vec<u32> = prompt.iter().chain(outputs).copied().collect();
-        let ids = BlockIdentity::chain(&compute_local_hashes(
-            &sequence,
-            BLOCK as usize,
-            HashSeed::default(),
-        ));
-        for (at, id) in ids.iter().enumerate() {
-            let block = &sequence[at * BLOCK as usize..(at + 1) * BLOCK as usize];
-            tokens_of.insert(id.sequence_hash, block.to_vec());
-        }
+        let ids = blocks_of(&sequence, &mut tokens_of);
         requests.push(VllmRequest::new(
             RequestId::new(index as u64),
             ids,
@@ -112,7 +151,6 @@ fn engine_run(
             outputs.len() as u64,
         ));
     }
-    let engine_hash = |hash: SequenceHash| hash.get().rotate_left(23) ^ 0xA5A5;
     let mut cached = vec![None; workload.len()];
     let mut pending: Vec<(u64, usize)> = (0..clients).map(|index| (0, index)).collect();
     let mut next = clients;
@@ -144,28 +182,7 @@ fn engine_run(
         }
         let step = engine.step().expect("the workload fits");
         step_number += 1;
-        let batch: Vec<EngineEvent> = step
-            .events
-            .iter()
-            .map(|event| match event {
-                KvCacheEventData::Stored {
-                    parent_hash,
-                    blocks,
-                    ..
-                } => EngineEvent::Stored {
-                    parent: parent_hash.map(engine_hash),
-                    hashes: blocks.iter().map(|b| engine_hash(b.block_hash)).collect(),
-                    token_ids: blocks
-                        .iter()
-                        .flat_map(|b| tokens_of[&b.block_hash].clone())
-                        .collect(),
-                },
-                KvCacheEventData::Removed { block_hashes, .. } => EngineEvent::Removed {
-                    hashes: block_hashes.iter().map(|&h| engine_hash(h)).collect(),
-                },
-                KvCacheEventData::Cleared => EngineEvent::Cleared,
-            })
-            .collect();
+        let batch = as_engine_batch(&step.events, &tokens_of);
         if !batch.is_empty() {
             batches.push(batch);
             clock.batch_ts.push(step_number as f64);
@@ -367,7 +384,7 @@ fn requests_sent_together_may_join_in_either_order() {
         outputs: vec![7; 3],
         cached_tokens: 0,
     });
-    let mut tokens_of: BTreeMap<SequenceHash, Vec<u32>> = BTreeMap::new();
+    let mut tokens_of = BTreeMap::new();
     for served in &served {
         let sequence: Vec<u32> = served
             .prompt
@@ -375,16 +392,8 @@ fn requests_sent_together_may_join_in_either_order() {
             .chain(&served.outputs)
             .copied()
             .collect();
-        let ids = BlockIdentity::chain(&compute_local_hashes(
-            &sequence,
-            BLOCK as usize,
-            HashSeed::default(),
-        ));
-        for (block, tokens) in ids.iter().zip(sequence.chunks_exact(BLOCK as usize)) {
-            tokens_of.insert(block.sequence_hash, tokens.to_vec());
-        }
+        blocks_of(&sequence, &mut tokens_of);
     }
-    let engine_hash = |hash: SequenceHash| hash.get() ^ 0x5A5A;
     let mut engine = VllmScheduler::new(scheduler, cache);
     for index in [1, 0] {
         engine.add_request(compare::twin_request(index, &served[index], BLOCK as usize));
@@ -392,25 +401,7 @@ fn requests_sent_together_may_join_in_either_order() {
     let mut batches = Vec::new();
     while engine.num_unfinished() > 0 {
         let step = engine.step().expect("two requests fit");
-        let batch: Vec<EngineEvent> = step
-            .events
-            .iter()
-            .filter_map(|event| match event {
-                KvCacheEventData::Stored {
-                    parent_hash,
-                    blocks,
-                    ..
-                } => Some(EngineEvent::Stored {
-                    parent: parent_hash.map(engine_hash),
-                    hashes: blocks.iter().map(|b| engine_hash(b.block_hash)).collect(),
-                    token_ids: blocks
-                        .iter()
-                        .flat_map(|b| tokens_of[&b.block_hash].clone())
-                        .collect(),
-                }),
-                _ => None,
-            })
-            .collect();
+        let batch = as_engine_batch(&step.events, &tokens_of);
         if !batch.is_empty() {
             batches.push(batch);
         }
