@@ -13,9 +13,9 @@
 //! the engine: before each step it tries every way the requests sent and not yet joined
 //! could join (on copies of the twin, [`VllmScheduler::try_clone`]; two or three joining
 //! together in every order, since requests sent together reach a loaded engine in
-//! either order) and takes one whose
-//! step publishes the engine's next batch (the order inside a step aside), or nothing
-//! (an engine step without events, such as a decode inside a block). Among those, the
+//! either order) and takes one whose step publishes the engine's next batch (the order
+//! inside a step aside), or nothing (an engine step without events, such as a decode
+//! inside a block). Among those, the
 //! fewest join before they are due and the most that are due: a client sends its next
 //! request when the twin answers its last one, due `join_lag_steps` steps later
 //! ([`super::compare::compare_closed_loop`]'s model). So a request whose first step
@@ -43,8 +43,8 @@
 //!
 //! Owns: [`compare_following`], [`FollowedComparison`], [`EngineClock`] and the split of
 //! an engine's batches after its last `AllBlocksCleared` ([`engine_batches_after_reset`]).
-//! Never:
-//! talk to an engine, time anything, or let the engine decide what the twin caches.
+//! Never: talk to an engine, time anything, or let the engine decide what the twin
+//! caches.
 
 use super::compare::{
     flatten, partial_prefills, twin_request, BlockEvent, CachedTokens, ClosedLoopComparison,
@@ -143,12 +143,16 @@ pub struct EngineClock {
 }
 
 /// What the clock says of each request's join: the twin must have made this many of
-/// the kept batches, and finished these requests, before it joins. Without a clock,
-/// nothing.
+/// the kept batches, and finished the requests answered before it was sent, before it
+/// joins. Without a clock, nothing.
 #[derive(Clone, Debug, Default)]
 struct JoinBounds {
+    /// Per request: kept batches stamped before it was sent.
     batches_before: Vec<usize>,
-    answered_before: Vec<Vec<usize>>,
+    /// The requests with an answer time, first answered first.
+    answer_order: Vec<usize>,
+    /// Per request: how many of `answer_order` were answered before it was sent.
+    answered_before: Vec<usize>,
 }
 
 impl JoinBounds {
@@ -160,6 +164,11 @@ impl JoinBounds {
             .map(|&index| clock.batch_ts.get(index).copied().unwrap_or(f64::INFINITY))
             .collect();
         let sent = |request: usize| clock.sent_at.get(request).copied();
+        let answered = |request: usize| clock.answered_at.get(request).copied();
+        let mut answer_order: Vec<usize> = (0..requests)
+            .filter(|&request| answered(request).is_some_and(f64::is_finite))
+            .collect();
+        answer_order.sort_by(|&a, &b| answered(a).partial_cmp(&answered(b)).expect("finite"));
         Self {
             batches_before: (0..requests)
                 .map(|request| match sent(request) {
@@ -170,12 +179,13 @@ impl JoinBounds {
                 .collect(),
             answered_before: (0..requests)
                 .map(|request| match sent(request) {
-                    Some(sent) => (0..requests)
-                        .filter(|&other| clock.answered_at.get(other).is_some_and(|&at| at < sent))
-                        .collect(),
-                    None => Vec::new(),
+                    Some(sent) => {
+                        answer_order.partition_point(|&other| answered(other) < Some(sent))
+                    }
+                    None => 0,
                 })
                 .collect(),
+            answer_order,
         }
     }
 
@@ -186,11 +196,10 @@ impl JoinBounds {
                 .batches_before
                 .get(request)
                 .is_none_or(|&before| state.cursor >= before);
-        made && self.answered_before.get(request).is_none_or(|answered| {
-            answered
-                .iter()
-                .all(|&other| state.cached.get(other).is_some_and(Option::is_some))
-        })
+        let answered = self.answered_before.get(request).copied().unwrap_or(0);
+        made && self.answer_order[..answered]
+            .iter()
+            .all(|&other| state.cached.get(other).is_some_and(Option::is_some))
     }
 }
 
@@ -330,11 +339,11 @@ impl State {
             .copied()
             .filter(|&(index, _)| bounds.allow(self, index))
             .collect();
-        let mut options = options(&self.twin, &joinable, requests, block_size);
-        if options.is_empty() && joinable.len() < self.sent.len() {
-            options = self::options(&self.twin, &self.sent, requests, block_size);
+        let mut found = options(&self.twin, &joinable, requests, block_size);
+        if found.is_empty() && joinable.len() < self.sent.len() {
+            found = options(&self.twin, &self.sent, requests, block_size);
         }
-        let mut ranked: Vec<(Rank, Candidate)> = options
+        let mut ranked: Vec<(Rank, Candidate)> = found
             .into_iter()
             .map(|option| (rank(&option, window), option))
             .collect();
