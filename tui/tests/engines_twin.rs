@@ -553,12 +553,24 @@ fn check_profile(output: &std::process::Output, dir: &std::path::Path) {
             "{point}"
         );
     }
-    for side in ["steps_excess_with_probe", "steps_excess_without"] {
-        assert!(
+    // The answer's steps in windows with a probe and without (the table's
+    // arrival_stretch_ms). A loaded machine can spoil every probe window of the extra
+    // rounds: CI's run of 2026-12-07, and 5 of 7 runs here beside two busy loops, found
+    // none (likely: vLLM's API server counts the answer's gaps as its output handler
+    // reaches them, and a starved one moves them out of the window). The profile then
+    // leaves the stretch out, 0 in the table, which is checked below instead; on a quiet
+    // machine both kinds are measured (every quiet run here).
+    let stretch_measured = ["steps_excess_with_probe", "steps_excess_without"]
+        .iter()
+        .all(|side| {
             beside[side]["ms"]
                 .as_array()
-                .is_some_and(|ms| !ms.is_empty()),
-            "{side}: {beside}"
+                .is_some_and(|ms| !ms.is_empty())
+        });
+    if !stretch_measured {
+        eprintln!(
+            "NOTE: no clean window beside one decode (a loaded machine): the profile \
+             leaves arrival_stretch_ms out: {beside}"
         );
     }
     assert!(
@@ -570,6 +582,9 @@ fn check_profile(output: &std::process::Output, dir: &std::path::Path) {
     match ron::from_str::<kvtwin_sim::compute::ComputeModel>(&compute).unwrap() {
         kvtwin_sim::compute::ComputeModel::Table(table) => {
             table.validate().unwrap();
+            if !stretch_measured {
+                assert_eq!(table.arrival_stretch_ms, 0.0, "a stretch nothing measured");
+            }
             assert_eq!(table.max_kv_tokens, 2048);
             assert_eq!(table.prefill_isl, [32, 256, 1024]);
             let decodes: Vec<u64> = table
