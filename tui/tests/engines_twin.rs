@@ -14,9 +14,10 @@
 //! request when its last one is answered): prompts of up to 416 tokens share steps in
 //! chunks. Which step a request joins is the machine's timing: the twin joins each a
 //! step after the answer that sent it, and, apart, follows the engine's steps (its event
-//! batches, read off its stream, say where each request that stores a block joined), so
-//! that what is compared is the cache; each total of cached tokens is printed against
-//! the acceptance's 1 % and must be within 3 % of the engine's, and every request that
+//! batches, read off its stream and stamped with the engine's clock, say where each
+//! request that stores a block joined), so that what is compared is the cache. The twin
+//! following the engine must find within 1 % of the engine's total of cached tokens (the
+//! acceptance), the fixed lag within 3 % (printed against 1 %), and every request that
 //! differs is printed.
 //!
 //! Last, `kvtwin profile --engine` measures the same engine (a small grid, two repeats):
@@ -448,33 +449,29 @@ fn the_twin_caches_and_evicts_what_a_real_engine_does_request_for_request() {
     assert_eq!(closed.twin_unserved, 0);
     assert_eq!(followed.unknown_hashes, 0, "the capture missed events");
     assert!(followed.matched_batches > 0, "{followed:?}");
-    // The acceptance's target is 1 %: met on this VM alone (0.21 % on 2026-11-27, 0.32 %
-    // on 2026-11-28, 0.00 % on 2026-11-29, where the twin following the engine made all
-    // 282 of its batches), not in the two CI runs of 2026-11-28 (1.47 and 1.67 %) nor
-    // under two busy loops (0.95 %: the engine found 30,368 tokens, the twin following
-    // it made 66 of its 273 batches before it fell out of step). Which step a request
-    // joins is the machine's timing; this asserts 3 % on both and prints which side of
-    // 1 % the twin is on (BENCHMARKS.md). CI's run of 2026-12-07 read 3.41 % for the twin
-    // following the engine: departed after 65 of its 277 batches, it held requests back
-    // for hundreds of steps; out of step, it now joins each when it is due (four captures
-    // of this VM, two under busy loops: 0.11 to 1.78 %, where that search read 0.10 to
-    // 2.33 %; the fixed lag 0.00 to 1.78 %). With the engine's clock (2026-12-07, seven
-    // captures, five under two busy loops) it made as many of the batches or more in
-    // every one, and all 303 of one loaded run's (51 without the clock): 0.00 to 0.64 %
-    // apart.
-    for (model, error) in [
-        ("a fixed lag", closed.total_error()),
+    // The acceptance's target, 1 %, is asserted on the twin following the engine with its
+    // clock: which step a request joins is the machine's timing, which the clock tells.
+    // Before the clock that follower read 0.10 to 2.33 % (CI's run of 2026-12-07: 3.41 %,
+    // out of step after 65 of 277 batches); with it, thirteen runs on this VM (nine beside
+    // two busy loops or a release build) read 0.00 to 0.64 %, seven of them following
+    // every batch the engine made (BENCHMARKS.md). The fixed lag predicts the steps
+    // without looking at the engine: 0.00 to 1.78 % on this VM, 1.47 and 1.67 % in CI's
+    // runs of 2026-11-28, so it is held to 3 % and its side of 1 % printed.
+    for (model, error, bound) in [
+        ("a fixed lag", closed.total_error(), 0.03),
         (
             "following the engine with its clock",
             followed.closed.total_error(),
+            0.01,
         ),
     ] {
         let side = if error <= 0.01 { "within" } else { "OUTSIDE" };
         eprintln!("cached tokens from {CLIENTS} clients, the twin on {model}: {side} the acceptance's 1 %");
         assert!(
-            error <= 0.03,
-            "total cached tokens, the twin on {model}: {:.2} % apart",
-            100.0 * error
+            error <= bound,
+            "total cached tokens, the twin on {model}: {:.2} % apart (bound {:.0} %)",
+            100.0 * error,
+            100.0 * bound
         );
     }
 
