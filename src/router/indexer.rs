@@ -420,7 +420,17 @@ impl KvIndexer {
                 && node.blocks[end].tokens_hash == blocks[next].tokens_hash
             {
                 let block = &blocks[next];
-                if chain_sequence_hash(previous, block.tokens_hash) != block.block_hash {
+                // The tree's block was verified when it came in: its hash is the chain
+                // of the block above it (here `previous`, which the walk has checked all
+                // the way down) and these tokens. So the event chains exactly when it
+                // names the same hash, and an equality test saves hashing every block
+                // that a worker stores again under a prefix the tree has.
+                let chains = node.blocks[end].block_hash == block.block_hash;
+                debug_assert_eq!(
+                    chains,
+                    chain_sequence_hash(previous, block.tokens_hash) == block.block_hash
+                );
+                if !chains {
                     mismatch = Some(block.block_hash);
                     break;
                 }
@@ -435,6 +445,11 @@ impl KvIndexer {
                 self.stats.chain_mismatches += 1;
                 return Err(ApplyEventError::ChainMismatch { block });
             }
+            if next == blocks.len() {
+                // Nothing left to hang: the probe below would find a place for nothing.
+                break;
+            }
+            // The re-tag may have split the run: find the last block where it now is.
             at = previous.and_then(|hash| self.tree.locate(hash));
         }
         Ok(())
