@@ -193,6 +193,55 @@ fn overlaps_are_sorted_by_worker_with_few_slots_and_with_many() {
     }
 }
 
+/// One `MatchScratch` kept across queries, as the router and the bench keep it: answers
+/// that grow, shrink and vanish, on an index of a few slots (answers written over the last
+/// one's) and one of more than `RANKED_SLOTS` (sorted), in turns, each equal to a fresh
+/// scratch's answer.
+#[test]
+fn a_reused_scratch_answers_as_a_fresh_one() {
+    let chain = chain_of(&[1, 2, 3, 4, 5, 6, 7, 8]);
+    let other = chain_of(&[50, 51]);
+    let indexes: Vec<KvIndexer> = [6u64, RANKED_SLOTS as u64 + 3]
+        .into_iter()
+        .map(|workers| {
+            let mut index = KvIndexer::new();
+            for worker in 0..workers {
+                let held = 1 + (worker % 8) as usize;
+                let event = stored(1, None, &chain[..held], Tier::Device);
+                index.apply(WorkerId::new(worker), &event).unwrap();
+            }
+            index
+                .apply(WorkerId::new(workers), &stored(1, None, &other, Tier::Host))
+                .unwrap();
+            index
+        })
+        .collect();
+    // Every worker (whoever holds the first block answers) at three depths, then none
+    // (no such prompt), then one (another prompt), then every worker again.
+    let queries = [
+        query(&[1, 2, 3, 4, 5, 6, 7, 8]),
+        query(&[1, 2, 3, 4, 5, 6, 7, 8, 9]),
+        query(&[1, 2, 3, 9]),
+        query(&[99, 1]),
+        query(&[50, 51, 52]),
+        query(&[1]),
+    ];
+    let mut scratch = MatchScratch::default();
+    let mut answers = 0;
+    for round in 0..2 {
+        for q in &queries {
+            for (i, index) in indexes.iter().enumerate() {
+                let fresh = index.find_matches(q, false).workers;
+                let reused = index.find_matches_with(q, false, &mut scratch).to_vec();
+                assert_eq!(reused, fresh, "round {round}, index {i}, query {q:?}");
+                answers += fresh.len();
+            }
+        }
+    }
+    // Per round: 4 queries answered by every worker of both indexes, one by one worker.
+    assert_eq!(answers, 2 * (4 * (6 + RANKED_SLOTS + 3) + 2), "{answers}");
+}
+
 /// The naive reference: per worker, `block_hash → (parent, tokens_hash, tiers)` and a
 /// walk from the root by `(parent, tokens_hash)`, like peer-bench's `check`.
 #[derive(Default)]

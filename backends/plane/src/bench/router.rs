@@ -254,25 +254,25 @@ impl Indexer {
         Ok(waiting > 0)
     }
 
-    /// Every worker's overlap, sorted by worker.
-    fn find_matches(
+    /// Every worker's overlap, sorted by worker: the index's own answer (in `scratch`)
+    /// on one thread, as a router reads it; the shards' answers merged into `merged`.
+    fn find_matches<'a>(
         &self,
         query: &[LocalBlockHash],
-        scratch: &mut MatchScratch,
-        merged: &mut Vec<WorkerOverlap>,
-    ) {
-        merged.clear();
+        scratch: &'a mut MatchScratch,
+        merged: &'a mut Vec<WorkerOverlap>,
+    ) -> &'a [WorkerOverlap] {
         match self {
-            Indexer::Inline(index) => {
-                merged.extend_from_slice(index.find_matches_with(query, false, scratch))
-            }
+            Indexer::Inline(index) => index.find_matches_with(query, false, scratch),
             Indexer::Sharded(shards) => {
+                merged.clear();
                 for shard in shards {
                     merged.extend_from_slice(
                         read(&shard.index).find_matches_with(query, false, scratch),
                     );
                 }
                 merged.sort_unstable_by_key(|w| w.worker);
+                merged
             }
         }
     }
@@ -364,10 +364,10 @@ pub fn run_router_bench(config: &RouterBenchConfig) -> Result<RouterBenchReport,
                     unflushed = false;
                 }
                 let start = Instant::now();
-                index.find_matches(&query, &mut scratch, &mut merged);
+                let answer = index.find_matches(&query, &mut scratch, &mut merged);
                 match_times.push(start.elapsed());
                 pairs.clear();
-                pairs.extend(merged.iter().map(|w| (w.worker.worker.get(), w.blocks)));
+                pairs.extend(answer.iter().map(|w| (w.worker.worker.get(), w.blocks)));
                 checksum.add(&mut pairs);
             }
         }
