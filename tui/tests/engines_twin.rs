@@ -302,13 +302,13 @@ fn the_twin_caches_and_evicts_what_a_real_engine_does_request_for_request() {
     // A request of its own after them marks the end of their batches.
     let marker = Draw(30).tokens(2 * BLOCK as u64);
     complete(&engine.address, &cluster.model, &marker, 1);
-    let stamped = capture.batches_before(&marker);
-    let unstamped: Vec<_> = stamped.iter().map(|(_, events)| events.clone()).collect();
+    let (stamps, unstamped): (Vec<f64>, Vec<_>) =
+        capture.batches_before(&marker).into_iter().unzip();
     let after_reset = follow::engine_batches_after_reset_indexed(&unstamped);
     let clock = follow::EngineClock {
         batch_ts: after_reset
             .iter()
-            .map(|&(index, _)| stamped[index].0)
+            .map(|&(index, _)| stamps[index])
             .collect(),
         sent_at: times.iter().map(|&(sent, _)| sent).collect(),
         answered_at: times.iter().map(|&(_, answered)| answered).collect(),

@@ -36,6 +36,13 @@ pub struct ServedRequest {
     pub cached_tokens: u64,
 }
 
+impl ServedRequest {
+    /// The prompt followed by the outputs: the tokens whose blocks the request fills.
+    pub fn sequence(&self) -> Vec<Token> {
+        self.prompt.iter().chain(&self.outputs).copied().collect()
+    }
+}
+
 /// One KV event of a real engine, with the engine's own block hashes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EngineEvent {
@@ -525,12 +532,7 @@ pub(super) fn partial_prefills(step: &super::StepOutcome, requests: &[ServedRequ
 }
 
 pub(super) fn twin_request(index: usize, served: &ServedRequest, block_size: usize) -> VllmRequest {
-    let sequence: Vec<Token> = served
-        .prompt
-        .iter()
-        .chain(&served.outputs)
-        .copied()
-        .collect();
+    let sequence = served.sequence();
     let identities = BlockIdentity::chain(&compute_local_hashes(
         &sequence,
         block_size,

@@ -567,19 +567,17 @@ fn orders(joins: &[usize]) -> Vec<(Vec<usize>, usize)> {
     if joins.len() < 2 || joins.len() > MAX_REORDERED {
         return vec![(joins.to_vec(), 0)];
     }
+    // Orders of the positions in `joins`, which is in the order of sending: a pair out
+    // of that order is a later position before an earlier one.
     let mut all = Vec::new();
-    permute(&mut joins.to_vec(), &mut Vec::new(), &mut all);
-    // `joins` is in the order of sending, so the position of each there ranks it.
-    let sent_before = |a: usize, b: usize| {
-        joins.iter().position(|&j| j == a) < joins.iter().position(|&j| j == b)
-    };
+    permute(&mut (0..joins.len()).collect(), &mut Vec::new(), &mut all);
     all.into_iter()
-        .map(|order| {
-            let inversions = (0..order.len())
-                .flat_map(|i| (i + 1..order.len()).map(move |k| (i, k)))
-                .filter(|&(i, k)| sent_before(order[k], order[i]))
+        .map(|positions| {
+            let inversions = (0..positions.len())
+                .flat_map(|i| (i + 1..positions.len()).map(move |k| (i, k)))
+                .filter(|&(i, k)| positions[i] > positions[k])
                 .count();
-            (order, inversions)
+            (positions.iter().map(|&p| joins[p]).collect(), inversions)
         })
         .collect()
 }

@@ -289,12 +289,7 @@ fn as_engine_events(requests: &[compare::ServedRequest]) -> Vec<compare::EngineE
     let mut engine = engine(65, 2048);
     let mut out = Vec::new();
     for (index, served) in requests.iter().enumerate() {
-        let sequence: Vec<u32> = served
-            .prompt
-            .iter()
-            .chain(&served.outputs)
-            .copied()
-            .collect();
+        let sequence = served.sequence();
         let ids = identities(&sequence);
         engine.add_request(request(index as u64, &served.prompt, &served.outputs));
         for step in run_all(&mut engine) {

@@ -386,12 +386,7 @@ fn requests_sent_together_may_join_in_either_order() {
     });
     let mut tokens_of = BTreeMap::new();
     for served in &served {
-        let sequence: Vec<u32> = served
-            .prompt
-            .iter()
-            .chain(&served.outputs)
-            .copied()
-            .collect();
+        let sequence = served.sequence();
         blocks_of(&sequence, &mut tokens_of);
     }
     let mut engine = VllmScheduler::new(scheduler, cache);
