@@ -401,8 +401,7 @@ impl KvIndexer {
                 Some((id, offset)) => {
                     let node = self.tree.node(id);
                     if offset + 1 < node.len() {
-                        (node.blocks[offset + 1].tokens_hash == tokens_hash)
-                            .then_some((id, offset + 1))
+                        (node.blocks.token(offset + 1) == tokens_hash).then_some((id, offset + 1))
                     } else {
                         node.child(tokens_hash).map(|c| (c, 0))
                     }
@@ -413,11 +412,12 @@ impl KvIndexer {
             };
             // The longest stretch of blocks the event shares with this run.
             let node = self.tree.node(id);
+            let (run_tokens, run_hashes) = (node.blocks.tokens(), node.blocks.hashes());
             let mut end = start;
             let mut mismatch = None;
             while next < blocks.len()
-                && end < node.len()
-                && node.blocks[end].tokens_hash == blocks[next].tokens_hash
+                && end < run_tokens.len()
+                && run_tokens[end] == blocks[next].tokens_hash.get()
             {
                 let block = &blocks[next];
                 // The tree's block was verified when it came in: its hash is the chain
@@ -425,7 +425,7 @@ impl KvIndexer {
                 // the way down) and these tokens. So the event chains exactly when it
                 // names the same hash, and an equality test saves hashing every block
                 // that a worker stores again under a prefix the tree has.
-                let chains = node.blocks[end].block_hash == block.block_hash;
+                let chains = run_hashes[end] == block.block_hash.get();
                 debug_assert_eq!(
                     chains,
                     chain_sequence_hash(previous, block.tokens_hash) == block.block_hash
@@ -538,10 +538,11 @@ impl KvIndexer {
             // Removals list leaves first: take the neighbours in the same run at once,
             // recognised in the run itself (block hashes are unique), without a probe.
             let (mut lo, mut hi) = (offset, offset + 1);
+            let run = node.blocks.hashes();
             while let Some(hash) = hashes.get(next) {
-                if lo > 0 && node.blocks[lo - 1].block_hash == *hash {
+                if lo > 0 && run[lo - 1] == hash.get() {
                     lo -= 1;
-                } else if hi < node.len() && node.blocks[hi].block_hash == *hash {
+                } else if run.get(hi) == Some(&hash.get()) {
                     hi += 1;
                 } else {
                     break;
@@ -553,10 +554,10 @@ impl KvIndexer {
             let candidate = (self.recency.is_some() && tiers & !bit == 0)
                 .then(|| {
                     if lo > 0 {
-                        Some(node.blocks[lo - 1].block_hash)
+                        Some(node.blocks.hash(lo - 1))
                     } else {
                         let parent = self.tree.node(node.parent);
-                        (node.parent != ROOT).then(|| parent.blocks[parent.len() - 1].block_hash)
+                        (node.parent != ROOT).then(|| parent.blocks.hash(parent.len() - 1))
                     }
                 })
                 .flatten();
@@ -566,12 +567,7 @@ impl KvIndexer {
             let orphans = (self.recency.is_some()
                 && tiers & !bit == 0
                 && (hi < node.len() || self.tree.has_child_held_by(id, slot)))
-            .then(|| {
-                (
-                    node.blocks[hi - 1].block_hash,
-                    node.blocks.get(hi).map(|b| b.block_hash),
-                )
-            });
+            .then(|| (node.blocks.hash(hi - 1), node.blocks.get_hash(hi)));
             let stamp = self.tree.stamp(id);
             let holders = with_tiers(&node.holders, slot, tiers & !bit);
             self.tree.retag(id, lo, hi, holders);
@@ -598,7 +594,11 @@ impl KvIndexer {
         };
         for node in self.tree.live() {
             if let Some(holder) = node.holder(slot) {
-                out.extend(node.blocks.iter().map(|b| (b.block_hash, holder.tiers())));
+                out.extend(
+                    node.blocks
+                        .hashes_of(0..node.len())
+                        .map(|b| (b, holder.tiers())),
+                );
             }
         }
         out
@@ -612,7 +612,11 @@ impl KvIndexer {
         for node in self.tree.live() {
             for holder in node.holders.iter() {
                 let blocks = by_slot.entry(holder.slot()).or_default();
-                blocks.extend(node.blocks.iter().map(|b| (b.block_hash, holder.tiers())));
+                blocks.extend(
+                    node.blocks
+                        .hashes_of(0..node.len())
+                        .map(|b| (b, holder.tiers())),
+                );
             }
         }
         self.by_key
@@ -888,7 +892,7 @@ impl KvIndexer {
                 };
                 let parent = (node.parent != ROOT).then(|| {
                     let parent = self.tree.node(node.parent);
-                    parent.blocks[parent.len() - 1].block_hash
+                    parent.blocks.hash(parent.len() - 1)
                 });
                 for tier in Tier::ALL
                     .into_iter()

@@ -342,7 +342,7 @@ impl super::KvIndexer {
                     && node.holder(slot).is_some()
                     && !self.tree.has_child_held_by(*id, slot)
             })
-            .map(|(id, node)| (self.tree.stamp(id), node.blocks[node.len() - 1].block_hash))
+            .map(|(id, node)| (self.tree.stamp(id), node.blocks.hash(node.len() - 1)))
             .collect();
         leaves.sort_unstable_by_key(|(stamp, hash)| (*stamp, hash.get()));
         leaves
@@ -389,18 +389,15 @@ impl super::KvIndexer {
             let node = self.tree.node(id);
             let len = node.len();
             let k = (need - evicted).min(len);
-            let gone: Vec<SequenceHash> = node.blocks[len - k..]
-                .iter()
-                .map(|b| b.block_hash)
-                .collect();
+            let gone: Vec<SequenceHash> = node.blocks.hashes_of(len - k..len).collect();
             // The block that becomes the leaf: the run's new end, or the parent run's
             // last block if the worker holds it (checked for other children when popped).
             let next = if k < len {
-                Some(node.blocks[len - k - 1].block_hash)
+                Some(node.blocks.hash(len - k - 1))
             } else {
                 let parent = self.tree.node(node.parent);
                 (node.parent != ROOT && parent.holder(slot).is_some())
-                    .then(|| parent.blocks[parent.len() - 1].block_hash)
+                    .then(|| parent.blocks.hash(parent.len() - 1))
             };
             let holders = with_tiers(&node.holders, slot, 0);
             self.tree.retag(id, len - k, len, holders);
@@ -455,7 +452,7 @@ impl super::KvIndexer {
             if node.holder(slot).is_none() {
                 continue;
             }
-            segments.push((node.blocks[from].block_hash, node.len() - from));
+            segments.push((node.blocks.hash(from), node.len() - from));
             stack.extend(
                 node.sorted_children()
                     .into_iter()
@@ -471,10 +468,7 @@ impl super::KvIndexer {
                 continue;
             };
             let node = self.tree.node(id);
-            let hashes: Vec<SequenceHash> = node.blocks[offset..offset + len]
-                .iter()
-                .map(|b| b.block_hash)
-                .collect();
+            let hashes: Vec<SequenceHash> = node.blocks.hashes_of(offset..offset + len).collect();
             let holders = with_tiers(&node.holders, slot, 0);
             self.tree.retag(id, offset, offset + len, holders);
             dropped += len;

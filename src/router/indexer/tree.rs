@@ -33,6 +33,9 @@ use smallvec::SmallVec;
 use std::hash::BuildHasher;
 
 mod retag;
+mod run;
+
+pub(super) use run::{NodeBlock, RunBlocks};
 
 /// Index of a node in the slab.
 pub(super) type NodeId = u32;
@@ -108,13 +111,6 @@ impl HolderMask {
     }
 }
 
-/// One block of a run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct NodeBlock {
-    pub(super) tokens_hash: LocalBlockHash,
-    pub(super) block_hash: SequenceHash,
-}
-
 /// Where a block sits: its node and its depth from the root (0 = a prompt's first
 /// block). Depths do not change when runs split or merge, so only `node` is rewritten.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,27 +124,17 @@ fn hash_of(hash: SequenceHash) -> u64 {
     rustc_hash::FxBuildHasher.hash_one(hash.get())
 }
 
-/// The block a location names, if it names one.
-fn block_at(nodes: &[Node], location: Location) -> Option<&NodeBlock> {
+/// The hash of the block a location names, if it names one.
+fn hash_at(nodes: &[Node], location: Location) -> Option<SequenceHash> {
     let node = nodes.get(location.node as usize)?;
     let offset = location.depth.checked_sub(node.depth)?;
-    node.blocks.get(offset as usize)
+    node.blocks.get_hash(offset as usize)
 }
 
 /// Forgets the position `at`, where the block `hash` was.
 fn forget(locations: &mut HashTable<Location>, at: Location, hash: SequenceHash) {
     if let Ok(entry) = locations.find_entry(hash_of(hash), |l| *l == at) {
         entry.remove();
-    }
-}
-
-/// Gives back a run's spare capacity once more than three quarters of it is unused (after
-/// a split or a cut), so that memory follows the blocks held, not the longest run ever
-/// seen. Not sooner: LRU eviction cuts a leaf a few blocks at a time, and shrinking at
-/// half reallocated on most cuts.
-fn trim(blocks: &mut SmallVec<[NodeBlock; 1]>) {
-    if blocks.capacity() > 4 * blocks.len() + 4 {
-        blocks.shrink_to_fit();
     }
 }
 
@@ -287,7 +273,7 @@ impl Children {
 /// A run of blocks with one set of holders.
 #[derive(Debug, Default)]
 pub(super) struct Node {
-    pub(super) blocks: SmallVec<[NodeBlock; 1]>,
+    pub(super) blocks: RunBlocks,
     children: Children,
     pub(super) mask: HolderMask,
     /// Read-only outside this module; change it with `set_holders`, which keeps `mask`.
@@ -323,7 +309,7 @@ impl Node {
     }
 
     fn first_tokens_hash(&self) -> LocalBlockHash {
-        self.blocks[0].tokens_hash
+        self.blocks.token(0)
     }
 }
 
@@ -444,11 +430,10 @@ impl BlockTree {
     }
 
     /// A block's node and offset inside it.
+    #[inline]
     pub(super) fn locate(&self, hash: SequenceHash) -> Option<(NodeId, usize)> {
         self.locations
-            .find(hash_of(hash), |l| {
-                block_at(&self.nodes, *l).map(|b| b.block_hash) == Some(hash)
-            })
+            .find(hash_of(hash), |l| hash_at(&self.nodes, *l) == Some(hash))
             .map(|location| {
                 let node = self.node(location.node);
                 (location.node, (location.depth - node.depth) as usize)
@@ -488,15 +473,12 @@ impl BlockTree {
     fn relabel(&mut self, old: NodeId, id: NodeId, offsets: std::ops::Range<usize>) {
         let node = &self.nodes[id as usize];
         let (from, to) = (offsets.start, offsets.end.min(node.len()));
-        for (offset, block) in node.blocks.iter().enumerate().take(to).skip(from) {
+        for (offset, hash) in (from..).zip(node.blocks.hashes_of(from..to)) {
             let before = Location {
                 node: old,
                 depth: node.depth + offset as u32,
             };
-            if let Some(location) = self
-                .locations
-                .find_mut(hash_of(block.block_hash), |l| *l == before)
-            {
+            if let Some(location) = self.locations.find_mut(hash_of(hash), |l| *l == before) {
                 location.node = id;
             }
         }
@@ -519,7 +501,7 @@ impl BlockTree {
         if move_tail_cost <= move_head_cost {
             let node = self.node_mut(id);
             let tail = Node {
-                blocks: node.blocks.drain(at..).collect(),
+                blocks: node.blocks.split_off(at),
                 holders: node.holders.clone(),
                 mask: node.mask,
                 children: std::mem::take(&mut node.children),
@@ -527,7 +509,7 @@ impl BlockTree {
                 depth: node.depth + at as u32,
             };
             let first = tail.first_tokens_hash();
-            trim(&mut node.blocks);
+            node.blocks.trim();
             let tail_id = self.alloc(tail, self.stamp(id));
             self.relabel(id, tail_id, 0..usize::MAX);
             self.set_parent_of_children(tail_id);
@@ -536,15 +518,15 @@ impl BlockTree {
         } else {
             let node = self.node_mut(id);
             let head = Node {
-                blocks: node.blocks.drain(..at).collect(),
+                blocks: node.blocks.split_front(at),
                 holders: node.holders.clone(),
                 mask: node.mask,
-                children: Children::One(node.blocks[0].tokens_hash, id),
+                children: Children::One(node.blocks.token(0), id),
                 parent: node.parent,
                 depth: node.depth,
             };
             node.depth += at as u32;
-            trim(&mut node.blocks);
+            node.blocks.trim();
             let (parent, first) = (head.parent, head.first_tokens_hash());
             let head_id = self.alloc(head, self.stamp(id));
             self.node_mut(id).parent = head_id;
@@ -570,7 +552,7 @@ impl BlockTree {
             let children = std::mem::take(&mut self.node_mut(child).children);
             let node = self.node_mut(parent);
             let from = node.len();
-            node.blocks.extend(taken);
+            node.blocks.append(&taken);
             node.children = children;
             self.release(child);
             self.relabel(child, parent, from..usize::MAX);
@@ -580,9 +562,9 @@ impl BlockTree {
             let mut blocks = std::mem::take(&mut self.node_mut(parent).blocks);
             let from_parent = blocks.len();
             let (grandparent, depth) = (self.node(parent).parent, self.node(parent).depth);
-            let first = blocks[0].tokens_hash;
+            let first = blocks.token(0);
             let node = self.node_mut(child);
-            blocks.extend(node.blocks.drain(..));
+            blocks.append(&node.blocks);
             node.blocks = blocks;
             node.parent = grandparent;
             node.depth = depth;
@@ -605,12 +587,12 @@ impl BlockTree {
                 }
                 let (parent, first, depth) = (node.parent, node.first_tokens_hash(), node.depth);
                 let blocks = std::mem::take(&mut self.node_mut(id).blocks);
-                for (offset, block) in blocks.iter().enumerate() {
+                for (offset, hash) in (0..).zip(blocks.hashes_of(0..blocks.len())) {
                     let at = Location {
                         node: id,
-                        depth: depth + offset as u32,
+                        depth: depth + offset,
                     };
-                    forget(&mut self.locations, at, block.block_hash);
+                    forget(&mut self.locations, at, hash);
                 }
                 self.node_mut(parent).children.remove(first);
                 self.release(id);
@@ -673,7 +655,7 @@ impl BlockTree {
         } else {
             let parent = self.node(target);
             let mut node = Node {
-                blocks: SmallVec::new(),
+                blocks: RunBlocks::default(),
                 holders: HolderSet::new(),
                 mask: HolderMask::default(),
                 children: Children::default(),
@@ -696,8 +678,8 @@ impl BlockTree {
             // placed, and the new location is filled in before anything reads it.
             let entry = self.locations.entry(
                 hash_of(block.block_hash),
-                |l| block_at(nodes, *l).map(|b| b.block_hash) == Some(block.block_hash),
-                |l| block_at(nodes, *l).map_or(0, |b| hash_of(b.block_hash)),
+                |l| hash_at(nodes, *l) == Some(block.block_hash),
+                |l| hash_at(nodes, *l).map_or(0, hash_of),
             );
             match entry {
                 hashbrown::hash_table::Entry::Occupied(_) => break,
@@ -754,17 +736,17 @@ impl BlockTree {
         }
         self.locations_full_capacity = self.locations.capacity();
         let (nodes, table) = (&self.nodes, &mut self.locations);
-        let rehash = |l: &Location| block_at(nodes, *l).map_or(0, |b| hash_of(b.block_hash));
+        let rehash = |l: &Location| hash_at(nodes, *l).map_or(0, hash_of);
         // The table names exactly the blocks in the runs, so walk the slab (runs in
         // memory order) rather than the table (a random read per entry to rehash it).
         for (id, node) in nodes.iter().enumerate() {
-            for (offset, block) in node.blocks.iter().enumerate() {
+            for (offset, hash) in (0..).zip(node.blocks.hashes()) {
                 let location = Location {
                     node: id as NodeId,
-                    depth: node.depth + offset as u32,
+                    depth: node.depth + offset,
                 };
                 // Room was made above, so `rehash` (for growing) is never called.
-                table.insert_unique(hash_of(block.block_hash), location, rehash);
+                table.insert_unique(hash_of(SequenceHash::new(*hash)), location, rehash);
             }
         }
         debug_assert_eq!(table.len(), entries);
@@ -807,11 +789,7 @@ impl BlockTree {
             .nodes
             .iter()
             .map(|node| {
-                let blocks = if node.blocks.spilled() {
-                    node.blocks.capacity() * std::mem::size_of::<NodeBlock>()
-                } else {
-                    0
-                };
+                let blocks = node.blocks.heap_bytes();
                 let holders = if node.holders.spilled() {
                     node.holders.capacity() * std::mem::size_of::<Holder>()
                 } else {

@@ -54,11 +54,14 @@ impl<'a> Iterator for Walk<'a, '_> {
         let id = self.current?.child(first)?;
         let node = self.tree.node(id);
         let start = self.position;
+        // The run's tokens hashes are contiguous (8 bytes a block): a long match reads
+        // half the memory it would with the sequence hashes between them.
         let matched = node
             .blocks
+            .tokens()
             .iter()
             .zip(&self.query[start..])
-            .take_while(|(block, tokens)| block.tokens_hash == **tokens)
+            .take_while(|(block, tokens)| **block == tokens.get())
             .count();
         self.position += matched;
         self.current = (matched == node.len()).then_some(node);

@@ -13,7 +13,7 @@
 //! blocks to the neighbour directly and leave the same tree (the simulator's router
 //! spent a fifth of a run in re-tags, mostly these).
 
-use super::{forget, trim, BlockTree, Children, Holder, HolderSet, Location, NodeId, ROOT};
+use super::{forget, BlockTree, Children, Holder, HolderSet, Location, NodeId, ROOT};
 
 impl BlockTree {
     /// Gives blocks `lo..hi` of `id` the holder set `holders`, splitting the run as
@@ -37,15 +37,15 @@ impl BlockTree {
             self.pairs -= (hi - lo) * lost.len();
             self.count_held(&lost, hi - lo, false);
             let node = &mut self.nodes[id as usize];
-            for (offset, block) in node.blocks[lo..].iter().enumerate() {
+            for (offset, hash) in (lo..).zip(node.blocks.hashes_of(lo..hi)) {
                 let at = Location {
                     node: id,
-                    depth: node.depth + (lo + offset) as u32,
+                    depth: node.depth + offset as u32,
                 };
-                forget(&mut self.locations, at, block.block_hash);
+                forget(&mut self.locations, at, hash);
             }
             node.blocks.truncate(lo);
-            trim(&mut node.blocks);
+            node.blocks.trim();
             return;
         }
         // The end of a run taking its only child's holders joins the child.
@@ -91,10 +91,10 @@ impl BlockTree {
             .expect("a run and its child are two runs");
         let old = node.holders.clone();
         let count = node.len() - lo;
-        node.children = Children::One(node.blocks[lo].tokens_hash, child);
+        node.children = Children::One(node.blocks.token(lo), child);
         // Shifted in place: the child keeps its allocation (it grows as its parent shrinks).
-        child_node.blocks.insert_many(0, node.blocks.drain(lo..));
-        trim(&mut node.blocks);
+        child_node.blocks.prepend_back_of(&mut node.blocks, lo);
+        node.blocks.trim();
         child_node.depth -= count as u32;
         let new = child_node.holders.clone();
         self.relabel(id, child, 0..count);
@@ -112,10 +112,10 @@ impl BlockTree {
             .expect("a run and its parent are two runs");
         let old = node.holders.clone();
         let from = parent_node.len();
-        parent_node.blocks.extend(node.blocks.drain(..hi));
-        trim(&mut node.blocks);
+        parent_node.blocks.append_front_of(&mut node.blocks, hi);
+        node.blocks.trim();
         node.depth += hi as u32;
-        parent_node.children = Children::One(node.blocks[0].tokens_hash, id);
+        parent_node.children = Children::One(node.blocks.token(0), id);
         let new = parent_node.holders.clone();
         self.relabel(id, parent, from..usize::MAX);
         self.count_change(&old, &new, hi);
