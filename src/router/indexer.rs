@@ -25,7 +25,7 @@ use crate::tokens::chain_sequence_hash;
 use budget::Recency;
 pub use budget::{IndexBudget, WorkerIndexStats};
 use std::collections::BTreeMap;
-use tree::{BlockTree, Holder, HolderSet, NodeBlock, NodeId, ROOT};
+use tree::{BlockTree, Holder, HolderChange, NodeBlock, NodeId, ROOT};
 use walk::Walk;
 
 mod budget;
@@ -205,32 +205,6 @@ fn tier_bit(tier: Tier) -> u8 {
 
 fn fastest(tiers: u8) -> usize {
     (tiers.trailing_zeros() as usize).min(3)
-}
-
-/// `holders` with `slot`'s tiers replaced by `tiers` (0 removes the slot); sorted.
-fn with_tiers(holders: &HolderSet, slot: Slot, tiers: u8) -> HolderSet {
-    let mut out = HolderSet::with_capacity(holders.len() + 1);
-    let mut placed = false;
-    for holder in holders {
-        if holder.slot() == slot {
-            placed = true;
-            if tiers != 0 {
-                out.push(Holder::new(slot, tiers));
-            }
-            continue;
-        }
-        if !placed && holder.slot() > slot {
-            placed = true;
-            if tiers != 0 {
-                out.push(Holder::new(slot, tiers));
-            }
-        }
-        out.push(*holder);
-    }
-    if !placed && tiers != 0 {
-        out.push(Holder::new(slot, tiers));
-    }
-    out
 }
 
 impl KvIndexer {
@@ -502,8 +476,11 @@ impl KvIndexer {
             self.stats.duplicate_stores += (hi - lo) as u64;
             return;
         }
-        let holders = with_tiers(&node.holders, slot, tiers | bit);
-        self.tree.retag(id, lo, hi, holders);
+        let change = HolderChange {
+            slot,
+            tiers: tiers | bit,
+        };
+        self.tree.retag(id, lo, hi, change);
     }
 
     fn remove(
@@ -569,8 +546,11 @@ impl KvIndexer {
                 && (hi < node.len() || self.tree.has_child_held_by(id, slot)))
             .then(|| (node.blocks.hash(hi - 1), node.blocks.get_hash(hi)));
             let stamp = self.tree.stamp(id);
-            let holders = with_tiers(&node.holders, slot, tiers & !bit);
-            self.tree.retag(id, lo, hi, holders);
+            let change = HolderChange {
+                slot,
+                tiers: tiers & !bit,
+            };
+            self.tree.retag(id, lo, hi, change);
             if let Some(hash) = candidate {
                 self.queue_candidate(slot, stamp, hash);
             }

@@ -31,9 +31,9 @@
 //! keeps no recency), evict a block a worker still holds a child of, or let a queue grow
 //! past twice the blocks its worker holds (it is compacted).
 
-use super::tree::{NodeId, ROOT};
+use super::tree::{HolderChange, NodeId, ROOT};
 use super::walk::Walk;
-use super::{with_tiers, Slot};
+use super::Slot;
 use crate::events::StoredBlock;
 use crate::ids::{LocalBlockHash, SequenceHash, WorkerWithDpRank};
 use rustc_hash::FxHashSet;
@@ -399,8 +399,8 @@ impl super::KvIndexer {
                 (node.parent != ROOT && parent.holder(slot).is_some())
                     .then(|| parent.blocks.hash(parent.len() - 1))
             };
-            let holders = with_tiers(&node.holders, slot, 0);
-            self.tree.retag(id, len - k, len, holders);
+            self.tree
+                .retag(id, len - k, len, HolderChange { slot, tiers: 0 });
             evicted += k;
             if let Some(recency) = self.recency.as_mut() {
                 for hash in gone {
@@ -469,8 +469,8 @@ impl super::KvIndexer {
             };
             let node = self.tree.node(id);
             let hashes: Vec<SequenceHash> = node.blocks.hashes_of(offset..offset + len).collect();
-            let holders = with_tiers(&node.holders, slot, 0);
-            self.tree.retag(id, offset, offset + len, holders);
+            let change = HolderChange { slot, tiers: 0 };
+            self.tree.retag(id, offset, offset + len, change);
             dropped += len;
             if let Some(recency) = self.recency.as_mut() {
                 for hash in hashes {

@@ -1,7 +1,8 @@
 //! The compressed radix tree under [`super::KvIndexer`]: nodes, their runs of blocks,
 //! who holds them, and the structural edits (split, merge, delete) that keep it compact.
 //!
-//! Owns: [`BlockTree`], [`Node`], [`Holder`] and the block-hash → position map.
+//! Owns: [`BlockTree`], [`Node`] and the block-hash → position map; a run's blocks are a
+//! [`RunBlocks`] (`run`), its holders a [`HolderSet`] (`holders`).
 //! Never: decides what an event means (the indexer does), or iterates a hash map into
 //! anything observable (children are sorted wherever their order shows).
 //!
@@ -32,9 +33,11 @@ type FxHashMap<K, V> = hashbrown::HashMap<K, V, rustc_hash::FxBuildHasher>;
 use smallvec::SmallVec;
 use std::hash::BuildHasher;
 
+mod holders;
 mod retag;
 mod run;
 
+pub(super) use holders::{Holder, HolderChange, HolderMask, HolderSet};
 pub(super) use run::{NodeBlock, RunBlocks};
 
 /// Index of a node in the slab.
@@ -45,71 +48,6 @@ pub(super) const ROOT: NodeId = 0;
 
 /// Marks a free slab entry (in `parent`).
 const FREE: NodeId = NodeId::MAX;
-
-const TIER_BITS: u32 = 4;
-
-/// A worker slot and the tiers (bit per `Tier::index`) it holds a run in, packed in 32
-/// bits so that holder sets of up to four workers live inside the node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Holder(u32);
-
-impl Holder {
-    /// The largest slot a holder can name.
-    pub(super) const MAX_SLOT: u32 = u32::MAX >> TIER_BITS;
-
-    pub(super) fn new(slot: u32, tiers: u8) -> Self {
-        debug_assert!(slot <= Self::MAX_SLOT && tiers != 0 && u32::from(tiers) < 1 << TIER_BITS);
-        Holder(slot << TIER_BITS | u32::from(tiers))
-    }
-
-    pub(super) fn slot(self) -> u32 {
-        self.0 >> TIER_BITS
-    }
-
-    pub(super) fn tiers(self) -> u8 {
-        (self.0 & ((1 << TIER_BITS) - 1)) as u8
-    }
-}
-
-/// The holders of a run, sorted by slot.
-pub(super) type HolderSet = SmallVec<[Holder; 4]>;
-
-/// A run's holders as a bit per slot, when every slot is under 64 and every holder has
-/// the same tiers (most clusters, most runs): a query then intersects its candidates with
-/// one AND and never reads the holder list, which for shared prefixes is on the heap.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct HolderMask {
-    /// Bit `s` set: slot `s` holds the run.
-    pub(super) slots: u64,
-    /// The tiers every holder holds it in.
-    pub(super) tiers: u8,
-    /// Whether the mask describes the holders exactly; if not, use the list.
-    pub(super) exact: bool,
-}
-
-impl Default for HolderMask {
-    /// The mask of no holders.
-    fn default() -> Self {
-        HolderMask::of(&[])
-    }
-}
-
-impl HolderMask {
-    fn of(holders: &[Holder]) -> Self {
-        let tiers = holders.first().map_or(0, |h| h.tiers());
-        let exact = holders.iter().all(|h| h.slot() < 64 && h.tiers() == tiers);
-        let slots = if exact {
-            holders.iter().fold(0, |mask, h| mask | 1 << h.slot())
-        } else {
-            0
-        };
-        HolderMask {
-            slots,
-            tiers,
-            exact,
-        }
-    }
-}
 
 /// Where a block sits: its node and its depth from the root (0 = a prompt's first
 /// block). Depths do not change when runs split or merge, so only `node` is rewritten.

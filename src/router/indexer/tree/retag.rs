@@ -13,29 +13,29 @@
 //! blocks to the neighbour directly and leave the same tree (the simulator's router
 //! spent a fifth of a run in re-tags, mostly these).
 
-use super::{forget, BlockTree, Children, Holder, HolderSet, Location, NodeId, ROOT};
+use super::{forget, BlockTree, Children, Holder, HolderChange, Location, NodeId, ROOT};
 
 impl BlockTree {
-    /// Gives blocks `lo..hi` of `id` the holder set `holders`, splitting the run as
+    /// Makes `change` to the holders of blocks `lo..hi` of `id`, splitting the run as
     /// needed and tidying up afterwards (empty leaves go, equal neighbours merge).
     pub(in crate::router::indexer) fn retag(
         &mut self,
         id: NodeId,
         lo: usize,
         hi: usize,
-        holders: HolderSet,
+        change: HolderChange,
     ) {
         let node = self.node(id);
-        if node.holders == holders {
+        let was = node.holder(change.slot).map_or(0, |h| h.tiers());
+        if was == change.tiers {
             return;
         }
         let len = node.len();
         debug_assert!(lo < hi && hi <= len);
-        // A leaf losing its last holders at the end just gets shorter.
-        if holders.is_empty() && hi == len && lo > 0 && node.children.is_empty() {
-            let lost = node.holders.clone();
-            self.pairs -= (hi - lo) * lost.len();
-            self.count_held(&lost, hi - lo, false);
+        // A leaf losing its last holder at the end just gets shorter.
+        let empties = change.tiers == 0 && node.holders.len() == 1;
+        if empties && hi == len && lo > 0 && node.children.is_empty() {
+            self.count_change(change, was, hi - lo);
             let node = &mut self.nodes[id as usize];
             for (offset, hash) in (lo..).zip(node.blocks.hashes_of(lo..hi)) {
                 let at = Location {
@@ -51,8 +51,9 @@ impl BlockTree {
         // The end of a run taking its only child's holders joins the child.
         if hi == len && lo > 0 {
             if let Some(child) = node.children.only() {
-                if self.node(child).holders == holders {
+                if change.gives(&node.holders, &self.node(child).holders) {
                     self.move_tail_into_child(id, lo, child);
+                    self.count_change(change, was, hi - lo);
                     return;
                 }
             }
@@ -62,8 +63,9 @@ impl BlockTree {
         if lo == 0 && hi < len && node.parent != ROOT {
             let parent = node.parent;
             let p = self.node(parent);
-            if p.children.only() == Some(id) && p.holders == holders {
+            if p.children.only() == Some(id) && change.gives(&node.holders, &p.holders) {
                 self.move_head_into_parent(id, hi, parent);
+                self.count_change(change, was, hi);
                 return;
             }
         }
@@ -75,9 +77,11 @@ impl BlockTree {
             middle = self.split(middle, lo).1;
         }
         let len = self.node(middle).len();
-        let old = std::mem::take(&mut self.node_mut(middle).holders);
-        self.count_change(&old, &holders, len);
-        self.node_mut(middle).set_holders(holders);
+        self.count_change(change, was, len);
+        let node = self.node_mut(middle);
+        let mut holders = std::mem::take(&mut node.holders);
+        change.apply(&mut holders);
+        node.set_holders(holders);
         self.normalize(middle);
     }
 
@@ -89,16 +93,13 @@ impl BlockTree {
             .nodes
             .get_disjoint_mut([id as usize, child as usize])
             .expect("a run and its child are two runs");
-        let old = node.holders.clone();
         let count = node.len() - lo;
         node.children = Children::One(node.blocks.token(lo), child);
         // Shifted in place: the child keeps its allocation (it grows as its parent shrinks).
         child_node.blocks.prepend_back_of(&mut node.blocks, lo);
         node.blocks.trim();
         child_node.depth -= count as u32;
-        let new = child_node.holders.clone();
         self.relabel(id, child, 0..count);
-        self.count_change(&old, &new, count);
     }
 
     /// Moves blocks `..hi` of `id` to the end of `parent`, of which `id` is the only
@@ -110,15 +111,12 @@ impl BlockTree {
             .nodes
             .get_disjoint_mut([id as usize, parent as usize])
             .expect("a run and its parent are two runs");
-        let old = node.holders.clone();
         let from = parent_node.len();
         parent_node.blocks.append_front_of(&mut node.blocks, hi);
         node.blocks.trim();
         node.depth += hi as u32;
         parent_node.children = Children::One(node.blocks.token(0), id);
-        let new = parent_node.holders.clone();
         self.relabel(id, parent, from..usize::MAX);
-        self.count_change(&old, &new, hi);
     }
 
     /// Gives `into`, which takes blocks of `from`, the later of their two stamps, as a
@@ -130,27 +128,21 @@ impl BlockTree {
         }
     }
 
-    /// Counts `len` blocks going from holders `old` to `new`: the pairs, and the blocks
-    /// held by each slot that left or joined (both lists sorted by slot: one merge).
-    fn count_change(&mut self, old: &[Holder], new: &[Holder], len: usize) {
-        self.pairs = self.pairs + len * new.len() - len * old.len();
-        let (mut i, mut j) = (0, 0);
-        while i < old.len() || j < new.len() {
-            let (o, n) = (old.get(i).map(|h| h.slot()), new.get(j).map(|h| h.slot()));
-            match (o, n) {
-                (Some(o), Some(n)) if o == n => {
-                    i += 1;
-                    j += 1;
-                }
-                (Some(o), n) if n.is_none_or(|n| o < n) => {
-                    self.count_held(&old[i..=i], len, false);
-                    i += 1;
-                }
-                _ => {
-                    self.count_held(&new[j..=j], len, true);
-                    j += 1;
-                }
+    /// Counts `len` blocks whose slot `change.slot` held them in tiers `was` and now in
+    /// `change.tiers`: the pairs, and the blocks the slot holds, change only when it
+    /// joins or leaves.
+    fn count_change(&mut self, change: HolderChange, was: u8, len: usize) {
+        let holder = [Holder::new(change.slot, was.max(change.tiers))];
+        match (was != 0, change.tiers != 0) {
+            (false, true) => {
+                self.pairs += len;
+                self.count_held(&holder, len, true);
             }
+            (true, false) => {
+                self.pairs -= len;
+                self.count_held(&holder, len, false);
+            }
+            _ => {}
         }
     }
 }
