@@ -297,7 +297,7 @@ impl RunBlocks {
         other.truncate(from);
     }
 
-    /// Keeps the first `len` blocks.
+    /// Keeps the first `keep` blocks.
     pub(in crate::router::indexer) fn truncate(&mut self, keep: usize) {
         if keep >= self.len() {
             return;
