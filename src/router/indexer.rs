@@ -574,11 +574,7 @@ impl KvIndexer {
         };
         for node in self.tree.live() {
             if let Some(holder) = node.holder(slot) {
-                out.extend(
-                    node.blocks
-                        .hashes_of(0..node.len())
-                        .map(|b| (b, holder.tiers())),
-                );
+                out.extend(node.blocks.hashes_of(..).map(|b| (b, holder.tiers())));
             }
         }
         out
@@ -592,11 +588,7 @@ impl KvIndexer {
         for node in self.tree.live() {
             for holder in node.holders.iter() {
                 let blocks = by_slot.entry(holder.slot()).or_default();
-                blocks.extend(
-                    node.blocks
-                        .hashes_of(0..node.len())
-                        .map(|b| (b, holder.tiers())),
-                );
+                blocks.extend(node.blocks.hashes_of(..).map(|b| (b, holder.tiers())));
             }
         }
         self.by_key

@@ -309,18 +309,16 @@ impl BlockTree {
         self.held.get(slot as usize).copied().unwrap_or(0)
     }
 
-    /// Counts `len` blocks more (`gained`) or fewer for every slot of `holders`.
-    fn count_held(&mut self, holders: &[Holder], len: usize, gained: bool) {
-        for holder in holders {
-            let slot = holder.slot() as usize;
-            if self.held.len() <= slot {
-                self.held.resize(slot + 1, 0);
-            }
-            if gained {
-                self.held[slot] += len;
-            } else {
-                self.held[slot] -= len;
-            }
+    /// Counts `len` blocks more (`gained`) or fewer held by `slot`.
+    fn count_held(&mut self, slot: u32, len: usize, gained: bool) {
+        let slot = slot as usize;
+        if self.held.len() <= slot {
+            self.held.resize(slot + 1, 0);
+        }
+        if gained {
+            self.held[slot] += len;
+        } else {
+            self.held[slot] -= len;
         }
     }
 
@@ -525,7 +523,7 @@ impl BlockTree {
                 }
                 let (parent, first, depth) = (node.parent, node.first_tokens_hash(), node.depth);
                 let blocks = std::mem::take(&mut self.node_mut(id).blocks);
-                for (offset, hash) in (0..).zip(blocks.hashes_of(0..blocks.len())) {
+                for (offset, hash) in (0..).zip(blocks.hashes_of(..)) {
                     let at = Location {
                         node: id,
                         depth: depth + offset,
@@ -637,7 +635,7 @@ impl BlockTree {
             self.node_mut(target).children.insert(first, id);
         }
         self.pairs += added;
-        self.count_held(&[holder], added, true);
+        self.count_held(holder.slot(), added, true);
         added
     }
 

@@ -13,7 +13,7 @@
 //! blocks to the neighbour directly and leave the same tree (the simulator's router
 //! spent a fifth of a run in re-tags, mostly these).
 
-use super::{forget, BlockTree, Children, Holder, HolderChange, Location, NodeId, ROOT};
+use super::{forget, BlockTree, Children, HolderChange, Location, NodeId, ROOT};
 
 impl BlockTree {
     /// Makes `change` to the holders of blocks `lo..hi` of `id`, splitting the run as
@@ -132,15 +132,14 @@ impl BlockTree {
     /// `change.tiers`: the pairs, and the blocks the slot holds, change only when it
     /// joins or leaves.
     fn count_change(&mut self, change: HolderChange, was: u8, len: usize) {
-        let holder = [Holder::new(change.slot, was.max(change.tiers))];
         match (was != 0, change.tiers != 0) {
             (false, true) => {
                 self.pairs += len;
-                self.count_held(&holder, len, true);
+                self.count_held(change.slot, len, true);
             }
             (true, false) => {
                 self.pairs -= len;
-                self.count_held(&holder, len, false);
+                self.count_held(change.slot, len, false);
             }
             _ => {}
         }

@@ -113,11 +113,12 @@ impl RunBlocks {
         Some(SequenceHash::new(word))
     }
 
-    /// The sequence hashes of blocks `range`.
+    /// The sequence hashes of blocks `range` (`..` for all).
     pub(in crate::router::indexer) fn hashes_of(
         &self,
-        range: std::ops::Range<usize>,
+        range: impl std::ops::RangeBounds<usize>,
     ) -> impl Iterator<Item = SequenceHash> + '_ {
+        let range = (range.start_bound().cloned(), range.end_bound().cloned());
         self.hashes()[range].iter().map(|h| SequenceHash::new(*h))
     }
 
