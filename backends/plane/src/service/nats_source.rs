@@ -57,13 +57,13 @@ pub fn decode_message(
 ) -> Result<Vec<WorkerEvent>, &'static str> {
     if payload.first() == Some(&b'{') {
         let event = RouterEvent::from_json(payload, limits).map_err(|error| error.reason())?;
-        Ok(vec![event.to_worker_event()])
+        Ok(vec![event.into_worker_event()])
     } else {
         let envelope = Envelope::decode(payload, limits).map_err(|error| error.reason())?;
         Ok(envelope
             .events
-            .iter()
-            .map(RouterEvent::to_worker_event)
+            .into_iter()
+            .map(RouterEvent::into_worker_event)
             .collect())
     }
 }

@@ -224,7 +224,14 @@ impl RouterEvent {
     /// translated per worker into kvtwin's chained hashes by `EngineHashes`. Right for
     /// any publisher, the relay of a vLLM engine included.
     pub fn to_worker_event(&self) -> WorkerEvent {
-        let data = match &self.event.data {
+        self.clone().into_worker_event()
+    }
+
+    /// [`RouterEvent::to_worker_event`] by value: the block lists are converted where
+    /// they lie (a block and its pair have one size), so the router's decode of an
+    /// envelope allocates each list once.
+    pub fn into_worker_event(self) -> WorkerEvent {
+        let data = match self.event.data {
             KvCacheEventData::Stored {
                 parent_hash,
                 blocks,
@@ -232,14 +239,14 @@ impl RouterEvent {
             } => WorkerEventData::Stored {
                 parent: parent_hash.map(SequenceHash::get),
                 blocks: blocks
-                    .iter()
+                    .into_iter()
                     .map(|block| (block.block_hash.get(), block.tokens_hash))
                     .collect(),
-                tier: *tier,
+                tier,
             },
             KvCacheEventData::Removed { block_hashes, tier } => WorkerEventData::Removed {
-                hashes: block_hashes.iter().map(|hash| hash.get()).collect(),
-                tier: *tier,
+                hashes: block_hashes.into_iter().map(SequenceHash::get).collect(),
+                tier,
             },
             KvCacheEventData::Cleared => WorkerEventData::Cleared,
         };
@@ -410,6 +417,7 @@ mod tests {
         for (router, mut worker_event) in routed.iter().zip(direct) {
             worker_event.event_id = router.event.event_id;
             assert_eq!(router.to_worker_event(), worker_event);
+            assert_eq!(router.clone().into_worker_event(), worker_event);
             assert_eq!(WorkerEvent::from(router), worker_event);
         }
     }

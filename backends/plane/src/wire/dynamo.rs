@@ -517,11 +517,13 @@ fn write_router_event(out: &mut Vec<u8>, event: &RouterEvent) {
             write_opt_hash(out, *parent_hash);
             msgpack::write_str(out, "blocks");
             msgpack::write_array_len(out, blocks.len());
+            // At most 42 bytes a block: the map header and keys, two 9-byte integers.
+            out.reserve(blocks.len() * (BLOCK_HEAD.len() + TOKENS_HASH_KEY.len() + 18));
             for block in blocks {
-                msgpack::write_map_len(out, 2, false);
-                msgpack::write_str(out, "block_hash");
+                // The bytes `write_map_len(2)` and `write_str` would write, as constants.
+                out.extend_from_slice(BLOCK_HEAD);
                 msgpack::write_uint(out, block.block_hash.get());
-                msgpack::write_str(out, "tokens_hash");
+                out.extend_from_slice(TOKENS_HASH_KEY);
                 msgpack::write_uint(out, block.tokens_hash.get());
             }
         }
@@ -758,7 +760,30 @@ fn decode_stored(
     ))
 }
 
+/// A block's map header and first key as every encoder of this format writes them
+/// (kvtwin's, and rmp-serde's for Dynamo's struct): two entries, `block_hash` first.
+const BLOCK_HEAD: &[u8] = b"\x82\xaablock_hash";
+
+/// The second key of a block as those encoders write it.
+const TOKENS_HASH_KEY: &[u8] = b"\xabtokens_hash";
+
 fn decode_block(reader: &mut Reader<'_>) -> Result<StoredBlock, WireError> {
+    // Blocks are most of an envelope's bytes, and nearly always in the shape above: two
+    // byte compares and two integers. Anything else (another order, more keys, other
+    // widths) goes back to where the block began and takes the general path, which
+    // reads the same bytes to the same result or the same error.
+    let start = reader.position();
+    if reader.eat(BLOCK_HEAD) {
+        let block_hash = reader.int()?.bits();
+        if reader.eat(TOKENS_HASH_KEY) {
+            let tokens_hash = reader.int()?.bits();
+            return Ok(StoredBlock {
+                block_hash: SequenceHash::new(block_hash),
+                tokens_hash: LocalBlockHash::new(tokens_hash),
+            });
+        }
+        reader.rewind(start);
+    }
     let (mut block_hash, mut tokens_hash) = (None, None);
     for _ in 0..reader.map_len()? {
         if !string_key_next(reader)? {
@@ -897,6 +922,92 @@ mod tests {
                 .unwrap_err()
                 .reason(),
             "oversized"
+        );
+    }
+
+    /// A block map of `entries`, each a key and either an integer or a string value.
+    fn block_bytes(entries: &[(&str, Result<u64, &str>)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        msgpack::write_map_len(&mut out, entries.len(), false);
+        for (key, value) in entries {
+            msgpack::write_str(&mut out, key);
+            match value {
+                Ok(number) => msgpack::write_uint(&mut out, *number),
+                Err(text) => msgpack::write_str(&mut out, text),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_block_decodes_alike_in_the_common_shape_and_any_other() {
+        let decode = |bytes: &[u8]| {
+            let mut reader = Reader::new(bytes);
+            decode_block(&mut reader).map(|block| {
+                assert!(reader.is_at_end(), "the whole block is read");
+                (block.block_hash.get(), block.tokens_hash.get())
+            })
+        };
+        let (big, small) = (u64::MAX - 3, 5);
+        // The shape the fast path takes, with 64-bit and one-byte integers.
+        let common = block_bytes(&[("block_hash", Ok(big)), ("tokens_hash", Ok(small))]);
+        assert!(common.starts_with(BLOCK_HEAD), "the fast path's shape");
+        // ... which is what the envelope encoder writes, from its constants.
+        let mut event = stored_event();
+        if let KvCacheEventData::Stored { blocks, .. } = &mut event.event.data {
+            blocks[0] = StoredBlock {
+                block_hash: SequenceHash::new(big),
+                tokens_hash: LocalBlockHash::new(small),
+            };
+        }
+        let mut encoded = Vec::new();
+        Envelope::encode_events(1, 0, 0, Envelope::TOPIC, &[event], &mut encoded);
+        assert!(encoded
+            .windows(common.len())
+            .any(|w| w == common.as_slice()));
+        assert_eq!(decode(&common), Ok((big, small)));
+        // Other orders and extra keys take the general path to the same block.
+        for entries in [
+            vec![("tokens_hash", Ok(small)), ("block_hash", Ok(big))],
+            vec![
+                ("block_hash", Ok(big)),
+                ("mm_extra_info", Ok(1)),
+                ("tokens_hash", Ok(small)),
+            ],
+            vec![
+                ("block_hash", Ok(big)),
+                ("tokens_hash", Ok(small)),
+                ("extra", Err("x")),
+            ],
+        ] {
+            assert_eq!(
+                decode(&block_bytes(&entries)),
+                Ok((big, small)),
+                "{entries:?}"
+            );
+        }
+        // Errors name the same offset either way: a string where the hash should be
+        // (after the 12 bytes of map header and first key), a block cut short.
+        let bad = block_bytes(&[("block_hash", Err("x")), ("tokens_hash", Ok(small))]);
+        assert_eq!(
+            decode(&bad),
+            Err(WireError::UnexpectedType {
+                offset: BLOCK_HEAD.len(),
+                expected: "an integer"
+            })
+        );
+        assert_eq!(
+            decode(&common[..BLOCK_HEAD.len() + 4]),
+            Err(WireError::MalformedMsgpack {
+                offset: BLOCK_HEAD.len()
+            })
+        );
+        let missing = block_bytes(&[("block_hash", Ok(big)), ("other", Ok(small))]);
+        assert_eq!(
+            decode(&missing),
+            Err(WireError::MissingField {
+                field: "tokens_hash"
+            })
         );
     }
 

@@ -116,6 +116,10 @@ impl<'a> Reader<'a> {
     /// A big-endian unsigned integer of `n` (1, 2, 4 or 8) bytes after `skip` bytes.
     fn be_at(&self, skip: usize, n: usize) -> Result<u64, WireError> {
         let bytes = self.bytes_at(skip, n)?;
+        // One load for the 64-bit case (block hashes, most of a batch's integers).
+        if let Ok(word) = <[u8; 8]>::try_from(bytes) {
+            return Ok(u64::from_be_bytes(word));
+        }
         Ok(bytes
             .iter()
             .fold(0u64, |value, byte| (value << 8) | u64::from(*byte)))
@@ -125,6 +129,18 @@ impl<'a> Reader<'a> {
     fn len_at(&self, n: usize) -> Result<usize, WireError> {
         // At most 32 bits: fits usize on every platform this crate builds for.
         Ok(self.be_at(1, n)? as usize)
+    }
+
+    /// Consumes `bytes` if they are exactly what comes next; whether it did. For a
+    /// decoder's fast path over an encoding it expects byte for byte.
+    #[inline]
+    pub(crate) fn eat(&mut self, bytes: &[u8]) -> bool {
+        let rest = &self.buf[self.pos..];
+        if rest.starts_with(bytes) {
+            self.pos += bytes.len();
+            return true;
+        }
+        false
     }
 
     /// Consumes a nil if one is next; whether it did.
@@ -231,10 +247,20 @@ impl<'a> Reader<'a> {
     /// An unsigned integer that fits a `u32` (token ids, block sizes, ranks); `field`
     /// names it in the error.
     pub(crate) fn u32(&mut self, field: &'static str) -> Result<u32, WireError> {
-        // Token ids dominate a batch: one marker test for the common single-byte case.
-        if let Some(&marker @ 0x00..=0x7f) = self.buf.get(self.pos) {
-            self.pos += 1;
-            return Ok(u32::from(marker));
+        // Token ids dominate a batch: the widths they come in (a vocabulary past 128
+        // entries writes most as 16 or 32 bits) are read here from one slice; anything
+        // else, a truncated value included, takes `int` to the same result or error.
+        let rest = self.buf.get(self.pos..).unwrap_or_default();
+        let (width, value) = match *rest {
+            [marker @ 0x00..=0x7f, ..] => (1, u32::from(marker)),
+            [0xcc, byte, ..] => (2, u32::from(byte)),
+            [0xcd, a, b, ..] => (3, u32::from(u16::from_be_bytes([a, b]))),
+            [0xce, a, b, c, d, ..] => (5, u32::from_be_bytes([a, b, c, d])),
+            _ => (0, 0),
+        };
+        if width > 0 {
+            self.pos += width;
+            return Ok(value);
         }
         self.int()?
             .to_u32()
@@ -489,6 +515,53 @@ mod tests {
         // A signed encoding of a non-negative value reads as unsigned.
         let mut reader = Reader::new(&[0xd3, 0, 0, 0, 0, 0, 0, 0, 7]);
         assert_eq!(reader.int().unwrap(), Int::Unsigned(7));
+    }
+
+    #[test]
+    fn u32_reads_every_width_as_int_does_truncated_ones_included() {
+        // What `u32` must give: `int`'s value when it fits, at the same position.
+        let reference = |bytes: &[u8]| {
+            let mut reader = Reader::new(bytes);
+            let value = reader.int().and_then(|int| {
+                int.to_u32()
+                    .ok_or(WireError::IntegerRange { field: "token_ids" })
+            });
+            (value, reader.position())
+        };
+        let mut encodings = Vec::new();
+        for value in [
+            0,
+            1,
+            127,
+            128,
+            255,
+            256,
+            65_535,
+            65_536,
+            u64::from(u32::MAX),
+        ]
+        .into_iter()
+        .chain([u64::from(u32::MAX) + 1, u64::MAX])
+        {
+            let mut out = Vec::new();
+            write_uint(&mut out, value);
+            encodings.push(out);
+        }
+        for value in [-1, -200, 7] {
+            let mut out = Vec::new();
+            write_int(&mut out, value);
+            encodings.push(out);
+        }
+        encodings.push(vec![0xd1, 0, 9]);
+        encodings.push(vec![0xa1, b'x']);
+        for encoding in &encodings {
+            for end in 0..=encoding.len() {
+                let bytes = &encoding[..end];
+                let mut reader = Reader::new(bytes);
+                let got = (reader.u32("token_ids"), reader.position());
+                assert_eq!(got, reference(bytes), "{bytes:02x?}");
+            }
+        }
     }
 
     #[test]
