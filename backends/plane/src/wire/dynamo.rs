@@ -15,7 +15,7 @@
 //! Never: allocate per block beyond the output vectors, panic on input, or guess a tier
 //! name it does not know.
 
-use super::msgpack::{self, Reader};
+use super::msgpack::{self, Key, Reader};
 use super::{bounded_name, DecodeLimits, WireError};
 use kvtwin::events::{KvCacheEvent, KvCacheEventData, StoredBlock};
 use kvtwin::ids::{LocalBlockHash, SequenceHash, WorkerId};
@@ -55,6 +55,25 @@ fn tier_of(name: &str) -> Result<Tier, WireError> {
     storage_tier(name).ok_or_else(|| WireError::UnknownStorageTier {
         name: bounded_name(name),
     })
+}
+
+/// [`tier_of`] a msgpack string, compared as bytes (checked as UTF-8 only when it names
+/// no tier).
+fn tier_of_key(name: Key<'_>) -> Result<Tier, WireError> {
+    match Tier::ALL
+        .into_iter()
+        .find(|tier| storage_tier_name(*tier).as_bytes() == name.bytes)
+    {
+        Some(tier) => Ok(tier),
+        None => tier_of(name.text()?),
+    }
+}
+
+/// Skips the value of a key no field of ours has, once the key is known to be UTF-8
+/// (the keys matched before it are ASCII, so only these need the check).
+fn skip_value_of(key: Key<'_>, reader: &mut Reader<'_>) -> Result<(), WireError> {
+    key.text()?;
+    reader.skip()
 }
 
 impl RouterEvent {
@@ -447,13 +466,14 @@ impl Envelope {
                 reader.skip()?;
                 continue;
             }
-            match reader.str()? {
-                "publisher_id" => publisher_id = Some(reader.int()?.bits()),
-                "sequence" => sequence = Some(reader.int()?.bits()),
-                "published_at" => published_at_ms = Some(reader.int()?.bits()),
-                "topic" => topic = Some(reader.str()?),
-                "payload" => payload = Some((reader.position(), reader.bin()?)),
-                _ => reader.skip()?,
+            let key = reader.key()?;
+            match key.bytes {
+                b"publisher_id" => publisher_id = Some(reader.int()?.bits()),
+                b"sequence" => sequence = Some(reader.int()?.bits()),
+                b"published_at" => published_at_ms = Some(reader.int()?.bits()),
+                b"topic" => topic = Some(reader.str()?),
+                b"payload" => payload = Some((reader.position(), reader.bin()?)),
+                _ => skip_value_of(key, &mut reader)?,
             }
         }
         if !reader.is_at_end() {
@@ -593,15 +613,16 @@ fn decode_router_event(
         if !string_key_next(reader)? {
             continue;
         }
-        match reader.str()? {
-            "worker_id" => worker_id = Some(reader.int()?.bits()),
-            "storage_tier" => {
+        let key = reader.key()?;
+        match key.bytes {
+            b"worker_id" => worker_id = Some(reader.int()?.bits()),
+            b"storage_tier" => {
                 if !reader.try_nil()? {
-                    tier = tier_of(reader.str()?)?;
+                    tier = tier_of_key(reader.key()?)?;
                 }
             }
-            "event" => event = Some(decode_event(reader, limits, blocks_left)?),
-            _ => reader.skip()?,
+            b"event" => event = Some(decode_event(reader, limits, blocks_left)?),
+            _ => skip_value_of(key, reader)?,
         }
     }
     let worker_id = worker_id.ok_or(WireError::MissingField { field: "worker_id" })?;
@@ -635,11 +656,12 @@ fn decode_event(
         if !string_key_next(reader)? {
             continue;
         }
-        match reader.str()? {
-            "event_id" => event_id = Some(reader.int()?.bits()),
-            "dp_rank" => dp_rank = reader.u32("dp_rank")?,
-            "data" => data = Some(decode_data(reader, limits, blocks_left)?),
-            _ => reader.skip()?,
+        let key = reader.key()?;
+        match key.bytes {
+            b"event_id" => event_id = Some(reader.int()?.bits()),
+            b"dp_rank" => dp_rank = reader.u32("dp_rank")?,
+            b"data" => data = Some(decode_data(reader, limits, blocks_left)?),
+            _ => skip_value_of(key, reader)?,
         }
     }
     Ok((
@@ -673,10 +695,11 @@ fn decode_data(
     blocks_left: &mut usize,
 ) -> Result<Data, WireError> {
     if reader.at_str() {
-        return match reader.str()? {
-            "cleared" => Ok(Data::Cleared),
-            other => Err(WireError::UnknownEventType {
-                name: bounded_name(other),
+        let name = reader.key()?;
+        return match name.bytes {
+            b"cleared" => Ok(Data::Cleared),
+            _ => Err(WireError::UnknownEventType {
+                name: bounded_name(name.text()?),
             }),
         };
     }
@@ -686,22 +709,23 @@ fn decode_data(
         if !string_key_next(reader)? {
             continue;
         }
-        let kind = reader.str()?;
+        let kind = reader.key()?;
         if data.is_some() {
             // An externally tagged enum has one key; more are ignored.
-            reader.skip()?;
+            skip_value_of(kind, reader)?;
             continue;
         }
-        data = Some(match kind {
-            "stored" => decode_stored(reader, limits, blocks_left)?,
-            "removed" => {
+        data = Some(match kind.bytes {
+            b"stored" => decode_stored(reader, limits, blocks_left)?,
+            b"removed" => {
                 let mut hashes = None;
                 for _ in 0..reader.map_len()? {
                     if !string_key_next(reader)? {
                         continue;
                     }
-                    if reader.str()? != "block_hashes" {
-                        reader.skip()?;
+                    let key = reader.key()?;
+                    if key.bytes != b"block_hashes" {
+                        skip_value_of(key, reader)?;
                         continue;
                     }
                     let len = take_blocks(reader, limits, blocks_left)?;
@@ -715,9 +739,9 @@ fn decode_data(
                     field: "block_hashes",
                 })?)
             }
-            other => {
+            _ => {
                 return Err(WireError::UnknownEventType {
-                    name: bounded_name(other),
+                    name: bounded_name(kind.text()?),
                 })
             }
         });
@@ -735,15 +759,16 @@ fn decode_stored(
         if !string_key_next(reader)? {
             continue;
         }
-        match reader.str()? {
-            "parent_hash" => {
+        let key = reader.key()?;
+        match key.bytes {
+            b"parent_hash" => {
                 parent = if reader.try_nil()? {
                     None
                 } else {
                     Some(SequenceHash::new(reader.int()?.bits()))
                 }
             }
-            "blocks" => {
+            b"blocks" => {
                 let len = take_blocks(reader, limits, blocks_left)?;
                 let mut list = Vec::with_capacity(len);
                 for _ in 0..len {
@@ -751,7 +776,7 @@ fn decode_stored(
                 }
                 blocks = Some(list);
             }
-            _ => reader.skip()?,
+            _ => skip_value_of(key, reader)?,
         }
     }
     Ok(Data::Stored(
@@ -789,10 +814,11 @@ fn decode_block(reader: &mut Reader<'_>) -> Result<StoredBlock, WireError> {
         if !string_key_next(reader)? {
             continue;
         }
-        match reader.str()? {
-            "block_hash" => block_hash = Some(reader.int()?.bits()),
-            "tokens_hash" => tokens_hash = Some(reader.int()?.bits()),
-            _ => reader.skip()?,
+        let key = reader.key()?;
+        match key.bytes {
+            b"block_hash" => block_hash = Some(reader.int()?.bits()),
+            b"tokens_hash" => tokens_hash = Some(reader.int()?.bits()),
+            _ => skip_value_of(key, reader)?,
         }
     }
     Ok(StoredBlock {
@@ -1009,6 +1035,70 @@ mod tests {
                 field: "tokens_hash"
             })
         );
+    }
+
+    #[test]
+    fn unknown_keys_and_names_are_still_checked_as_utf8() {
+        let limits = DecodeLimits::default();
+        let not_utf8 = "\u{0}\u{0}";
+        // A block with an extra key, a storage tier and a data kind, each first written
+        // with a placeholder name, then made invalid UTF-8 in place.
+        let envelope_with = |key: &str, tier: &str, kind: &str| {
+            let mut payload = Vec::new();
+            msgpack::write_array_len(&mut payload, 1);
+            msgpack::write_map_len(&mut payload, 3, false);
+            msgpack::write_str(&mut payload, "worker_id");
+            msgpack::write_uint(&mut payload, 1);
+            msgpack::write_str(&mut payload, "storage_tier");
+            msgpack::write_str(&mut payload, tier);
+            msgpack::write_str(&mut payload, "event");
+            msgpack::write_map_len(&mut payload, 2, false);
+            msgpack::write_str(&mut payload, "event_id");
+            msgpack::write_uint(&mut payload, 1);
+            msgpack::write_str(&mut payload, "data");
+            msgpack::write_map_len(&mut payload, 1, false);
+            msgpack::write_str(&mut payload, kind);
+            msgpack::write_map_len(&mut payload, 2, false);
+            msgpack::write_str(&mut payload, "parent_hash");
+            msgpack::write_nil(&mut payload);
+            msgpack::write_str(&mut payload, "blocks");
+            msgpack::write_array_len(&mut payload, 1);
+            payload.extend(block_bytes(&[
+                ("block_hash", Ok(1)),
+                (key, Ok(2)),
+                ("tokens_hash", Ok(3)),
+            ]));
+            // The placeholder's two NUL bytes become 0xff 0xfe: not UTF-8.
+            if let Some(at) = payload.windows(2).position(|w| w == [0, 0]) {
+                payload[at..at + 2].copy_from_slice(&[0xff, 0xfe]);
+            }
+            let mut out = Vec::new();
+            msgpack::write_map_len(&mut out, 3, false);
+            msgpack::write_str(&mut out, "publisher_id");
+            msgpack::write_uint(&mut out, 1);
+            msgpack::write_str(&mut out, "sequence");
+            msgpack::write_uint(&mut out, 0);
+            msgpack::write_str(&mut out, "payload");
+            msgpack::write_bin(&mut out, &payload);
+            out
+        };
+        let decoded = Envelope::decode(&envelope_with("extra", "host_pinned", "stored"), &limits);
+        assert_eq!(decoded.unwrap().events[0].storage_tier(), Tier::Host);
+        for (key, tier, kind) in [
+            (not_utf8, "device", "stored"),
+            ("extra", not_utf8, "stored"),
+            ("extra", "device", not_utf8),
+        ] {
+            let error = Envelope::decode(&envelope_with(key, tier, kind), &limits).unwrap_err();
+            assert!(
+                matches!(error, WireError::MalformedMsgpack { .. }),
+                "{key:?} {tier:?} {kind:?}: {error:?}"
+            );
+        }
+        let error = Envelope::decode(&envelope_with("extra", "tape", "stored"), &limits);
+        assert!(matches!(error, Err(WireError::UnknownStorageTier { ref name }) if name == "tape"));
+        let error = Envelope::decode(&envelope_with("extra", "device", "moved"), &limits);
+        assert!(matches!(error, Err(WireError::UnknownEventType { ref name }) if name == "moved"));
     }
 
     #[test]

@@ -22,7 +22,7 @@
 
 use super::extra_keys::{read_extra_keys, write_extra_keys, BlockExtraKeys};
 use super::frames::{LiveMessage, ReplayReply};
-use super::msgpack::{self, Reader};
+use super::msgpack::{self, Key, Reader};
 use super::{bounded_name, DecodeLimits, WireError};
 use kvtwin::tier::Tier;
 
@@ -287,23 +287,28 @@ const REMOVED_POSITIONS: [Field; 4] = [
     Field::SpecKind,
 ];
 
-fn field_of_key(key: &str) -> Field {
-    match key {
-        "block_hashes" => Field::BlockHashes,
-        "parent_block_hash" => Field::Parent,
-        "token_ids" => Field::TokenIds,
-        "block_size" => Field::BlockSize,
-        "lora_id" => Field::LoraId,
-        "medium" => Field::Medium,
-        "lora_name" => Field::LoraName,
-        "extra_keys" => Field::ExtraKeys,
-        "cache_salt" => Field::CacheSalt,
-        "group_idx" => Field::GroupIdx,
-        "kv_cache_spec_kind" => Field::SpecKind,
+/// The field a map key names; an unknown key is checked to be UTF-8 (known ones are
+/// ASCII, so matching one proves it).
+fn field_of_key(key: Key<'_>) -> Result<Field, WireError> {
+    Ok(match key.bytes {
+        b"block_hashes" => Field::BlockHashes,
+        b"parent_block_hash" => Field::Parent,
+        b"token_ids" => Field::TokenIds,
+        b"block_size" => Field::BlockSize,
+        b"lora_id" => Field::LoraId,
+        b"medium" => Field::Medium,
+        b"lora_name" => Field::LoraName,
+        b"extra_keys" => Field::ExtraKeys,
+        b"cache_salt" => Field::CacheSalt,
+        b"group_idx" => Field::GroupIdx,
+        b"kv_cache_spec_kind" => Field::SpecKind,
         // kv_cache_spec_sliding_window, locality, ownership, session_id,
         // lookahead_token_ids and whatever comes next.
-        _ => Field::Ignored,
-    }
+        _ => {
+            key.text()?;
+            Field::Ignored
+        }
+    })
 }
 
 /// An event's fields as read, before its tag says which are required.
@@ -323,15 +328,20 @@ struct Fields {
 }
 
 fn read_tag(reader: &mut Reader<'_>) -> Result<Tag, WireError> {
-    let name = reader.str()?;
-    match name {
-        STORED => Ok(Tag::Stored),
-        REMOVED => Ok(Tag::Removed),
-        CLEARED => Ok(Tag::Cleared),
-        _ => Err(WireError::UnknownEventType {
-            name: bounded_name(name),
-        }),
+    // Compared as bytes: a tag is read on every event, and the known ones are ASCII.
+    let name = reader.key()?;
+    for (known, tag) in [
+        (STORED, Tag::Stored),
+        (REMOVED, Tag::Removed),
+        (CLEARED, Tag::Cleared),
+    ] {
+        if known.as_bytes() == name.bytes {
+            return Ok(tag);
+        }
     }
+    Err(WireError::UnknownEventType {
+        name: bounded_name(name.text()?),
+    })
 }
 
 /// One block hash: an integer of any width, or 32 bytes.
@@ -477,11 +487,11 @@ fn decode_event(reader: &mut Reader<'_>, budget: &mut Budget) -> Result<EngineEv
                 reader.skip()?;
                 continue;
             }
-            let key = reader.str()?;
-            if key == "type" {
+            let key = reader.key()?;
+            if key.bytes == b"type" {
                 tag = Some(read_tag(reader)?);
             } else {
-                read_field(reader, field_of_key(key), &mut fields, budget)?;
+                read_field(reader, field_of_key(key)?, &mut fields, budget)?;
             }
         }
         let tag = tag.ok_or(WireError::MissingField { field: "type" })?;

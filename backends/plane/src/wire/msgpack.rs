@@ -20,6 +20,22 @@ pub(crate) struct Reader<'a> {
     pos: usize,
 }
 
+/// A string as [`Reader::key`] read it: its bytes, not yet checked to be UTF-8.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Key<'a> {
+    /// The string's bytes.
+    pub(crate) bytes: &'a [u8],
+    /// Where its marker was: the offset of the error when they are not UTF-8.
+    at: usize,
+}
+
+impl<'a> Key<'a> {
+    /// The string, checked to be UTF-8.
+    pub(crate) fn text(self) -> Result<&'a str, WireError> {
+        std::str::from_utf8(self.bytes).map_err(|_| WireError::MalformedMsgpack { offset: self.at })
+    }
+}
+
 /// An integer as msgpack carries it: unsigned, or negative.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Int {
@@ -198,6 +214,17 @@ impl<'a> Reader<'a> {
 
     /// A string's bytes, checked to be UTF-8.
     pub(crate) fn str(&mut self) -> Result<&'a str, WireError> {
+        let start = self.pos;
+        let key = self.key()?;
+        key.text().inspect_err(|_| self.pos = start)
+    }
+
+    /// A string's bytes before their UTF-8 check: what a decoder compares with the names
+    /// it knows. Those are ASCII, so a match proves the bytes valid; anything else is
+    /// checked with [`Key::text`] (the error [`Reader::str`] gives, at the same offset).
+    /// A key costs a compare instead of a validation pass, and a batch reads several a
+    /// block.
+    pub(crate) fn key(&mut self) -> Result<Key<'a>, WireError> {
         let (header, len) = match self.peek()? {
             marker @ 0xa0..=0xbf => (1, usize::from(marker & 0x1f)),
             0xd9 => (2, self.len_at(1)?),
@@ -206,9 +233,9 @@ impl<'a> Reader<'a> {
             _ => return Err(self.unexpected("a string")),
         };
         let bytes = self.bytes_at(header, len)?;
-        let text = std::str::from_utf8(bytes).map_err(|_| self.malformed())?;
+        let at = self.pos;
         self.pos += header + len;
-        Ok(text)
+        Ok(Key { bytes, at })
     }
 
     /// A binary value's bytes.
@@ -583,6 +610,22 @@ mod tests {
         let mut wide = Vec::new();
         write_map_len(&mut wide, 3, true);
         assert_eq!(wide, [0xde, 0, 3]);
+    }
+
+    #[test]
+    fn a_key_defers_the_utf8_check_to_text_which_fails_where_str_does() {
+        // One valid key, then two bytes that are not UTF-8 after a fixstr marker.
+        let bytes = [0xa1, b'k', 0xa2, 0xff, 0xfe];
+        let mut reader = Reader::new(&bytes);
+        let key = reader.key().unwrap();
+        assert_eq!((key.bytes, key.text()), (&b"k"[..], Ok("k")));
+        let bad = reader.key().unwrap();
+        assert_eq!(bad.bytes, [0xff, 0xfe]);
+        assert!(reader.is_at_end(), "the key is read past either way");
+        assert_eq!(bad.text(), Err(WireError::MalformedMsgpack { offset: 2 }));
+        let mut reader = Reader::new(&bytes[2..]);
+        assert_eq!(reader.str(), Err(WireError::MalformedMsgpack { offset: 0 }));
+        assert_eq!(reader.position(), 0, "str leaves the cursor on an error");
     }
 
     #[test]

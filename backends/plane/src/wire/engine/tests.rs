@@ -296,6 +296,20 @@ fn malformed_and_misshapen_batches_have_their_own_reasons() {
         reason(&batch_of(&[&cleared], Some(1 << 40))),
         "integer_out_of_range"
     );
+    // Names are compared as bytes; one that matches nothing is still checked as UTF-8.
+    let bad_key = |out: &mut Vec<u8>| {
+        write_map_len(out, 2, false);
+        write_str(out, "type");
+        write_str(out, "AllBlocksCleared");
+        out.extend_from_slice(&[0xa2, 0xff, 0xfe]);
+        out.push(0xc0);
+    };
+    assert_eq!(reason(&batch_of(&[&bad_key], None)), "malformed_msgpack");
+    let bad_tag = |out: &mut Vec<u8>| {
+        write_array_len(out, 1);
+        out.extend_from_slice(&[0xa2, 0xff, 0xfe]);
+    };
+    assert_eq!(reason(&batch_of(&[&bad_tag], None)), "malformed_msgpack");
     let not_an_event = |out: &mut Vec<u8>| write_uint(out, 3);
     assert_eq!(reason(&batch_of(&[&not_an_event], None)), "unexpected_type");
 }
