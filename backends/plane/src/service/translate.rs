@@ -168,12 +168,6 @@ impl EngineTable {
             .copied()
     }
 
-    fn get_mut(&mut self, engine: u64) -> Option<&mut Entry> {
-        let hash = hash_of(engine);
-        let shard = self.shards.get_mut(shard_of(hash))?;
-        shard.table.find_mut(hash, same_key(engine))
-    }
-
     /// The entry of `engine`, inserted as `fresh` if absent.
     fn get_or_insert(&mut self, engine: u64, fresh: Entry) -> &mut Entry {
         if self.shards.is_empty() {
@@ -181,22 +175,30 @@ impl EngineTable {
         }
         let hash = hash_of(engine);
         let shard = &mut self.shards[shard_of(hash)];
-        if shard.table.find(hash, same_key(engine)).is_none() {
-            shard.make_room();
-        }
+        // Room first, whether or not `engine` is there: one probe instead of a lookup
+        // and then the entry, and at worst a rebuild a little early (when the shard is
+        // full and this store names a block it has), which the next inserts needed.
+        shard.make_room();
         let entry = shard
             .table
             .entry(hash, same_key(engine), |e| hash_of(e.engine));
         entry.or_insert(fresh).into_mut()
     }
 
-    fn remove(&mut self, engine: u64) {
+    /// Takes tier `bit` away from `engine`'s entry, and the entry away once it holds no
+    /// tier: one probe. The entry as it was (`None`: absent).
+    fn take_tier(&mut self, engine: u64, bit: u8) -> Option<Entry> {
         let hash = hash_of(engine);
-        if let Some(shard) = self.shards.get_mut(shard_of(hash)) {
-            if let Ok(entry) = shard.table.find_entry(hash, same_key(engine)) {
-                entry.remove();
-            }
+        let shard = self.shards.get_mut(shard_of(hash))?;
+        let mut found = shard.table.find_entry(hash, same_key(engine)).ok()?;
+        let before = *found.get();
+        let tiers = before.tiers & !bit;
+        if tiers == 0 {
+            found.remove();
+        } else if tiers != before.tiers {
+            found.get_mut().tiers = tiers;
         }
+        Some(before)
     }
 
     /// Keeps the entries `keep` accepts, in every shard.
@@ -467,16 +469,11 @@ impl EngineHashes {
                 let bit = 1u8 << tier.index();
                 let mut removed = Vec::with_capacity(hashes.len());
                 for engine in hashes {
-                    match self.blocks.get_mut(*engine) {
-                        Some(entry) if entry.tiers & bit != 0 => {
-                            let tiers = entry.tiers & !bit;
-                            retier(&mut self.digest, *engine, entry.tiers, tiers);
-                            entry.tiers = tiers;
+                    match self.blocks.take_tier(*engine, bit) {
+                        Some(before) if before.tiers & bit != 0 => {
+                            retier(&mut self.digest, *engine, before.tiers, before.tiers & !bit);
                             self.counts[tier.index()] -= 1;
-                            removed.push(SequenceHash::new(entry.sequence));
-                            if tiers == 0 {
-                                self.blocks.remove(*engine);
-                            }
+                            removed.push(SequenceHash::new(before.sequence));
                         }
                         Some(_) => self.unknown_removals += 1,
                         None if self.untracked[tier.index()] > 0 => {
@@ -689,6 +686,13 @@ mod tests {
         // Block 1 is still on host; block 2 is gone altogether.
         assert!(hashes.sequence_hash(1).is_some());
         assert_eq!(hashes.sequence_hash(2), None);
+        // A removal from a tier that does not hold it changes nothing but the count.
+        let digest = hashes.digest();
+        hashes.translate(&removed(&[1], Tier::Disk)).unwrap();
+        assert_eq!(hashes.unknown_removals(), 2);
+        assert_eq!(hashes.counts(), [0, 1, 0, 0]);
+        assert_eq!(hashes.digest(), digest);
+        assert!(hashes.sequence_hash(1).is_some());
         let cleared = WorkerEvent {
             data: WorkerEventData::Cleared,
             ..removed(&[], Tier::Host)
