@@ -512,20 +512,24 @@ pub(crate) fn write_map_len(out: &mut Vec<u8>, len: usize, wide: bool) {
 mod tests {
     use super::*;
 
+    /// Unsigned values on either side of each of msgpack's widths.
+    const UNSIGNED_EDGES: [u64; 11] = [
+        0,
+        1,
+        127,
+        128,
+        255,
+        256,
+        65_535,
+        65_536,
+        u32::MAX as u64,
+        u32::MAX as u64 + 1,
+        u64::MAX,
+    ];
+
     #[test]
     fn integers_round_trip_through_every_width() {
-        let unsigned = [
-            0,
-            1,
-            127,
-            128,
-            255,
-            256,
-            65_535,
-            65_536,
-            u64::from(u32::MAX) + 1,
-        ];
-        for value in unsigned.into_iter().chain([u64::MAX]) {
+        for value in UNSIGNED_EDGES {
             let mut out = Vec::new();
             write_uint(&mut out, value);
             let mut reader = Reader::new(&out);
@@ -556,20 +560,7 @@ mod tests {
             (value, reader.position())
         };
         let mut encodings = Vec::new();
-        for value in [
-            0,
-            1,
-            127,
-            128,
-            255,
-            256,
-            65_535,
-            65_536,
-            u64::from(u32::MAX),
-        ]
-        .into_iter()
-        .chain([u64::from(u32::MAX) + 1, u64::MAX])
-        {
+        for value in UNSIGNED_EDGES {
             let mut out = Vec::new();
             write_uint(&mut out, value);
             encodings.push(out);
