@@ -1,7 +1,9 @@
 //! A minimal msgpack reader and writer over byte slices, for the decoders of this module.
 //!
 //! Owns: [`Reader`] (a cursor over untrusted bytes: typed reads that check the marker
-//! first and never read past the end, and an iterative [`Reader::skip`]) and the
+//! first and never read past the end, and an iterative [`Reader::skip`]), [`Key`] (a
+//! string whose UTF-8 check waits until it matches none of the names a decoder knows),
+//! and the
 //! `write_*` functions (the smallest encoding of each value, as msgspec and rmp write
 //! it: non-negative integers as unsigned, floats as float64, `str8`/`bin8` from 32/0
 //! bytes up).
@@ -151,7 +153,7 @@ impl<'a> Reader<'a> {
     /// decoder's fast path over an encoding it expects byte for byte.
     #[inline]
     pub(crate) fn eat(&mut self, bytes: &[u8]) -> bool {
-        let rest = &self.buf[self.pos..];
+        let rest = self.buf.get(self.pos..).unwrap_or_default();
         if rest.starts_with(bytes) {
             self.pos += bytes.len();
             return true;
