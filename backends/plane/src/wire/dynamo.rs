@@ -46,9 +46,15 @@ pub const fn storage_tier_name(tier: Tier) -> &'static str {
 /// The tier of a Dynamo storage tier name (exact, as Dynamo writes them); none for a
 /// name kvtwin does not know.
 pub fn storage_tier(name: &str) -> Option<Tier> {
+    storage_tier_of_bytes(name.as_bytes())
+}
+
+/// [`storage_tier`] of a name's bytes (a known name is ASCII, so a match proves them
+/// UTF-8).
+fn storage_tier_of_bytes(name: &[u8]) -> Option<Tier> {
     Tier::ALL
         .into_iter()
-        .find(|tier| storage_tier_name(*tier) == name)
+        .find(|tier| storage_tier_name(*tier).as_bytes() == name)
 }
 
 fn tier_of(name: &str) -> Result<Tier, WireError> {
@@ -60,10 +66,7 @@ fn tier_of(name: &str) -> Result<Tier, WireError> {
 /// [`tier_of`] a msgpack string, compared as bytes (checked as UTF-8 only when it names
 /// no tier).
 fn tier_of_key(name: Key<'_>) -> Result<Tier, WireError> {
-    match Tier::ALL
-        .into_iter()
-        .find(|tier| storage_tier_name(*tier).as_bytes() == name.bytes)
-    {
+    match storage_tier_of_bytes(name.bytes) {
         Some(tier) => Ok(tier),
         None => tier_of(name.text()?),
     }
