@@ -37,7 +37,8 @@ for workload in sorted({k[0] for k in runs}):
               f"{cell('match_per_s', 1.0, '{:,.0f}')} | {cell('match_p50_us')} | "
               f"{cell('match_p99_us')} | {bpe} | {', '.join(sorted(digests))} |")
     ours = [k for k in keys if k[1] == "kvtwin" and k[2] == 1]
-    peers = [k for k in keys if k[1] != "kvtwin"]
+    peers = [k for k in keys if k[1] not in ("kvtwin", "floor")]
+    floor = [k for k in keys if k[1] == "floor"]
     if ours and peers:
         o = runs[ours[0]]
         radix = [k for k in peers if k[1] == "radix"]
@@ -52,3 +53,9 @@ for workload in sorted({k[0] for k in runs}):
               f"the best Dynamo blocks/s ({best_events[1]}, {best_events[2]} thread(s))")
         print(f"- matches: {med(o, 'match_per_s') / best_match:.2f}× the best Dynamo match/s")
         print(f"- p99: {med(o, 'match_p99_us') / best_p99:.2f}× the best Dynamo p99")
+        if floor:
+            f = runs[floor[0]]
+            apply_ms = lambda rows: 1e3 * med(rows, "apply_s_total")
+            print(f"- floor (the replay through no index): apply {apply_ms(f):.2f} ms of "
+                  f"kvtwin's {apply_ms(o):.2f} ms; p99 {med(f, 'match_p99_us'):.2f} µs = "
+                  f"{med(f, 'match_p99_us') / best_p99:.2f}× the best Dynamo p99")

@@ -2,6 +2,8 @@
 # Replays workload files through kvtwin's indexer and Dynamo's three (peer-bench), in
 # alternation, ROUNDS times each, so that both sides see the same machine noise.
 # Prints every JSON line; pipe into scripts/bench-router-table.py for medians and ratios.
+# Each round also replays through no index (`--floor`): the method's own cost, which
+# every implementation's figures include.
 #
 #   scripts/bench-router.sh ROUNDS FILE...
 # Needs: target/release/kvtwin (cargo build --release) and a peer-bench binary in
@@ -13,6 +15,7 @@ peer=${PEER_BENCH:-target/peer-bench/release/peer-bench}
 for file in "$@"; do
   for _ in $(seq "$rounds"); do
     "$kvtwin" bench router --workload "$file"
+    "$kvtwin" bench router --workload "$file" --floor
     "$peer" router --workload "$file" --impl radix
     "$peer" router --workload "$file" --impl crtc --threads 1
     "$peer" router --workload "$file" --impl positional --threads 1

@@ -173,6 +173,11 @@ enum Bench {
         /// worker over N threads, with a barrier before each match that follows events.
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// Replay through no index (each event's and query's first hash read, nothing
+        /// done): the replay's own cost, which every figure of this method includes.
+        /// Prints `"impl": "floor"`; one thread only.
+        #[arg(long)]
+        floor: bool,
     },
     /// Run the full simulator on a trace (or the built-in synthetic workload) and print
     /// one JSON line: wall time, simulated requests and engine events per wall second,
@@ -301,9 +306,11 @@ fn dispatch() -> Result<()> {
             plot,
             trace_mismatch,
         }),
-        Command::Bench(Bench::Router { workload, threads }) => {
-            bench::router::router(&workload, threads)
-        }
+        Command::Bench(Bench::Router {
+            workload,
+            threads,
+            floor,
+        }) => bench::router::router(&workload, threads, floor),
         Command::Bench(Bench::Sim(args)) => bench::sim::run(&args),
         Command::Bench(Bench::Cuda(args)) => bench::cuda::run(&args),
         Command::Bench(Bench::Gemm(args)) => bench::gemm::run(&args),

@@ -92,3 +92,55 @@ fn sharded_and_inline_replays_print_the_library_checksum() {
     }
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn the_floor_replays_every_op_through_no_index() {
+    let options = SyntheticOptions {
+        seed: 5,
+        workers: 3,
+        stores: 200,
+        queries: 150,
+        capacity_blocks: 64,
+        families: 3,
+        interleaved: true,
+        clear_every: 0,
+    };
+    let ops = generate_synthetic(&options);
+    let path = std::env::temp_dir().join(format!(
+        "kvtwin-bench-router-floor-{}.jsonl",
+        std::process::id()
+    ));
+    std::fs::write(&path, to_file(&ops, options.workers)).unwrap();
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_kvtwin"))
+            .args(["bench", "router", "--workload"])
+            .arg(&path)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let (indexed, floor) = (run(&[]), run(&["--floor"]));
+    assert!(
+        floor.status.success(),
+        "{}",
+        String::from_utf8_lossy(&floor.stderr)
+    );
+    let indexed: Value = serde_json::from_slice(&indexed.stdout).unwrap();
+    let floor: Value = serde_json::from_slice(&floor.stdout).unwrap();
+    assert_eq!(floor["impl"], json!("floor"));
+    assert_eq!(indexed["impl"], json!("kvtwin"));
+    // The same ops, timed the same way, answered by nothing.
+    for field in ["events", "blocks_stored", "blocks_removed", "matches"] {
+        assert_eq!(floor[field], indexed[field], "{field}");
+    }
+    assert!(indexed["checksum"]["hits"].as_u64().unwrap() > 0);
+    assert_eq!(floor["checksum"]["hits"], json!(0));
+    assert_eq!(floor["pairs"], json!(0));
+    assert!(floor["apply_s_total"].as_f64().unwrap() > 0.0);
+    // The floor is the one-thread replay's: asking for threads is a user error.
+    let threaded = run(&["--floor", "--threads", "2"]);
+    assert!(!threaded.status.success());
+    let stderr = String::from_utf8_lossy(&threaded.stderr);
+    assert!(stderr.contains("--floor replays on one thread"), "{stderr}");
+    std::fs::remove_file(&path).unwrap();
+}

@@ -9,11 +9,13 @@ use anyhow::Result;
 use kvtwin_plane::bench::router::{run_router_bench, RouterBenchConfig};
 use std::path::Path;
 
-/// Replays `path` on `threads` threads and prints the JSON line.
-pub(crate) fn router(path: &Path, threads: usize) -> Result<()> {
+/// Replays `path` on `threads` threads (or, with `floor`, through no index) and prints
+/// the JSON line.
+pub(crate) fn router(path: &Path, threads: usize, floor: bool) -> Result<()> {
     let report = run_router_bench(&RouterBenchConfig {
         workload: path.to_path_buf(),
         threads,
+        floor,
     })?;
     println!("{}", report.to_json());
     Ok(())

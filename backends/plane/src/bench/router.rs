@@ -12,6 +12,13 @@
 //! replay thread waits until every shard it sent events to has applied them (the barrier
 //! WORKLOAD.md asks for, counted in `apply_s_total`), then asks every shard on its own
 //! thread and merges the answers. Workers never span shards, so the merge is a sort.
+//!
+//! With `floor`, the same replay drives no index: each event and each query has its
+//! first hash read (as any index must read it) and nothing else is done, every match
+//! answering nothing. What that replay measures is the replay's own cost, which every
+//! figure of this method carries whatever index it drives, Dynamo's included: two clock
+//! reads an event and a match, and the parsed event's or query's bytes, cold since the
+//! file was parsed. Subtract it before asking what an index costs.
 //! Never: print (the command line does) or go through the router service (this times
 //! the index alone).
 
@@ -34,6 +41,9 @@ pub struct RouterBenchConfig {
     pub workload: PathBuf,
     /// 1: the index on the replay thread; more: sharded by worker over that many threads.
     pub threads: usize,
+    /// Drive no index: measure the replay's own cost (see the module documentation).
+    /// One thread only.
+    pub floor: bool,
 }
 
 /// The bench could not run.
@@ -43,6 +53,12 @@ pub enum RouterBenchError {
     /// `threads` was 0.
     #[error("--threads must be at least 1")]
     NoThreads,
+    /// `floor` with more than one thread: the floor is the single-threaded replay's.
+    #[error("--floor replays on one thread: drop --threads {threads}")]
+    FloorWithThreads {
+        /// The threads asked for.
+        threads: usize,
+    },
     /// The workload file could not be read.
     #[error("reading {path}: {source}")]
     Read {
@@ -113,7 +129,7 @@ impl RouterBenchReport {
         let per_s = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
         let micros = |d: Duration| d.as_secs_f64() * 1e6;
         json!({
-            "impl": "kvtwin",
+            "impl": if self.config.floor { "floor" } else { "kvtwin" },
             "threads": self.config.threads,
             "workload": self.config.workload.display().to_string(),
             "events": self.events,
@@ -162,6 +178,13 @@ struct Shard {
 enum Indexer {
     Inline(KvIndexer),
     Sharded(Vec<Shard>),
+    /// No index: the replay's own cost (the module documentation's `floor`).
+    Floor,
+}
+
+/// What the floor replay does with a list of hashes: reads the first, as an index must.
+fn touch_first<T: Copy>(hashes: &[T]) {
+    std::hint::black_box(hashes.first().copied());
 }
 
 fn read(index: &RwLock<KvIndexer>) -> RwLockReadGuard<'_, KvIndexer> {
@@ -172,7 +195,10 @@ fn read(index: &RwLock<KvIndexer>) -> RwLockReadGuard<'_, KvIndexer> {
 }
 
 impl Indexer {
-    fn new(threads: usize) -> Self {
+    fn new(threads: usize, floor: bool) -> Self {
+        if floor {
+            return Indexer::Floor;
+        }
         if threads == 1 {
             return Indexer::Inline(KvIndexer::new());
         }
@@ -220,6 +246,14 @@ impl Indexer {
     ) -> Result<(bool, Option<KvCacheEvent>), RouterBenchError> {
         match self {
             Indexer::Inline(index) => Ok((index.apply(worker, &event).is_err(), Some(event))),
+            Indexer::Floor => {
+                match &event.data {
+                    KvCacheEventData::Stored { blocks, .. } => touch_first(blocks),
+                    KvCacheEventData::Removed { block_hashes, .. } => touch_first(block_hashes),
+                    KvCacheEventData::Cleared => {}
+                }
+                Ok((false, Some(event)))
+            }
             Indexer::Sharded(shards) => {
                 let count = shards.len() as u64;
                 let shard = &mut shards[(worker.get() % count) as usize];
@@ -264,6 +298,10 @@ impl Indexer {
     ) -> &'a [WorkerOverlap] {
         match self {
             Indexer::Inline(index) => index.find_matches_with(query, false, scratch),
+            Indexer::Floor => {
+                touch_first(query);
+                &[]
+            }
             Indexer::Sharded(shards) => {
                 merged.clear();
                 for shard in shards {
@@ -282,6 +320,7 @@ impl Indexer {
         match self {
             Indexer::Inline(index) => of(index),
             Indexer::Sharded(shards) => shards.iter().map(|s| of(&read(&s.index))).sum(),
+            Indexer::Floor => 0,
         }
     }
 
@@ -308,6 +347,11 @@ pub fn run_router_bench(config: &RouterBenchConfig) -> Result<RouterBenchReport,
     if config.threads == 0 {
         return Err(RouterBenchError::NoThreads);
     }
+    if config.floor && config.threads > 1 {
+        return Err(RouterBenchError::FloorWithThreads {
+            threads: config.threads,
+        });
+    }
     let path = &config.workload;
     let load_start = Instant::now();
     let text = std::fs::read_to_string(path).map_err(|source| RouterBenchError::Read {
@@ -321,7 +365,7 @@ pub fn run_router_bench(config: &RouterBenchConfig) -> Result<RouterBenchReport,
     drop(text);
     let load = load_start.elapsed();
 
-    let mut index = Indexer::new(config.threads);
+    let mut index = Indexer::new(config.threads, config.floor);
     let mut scratch = MatchScratch::default();
     let mut merged = Vec::new();
     let mut checksum = Checksum::default();
