@@ -1,6 +1,7 @@
 //! `kvtwin bench router` end to end: a workload from kvtwin's own generator, written in
 //! peer-bench's file format, replayed by the binary on one thread and sharded over
-//! several, must print the checksum that the library's in-order replay gives.
+//! several, must print the checksum that the library's in-order replay gives; replayed
+//! with `--floor`, the same ops through no index (no hits, one thread only).
 
 use kvtwin::events::KvCacheEventData;
 use kvtwin::router::indexer::KvIndexer;

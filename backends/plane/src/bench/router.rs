@@ -2,9 +2,9 @@
 //! timing every event and match the way peer-bench times Dynamo's indexers.
 //!
 //! Owns: [`RouterBenchConfig`], [`run_router_bench`] and its [`RouterBenchReport`] (whose
-//! JSON line has peer-bench's field names), [`RouterBenchError`], the timing loop and,
-//! for `threads > 1`, the thread pool that applies events (a wall clock and threads are
-//! allowed here, at the edge). Parsing, the index and the checksum live in
+//! JSON line has peer-bench's field names), [`RouterBenchError`], the timing loop, the
+//! floor replay's stand-in for an index and, for `threads > 1`, the thread pool that
+//! applies events (a wall clock and threads are allowed here, at the edge). Parsing, the index and the checksum live in
 //! `kvtwin::router`.
 //!
 //! With N threads the index is sharded by worker: worker `w`'s events go, in order, to
