@@ -58,17 +58,21 @@ fn storage_tier_of_bytes(name: &[u8]) -> Option<Tier> {
 }
 
 fn tier_of(name: &str) -> Result<Tier, WireError> {
-    storage_tier(name).ok_or_else(|| WireError::UnknownStorageTier {
+    storage_tier(name).ok_or_else(|| unknown_tier(name))
+}
+
+fn unknown_tier(name: &str) -> WireError {
+    WireError::UnknownStorageTier {
         name: bounded_name(name),
-    })
+    }
 }
 
 /// [`tier_of`] a msgpack string, compared as bytes (checked as UTF-8 only when it names
-/// no tier).
+/// no tier, and then only to name it in the error).
 fn tier_of_key(name: Key<'_>) -> Result<Tier, WireError> {
     match storage_tier_of_bytes(name.bytes) {
         Some(tier) => Ok(tier),
-        None => tier_of(name.text()?),
+        None => Err(unknown_tier(name.text()?)),
     }
 }
 
